@@ -1,0 +1,30 @@
+"""The three exceptions users catch."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ratelimit_mw.decision import Decision
+
+
+class ConfigurationError(ValueError):
+    """A configuration mistake, raised at start-up; the message says what to write instead."""
+
+
+class BackendError(Exception):
+    """The store could not answer (Redis unreachable, timed out, out of memory, ...).
+
+    `Limiter` and `AsyncLimiter` raise it for every backend failure; the middleware turns it
+    into its `on_backend_error` policy and never into a 500.
+    """
+
+
+class RateLimitExceeded(Exception):
+    """Raised by `acquire` when the quota will not be granted in time; carries the Decision."""
+
+    def __init__(self, decision: Decision) -> None:
+        super().__init__(
+            f"rate limit exceeded for {decision.policy!r}: retry after {decision.retry_after:.3f}s"
+        )
+        self.decision = decision

@@ -1,0 +1,44 @@
+"""Redis key encoding: injective, slot-stable and bounded.
+
+A key is ``<prefix>:{<identity>}:<policy>.<algorithm>:<tier>``. The identity sits in the
+hash tag, so on a Redis Cluster every key of one identity lands in one slot, and client text
+can never move it: identities made only of safe characters (no braces, no ``#``, at most 64)
+are written as they are; anything else becomes ``#`` + a 128-bit BLAKE2b digest. A plain
+value never starts with ``#``, so the two forms cannot meet, and nothing a client sends can
+make a key longer than the fixed bound.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import re
+
+_SAFE = re.compile(r"[A-Za-z0-9_.:/@=+\-]{1,64}")
+_SAFE_SEGMENT = re.compile(r"[A-Za-z0-9_.;:/@=+\-]{1,48}")
+
+
+def _digest(text: str) -> str:
+    raw = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    return "#" + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+@functools.lru_cache(maxsize=65_536)
+def encode_identity(identity: str) -> str:
+    """The hash-tag body for an identity; cached because the same clients come back."""
+    if _SAFE.fullmatch(identity):
+        return identity
+    return _digest(identity)
+
+
+def encode_segment(name: str) -> str:
+    """A policy name as a key segment (short safe names kept readable, others hashed)."""
+    if _SAFE_SEGMENT.fullmatch(name):
+        return name
+    return _digest(name)
+
+
+def identity_head(prefix: str, identity: str) -> str:
+    """``<prefix>:{<identity>}:`` — the part of every key of one identity."""
+    return f"{prefix}:{{{encode_identity(identity)}}}:"

@@ -1,0 +1,62 @@
+"""Decision: what the limiter answered, as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ratelimit_mw.policy import Policy
+    from ratelimit_mw.rates import Rate
+
+
+@dataclass(frozen=True, slots=True)
+class TierState:
+    """One tier's answer within a Decision."""
+
+    policy: Policy
+    rate: Rate
+    identity: str
+    allowed: bool
+    remaining: int
+    retry_after: float
+    reset_after: float
+    banned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """What `cancel` needs to take back an admitted `reserve`."""
+
+    policy: Policy
+    identity: str
+    token: str
+    cost: int
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to one hit, peek or reservation.
+
+    ``remaining`` is the quota left after this hit (for peek: left now), ``retry_after`` the
+    seconds until a retry can be admitted (0.0 when admitted; ``inf`` when the cost exceeds the
+    limit and can never be admitted), ``reset_after`` the seconds until the quota is whole
+    again. ``policy`` and ``rate`` name the governing tier: the refusing one with the longest
+    wait, otherwise the one with the least remaining. ``tiers`` holds every tier's answer.
+    """
+
+    allowed: bool
+    limit: int
+    remaining: int
+    retry_after: float
+    reset_after: float
+    policy: Policy | None = None
+    rate: Rate | None = None
+    identity: str = ""
+    banned: bool = False
+    tiers: tuple[TierState, ...] = field(default=(), repr=False)
+    booking: Booking | None = field(default=None, repr=False)
+
+    def __bool__(self) -> bool:
+        return self.allowed

@@ -1,0 +1,207 @@
+"""Policy: named tiers of rates under one algorithm, with an optional penalty and time zone.
+
+Everything a request needs from a policy is computed here, once: the algorithm's wire code,
+the key segment, the per-tier script arguments and the header fragments.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import re
+from collections.abc import Callable, Sequence
+from typing import Union
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from ratelimit_mw._errors import ConfigurationError
+from ratelimit_mw._keyenc import encode_segment
+from ratelimit_mw.rates import _MS_PER_UNIT, Rate, parse_rates
+
+ALGORITHMS = {
+    "fixed-window": "fw",
+    "sliding-log": "sl",
+    "sliding-window": "sw",
+    "gcra": "gc",
+}
+DEFAULT_ALGORITHM = "sliding-log"
+
+PenaltyEnd = Callable[[], _dt.datetime]
+Penalty = Union[int, float, str, _dt.timedelta, PenaltyEnd, None]
+
+_DAY_MS = 86_400_000
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*?)s?\s*$", re.IGNORECASE)
+# 1970-01-01 was a Thursday; week-multiple calendar windows start on Mondays instead.
+_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
+_MONDAY_ORDINAL = _dt.date(1969, 12, 29).toordinal()
+
+
+def _penalty_ms(penalty: int | float | str | _dt.timedelta) -> int:
+    example = 'write penalty=3600, penalty="1 hour" or penalty=timedelta(hours=1)'
+    if isinstance(penalty, bool):
+        raise ConfigurationError(f"penalty must be a duration, not {penalty!r}; {example}")
+    if isinstance(penalty, _dt.timedelta):
+        ms = int(penalty.total_seconds() * 1000)
+    elif isinstance(penalty, (int, float)):
+        ms = int(penalty * 1000)
+    elif isinstance(penalty, str):
+        match = _DURATION_RE.match(penalty)
+        unit = (match[2].lower() or "second") if match else ""
+        if match is None or unit not in _MS_PER_UNIT:
+            raise ConfigurationError(f"cannot read the penalty {penalty!r}; {example}")
+        ms = int(float(match[1]) * _MS_PER_UNIT[unit])
+    else:
+        raise ConfigurationError(f"cannot read the penalty {penalty!r}; {example}")
+    if ms < 1:
+        raise ConfigurationError(f"penalty must be positive, got {penalty!r}; {example}")
+    return ms
+
+
+class Policy:
+    """Tiers of rates enforced together, e.g. ``Policy("1/minute;5/hour;10/day")``.
+
+    A hit is admitted only if every tier admits it (and then it counts in every tier).
+
+    - ``algorithm``: ``"sliding-log"`` (default, exact), ``"sliding-window"`` (O(1), an
+      approximation), ``"gcra"`` (O(1), smooth) or ``"fixed-window"`` (O(1), bursts of up to
+      2 x limit across a window boundary).
+    - ``name``: names the counters (two policies with one name and algorithm share them) and
+      the headers; defaults to the rate text.
+    - ``penalty``: refuse every hit for this long after a refusal: seconds, ``"1 hour"``, a
+      ``timedelta``, or a zero-argument callable returning an aware datetime (the ban's end).
+    - ``tz``: fixed-window only; tiers of whole days run from local midnight in this IANA zone.
+    """
+
+    __slots__ = (
+        "_cal_cache",
+        "algorithm",
+        "code",
+        "name",
+        "penalty",
+        "penalty_ms",
+        "rates",
+        "segment",
+        "tz",
+    )
+
+    def __init__(
+        self,
+        rates: str | Rate | Sequence[Rate],
+        algorithm: str = DEFAULT_ALGORITHM,
+        name: str | None = None,
+        penalty: Penalty = None,
+        tz: str | None = None,
+    ) -> None:
+        if isinstance(rates, str):
+            parsed = parse_rates(rates)
+        elif isinstance(rates, Rate):
+            parsed = (rates,)
+        elif isinstance(rates, Sequence) and rates and all(isinstance(r, Rate) for r in rates):
+            parsed = tuple(rates)
+        else:
+            raise ConfigurationError(
+                f"cannot read the rates {rates!r}; write Policy(\"10/minute\"), "
+                'Policy("1/minute;5/hour") or Policy([Rate(10, 60_000)])'
+            )
+        periods = [r.period_ms for r in parsed]
+        if len(set(periods)) != len(periods):
+            raise ConfigurationError(
+                f"two tiers of {rates!r} share a period; keep the smaller limit, e.g. "
+                '"5/minute;100/hour"'
+            )
+        code = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
+        if code is None:
+            raise ConfigurationError(
+                f"unknown algorithm {algorithm!r}; choose one of "
+                + ", ".join(repr(a) for a in ALGORITHMS)
+                + ', e.g. Policy("10/minute", algorithm="gcra")'
+            )
+        if name is None:
+            name = ";".join(str(r) for r in parsed)
+        elif not isinstance(name, str) or not name:
+            raise ConfigurationError(
+                f'a policy name must be a non-empty string, got {name!r}; e.g. name="login"'
+            )
+        zone: ZoneInfo | None = None
+        if tz is not None:
+            if algorithm != "fixed-window":
+                raise ConfigurationError(
+                    f"tz= aligns fixed windows to local midnight; it does not apply to "
+                    f'{algorithm!r}. Write Policy("100/day", algorithm="fixed-window", tz={tz!r})'
+                )
+            try:
+                zone = ZoneInfo(tz)
+            except (ZoneInfoNotFoundError, ValueError, TypeError) as exc:
+                raise ConfigurationError(
+                    f'unknown time zone {tz!r}; use an IANA name such as tz="Asia/Shanghai"'
+                ) from exc
+        self.rates: tuple[Rate, ...] = parsed
+        self.algorithm: str = algorithm
+        self.code: str = code
+        self.name: str = name
+        self.tz: ZoneInfo | None = zone
+        self.penalty: Penalty = penalty
+        self.penalty_ms: int = 0
+        if penalty is not None and not callable(penalty):
+            self.penalty_ms = _penalty_ms(penalty)
+        self.segment: str = encode_segment(name) + "." + code
+        self._cal_cache: dict[int, tuple[int, int, str]] = {}
+
+    def __repr__(self) -> str:
+        extra = ""
+        if self.penalty is not None:
+            extra += f", penalty={self.penalty!r}"
+        if self.tz is not None:
+            extra += f", tz={self.tz.key!r}"
+        return f"Policy({';'.join(map(str, self.rates))!r}, algorithm={self.algorithm!r}, name={self.name!r}{extra})"
+
+    def ban_end(self) -> str:
+        """The ban argument for a hit: "" (no penalty), "d<ms>" or "a<absolute ms>"."""
+        if self.penalty is None:
+            return ""
+        if self.penalty_ms:
+            return f"d{self.penalty_ms}"
+        end = self.penalty()  # type: ignore[operator]
+        if not isinstance(end, _dt.datetime) or end.tzinfo is None or end.utcoffset() is None:
+            raise ConfigurationError(
+                f"the penalty callable of {self.name!r} must return an aware datetime, got "
+                f"{end!r}; e.g. lambda: datetime.now(ZoneInfo('Asia/Shanghai')).replace(...)"
+            )
+        return f"a{int(end.timestamp() * 1000)}"
+
+    def calendar(self, tier: int, now_ms: int) -> str:
+        """Local-midnight boundaries around `now_ms` for a whole-day tier ("" otherwise).
+
+        The app's clock only chooses which four boundaries to send; the script picks the
+        window with Redis's clock. Cached until the app's clock leaves the current window.
+        """
+        zone = self.tz
+        period = self.rates[tier].period_ms
+        if zone is None or period % _DAY_MS:
+            return ""
+        cached = self._cal_cache.get(tier)
+        if cached is not None and cached[0] <= now_ms < cached[1]:
+            return cached[2]
+        days = period // _DAY_MS
+        today = _dt.datetime.fromtimestamp(now_ms / 1000, zone).date().toordinal()
+        origin = _MONDAY_ORDINAL if days % 7 == 0 else _EPOCH_ORDINAL
+        start = today - (today - origin) % days
+
+        def midnight(ordinal: int) -> int:
+            day = _dt.date.fromordinal(ordinal)
+            local = _dt.datetime(day.year, day.month, day.day, tzinfo=zone)
+            return int(local.timestamp() * 1000)
+
+        bounds = [midnight(start + k * days) for k in (-1, 0, 1, 2)]
+        text = ",".join(map(str, bounds))
+        self._cal_cache[tier] = (bounds[1], bounds[2], text)
+        return text
+
+
+def as_policy(value: Policy | str, *, name: str | None = None) -> Policy:
+    """Accept a Policy or a rate string (default algorithm) wherever a policy is configured."""
+    if isinstance(value, Policy):
+        return value
+    if isinstance(value, str):
+        return Policy(value, name=name)
+    raise ConfigurationError(
+        f'expected a Policy or a rate string such as "10/minute", got {value!r}'
+    )
