@@ -342,8 +342,8 @@ def _quote_count(text: str) -> int:
     escaped quotes (\\") as escaped, so the fragment holding the closing quote is seen as
     unbalanced and merges leftwards up to the opening quote.
     """
-    if '"' not in text:
-        return 0
+    if "\\" not in text:
+        return text.count('"')
     count = 0
     i = 0
     n = len(text)
@@ -386,9 +386,13 @@ def _forwarded_elements(value: str) -> Iterator[str]:
 
 def _split_pairs(element: str) -> Iterator[str]:
     """The ``;``-separated pairs of a Forwarded element, honouring quoted strings."""
-    if '"' not in element:
-        yield from element.split(";")
-        return
+    if "\\" not in element:
+        # Without escapes a ";" is inside quotes exactly when an odd number of quotes precede
+        # it, so the plain split is right when every piece has an even count.
+        pairs = element.split(";")
+        if all(pair.count('"') % 2 == 0 for pair in pairs):
+            yield from pairs
+            return
     start = 0
     in_quote = False
     i = 0
@@ -411,6 +415,10 @@ def _unquote(value: str) -> str | None:
     """A token, or the content of a quoted-string; None if malformed."""
     if not value.startswith('"'):
         return None if '"' in value or "\\" in value else value
+    if "\\" not in value:
+        # No escapes: valid iff the only other quote is the last character.
+        inner = value[1:-1]
+        return inner if len(value) >= 2 and value[-1] == '"' and '"' not in inner else None
     out: list[str] = []
     i = 1
     n = len(value)

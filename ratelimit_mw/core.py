@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import secrets
 import random
+import secrets
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -152,7 +152,7 @@ def build(
         cost = 1 if op == PEEK else check.cost
         if policy.code == "sl":
             uses_log = True
-        for tier, (rate, suffix) in enumerate(zip(policy.rates, _suffixes(policy))):
+        for tier, (rate, suffix) in enumerate(zip(policy.rates, _suffixes(policy), strict=True)):
             keys.append(head + suffix)
             calendar = policy.calendar(tier, clock_ms) if policy.tz is not None else ""
             tier_args += (policy.code, rate.limit, rate.period_ms, cost, ban_index, ban_end,

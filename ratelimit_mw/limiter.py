@@ -98,7 +98,7 @@ class _Shared:
                token: str | None = None) -> list[ScriptCall]:
         now_us = self._now_us()
         clock_ms = self._clock_ms()
-        groups = [checks]
+        groups: Sequence[Sequence[Check]] = [checks]
         if self.backend.is_cluster:
             groups = core.group_by_slot(checks)
         return [
@@ -194,6 +194,11 @@ class Limiter(_Shared):
         """Check and record one hit of `cost`; nothing is recorded when refused."""
         return self.check((_check(policy, identity, cost),))
 
+    def uncheck(self, checks: Sequence[Check]) -> None:
+        """Give back what an admitted `check` recorded (the middleware's count_when)."""
+        for call in self._calls(core.REFUND, checks):
+            self.backend.run(call)
+
     def peek(self, policy: Policy | str, identity: str) -> Decision:
         """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""
         call = self._single(core.PEEK, policy, identity)
@@ -265,6 +270,11 @@ class AsyncLimiter(_Shared):
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
         return await self.check((_check(policy, identity, cost),))
+
+    async def uncheck(self, checks: Sequence[Check]) -> None:
+        """Give back what an admitted `check` recorded (the middleware's count_when)."""
+        for call in self._calls(core.REFUND, checks):
+            await self.backend.arun(call)
 
     async def peek(self, policy: Policy | str, identity: str) -> Decision:
         """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""

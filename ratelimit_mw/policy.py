@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from collections.abc import Callable, Sequence
-from typing import Union
+from typing import TypeAlias
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ratelimit_mw._errors import ConfigurationError
@@ -25,7 +25,7 @@ ALGORITHMS = {
 DEFAULT_ALGORITHM = "sliding-log"
 
 PenaltyEnd = Callable[[], _dt.datetime]
-Penalty = Union[int, float, str, _dt.timedelta, PenaltyEnd, None]
+Penalty: TypeAlias = int | float | str | _dt.timedelta | PenaltyEnd | None
 
 _DAY_MS = 86_400_000
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*?)s?\s*$", re.IGNORECASE)
@@ -95,7 +95,7 @@ class Policy:
         elif isinstance(rates, Rate):
             parsed = (rates,)
         elif isinstance(rates, Sequence) and rates and all(isinstance(r, Rate) for r in rates):
-            parsed = tuple(rates)
+            parsed = tuple(r for r in rates if isinstance(r, Rate))
         else:
             raise ConfigurationError(
                 f"cannot read the rates {rates!r}; write Policy(\"10/minute\"), "
@@ -151,7 +151,10 @@ class Policy:
             extra += f", penalty={self.penalty!r}"
         if self.tz is not None:
             extra += f", tz={self.tz.key!r}"
-        return f"Policy({';'.join(map(str, self.rates))!r}, algorithm={self.algorithm!r}, name={self.name!r}{extra})"
+        rates = ";".join(map(str, self.rates))
+        return (
+            f"Policy({rates!r}, algorithm={self.algorithm!r}, name={self.name!r}{extra})"
+        )
 
     def ban_end(self) -> str:
         """The ban argument for a hit: "" (no penalty), "d<ms>" or "a<absolute ms>"."""

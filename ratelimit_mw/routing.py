@@ -9,17 +9,35 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union
+from typing import Any, TypeAlias, TypeVar
 
 from ratelimit_mw._errors import ConfigurationError
 from ratelimit_mw.policy import Policy
 
 F = TypeVar("F", bound=Callable[..., Any])
-KeyFunc = Callable[[Any], Union[str, None]]
-Cost = Union[int, Callable[[Any], int]]
+KeyFunc: TypeAlias = Callable[[Any], str | None]
+Cost: TypeAlias = int | Callable[[Any], int]
 
 ATTRIBUTE = "__ratelimit_mw__"
 EXEMPT = "exempt"
+
+
+def validate_cost(cost: Cost, policy: Policy | None) -> Cost:
+    """A cost is a whole number >= 1 no larger than any limit, or a callable (request) -> int."""
+    if callable(cost):
+        return cost
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+        raise ConfigurationError(
+            f"cost must be a whole number >= 1 or a callable, got {cost!r}; e.g. cost=2"
+        )
+    if policy is not None:
+        for rate in policy.rates:
+            if cost > rate.limit:
+                raise ConfigurationError(
+                    f"cost={cost} exceeds the limit of {rate} in {policy.name!r}: such a "
+                    "request could never be admitted"
+                )
+    return cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +45,7 @@ class RouteLimit:
     """One decorator's limit: the policy, the key function (None: the middleware's), the cost."""
 
     policy: Policy | None
-    rates: Policy | str
+    rates: str | Policy
     key: KeyFunc | None
     cost: Cost
     name: str | None
@@ -39,10 +57,6 @@ class RouteLimit:
             raise ConfigurationError(
                 f"key must be a key function, got {key!r}; e.g. key=keys.header('X-API-Key')"
             )
-        if callable(cost):
-            pass
-        elif isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
-            raise ConfigurationError(f"cost must be a whole number >= 1 or a callable, got {cost!r}")
         policy: Policy | None = None
         if isinstance(rates, Policy):
             policy = rates
@@ -52,29 +66,16 @@ class RouteLimit:
             raise ConfigurationError(
                 f'limit() takes a rate string such as "5/minute" or a Policy, got {rates!r}'
             )
-        if policy is not None and isinstance(cost, int):
-            too_big = [r for r in policy.rates if r.limit < cost]
-            if too_big:
-                raise ConfigurationError(
-                    f"cost={cost} exceeds the limit of {too_big[0]}: such a request could never "
-                    "be admitted"
-                )
-        return cls(policy, rates, key, cost, name)
+        return cls(policy, rates, key, validate_cost(cost, policy), name)
 
     def bound_to(self, func: Callable[..., Any]) -> RouteLimit:
         """The limit with its policy named after the endpoint, so each route counts apart."""
         if self.policy is not None:
             return self
-        name = self.name or f"{getattr(func, '__module__', '?')}.{getattr(func, '__qualname__', '?')}"
-        policy = Policy(self.rates, name=name)  # type: ignore[arg-type]
-        if isinstance(self.cost, int):
-            too_big = [r for r in policy.rates if r.limit < self.cost]
-            if too_big:
-                raise ConfigurationError(
-                    f"cost={self.cost} exceeds the limit of {too_big[0]}: such a request could "
-                    "never be admitted"
-                )
-        return RouteLimit(policy, self.rates, self.key, self.cost, name)
+        module = getattr(func, "__module__", "?")
+        name = self.name or f"{module}.{getattr(func, '__qualname__', '?')}"
+        policy = Policy(str(self.rates), name=name)
+        return RouteLimit(policy, self.rates, self.key, validate_cost(self.cost, policy), name)
 
 
 def limit_decorator(route_limit: RouteLimit) -> Callable[[F], F]:

@@ -7,6 +7,7 @@ The table reads as the specification: (peer, Forwarded, X-Forwarded-For, trusted
 from __future__ import annotations
 
 import ipaddress
+import re
 from typing import Any
 
 import pytest
@@ -168,7 +169,7 @@ CASES: list[tuple[str, str | None, str | None, str | None, Any, str | None]] = [
     ("hops 2: N-th is garbage → peer", PROXY, None, f"bogus, {CLIENT}", 2, PROXY),
     ("hops 1: N-th is unknown → peer", PROXY, "for=unknown", None, 1, PROXY),
     ("hops 2: garbage right of N-th is ignored", PROXY, None, f"{CLIENT}, x", 2, CLIENT),
-    ("hops 1: Forwarded preferred", PROXY, f'for="[2001:db8::5]:1"', SPOOF, 1, "2001:db8::5"),
+    ("hops 1: Forwarded preferred", PROXY, 'for="[2001:db8::5]:1"', SPOOF, 1, "2001:db8::5"),
     ("hops 1: mapped entry is IPv4", PROXY, None, f"::ffff:{CLIENT}", 1, CLIENT),
     # --- garbage: never raises, falls back --------------------------------------------------
     ("garbage: huge token", PROXY, None, "9" * 100_000, NETS, PROXY),
@@ -191,7 +192,14 @@ CASES: list[tuple[str, str | None, str | None, str | None, Any, str | None]] = [
     ("garbage: Forwarded huge quoted", PROXY, 'for="' + "a," * 5000, None, NETS, PROXY),
     ("garbage: Forwarded backslashes", PROXY, "\\" * 10_000, None, NETS, PROXY),
     ("garbage: Forwarded quotes only", PROXY, '"' * 10_001, None, NETS, PROXY),
-    ("garbage: huge header, client at the right", PROXY, None, "x," * 50_000 + CLIENT, NETS, CLIENT),
+    (
+        "garbage: huge header, client at the right",
+        PROXY,
+        None,
+        "x," * 50_000 + CLIENT,
+        NETS,
+        CLIENT,
+    ),
     (
         "garbage: huge Forwarded, client at the right",
         PROXY,
@@ -271,7 +279,12 @@ def test_bad_trusted_proxies_raise_with_an_example(spec: Any, expected_in_messag
 
 def test_trusted_networks_are_precomputed_and_mapped_networks_become_ipv4() -> None:
     proxies = TrustedProxies(["::ffff:10.0.0.0/104", " 127.0.0.1 ", "::1", "fd00::/8"])
-    assert [str(n) for n in proxies.networks] == ["10.0.0.0/8", "127.0.0.1/32", "::1/128", "fd00::/8"]
+    assert [str(n) for n in proxies.networks] == [
+        "10.0.0.0/8",
+        "127.0.0.1/32",
+        "::1/128",
+        "fd00::/8",
+    ]
     assert proxies.hops is None
     assert ip("10.200.0.1") in proxies
     assert ip("fd12::1") in proxies
@@ -314,7 +327,7 @@ def test_ip_key(addr: str, prefix: int, expected: str) -> None:
 
 
 def test_ip_key_rejects_a_bad_prefix() -> None:
-    with pytest.raises(ValueError, match="0..128"):
+    with pytest.raises(ValueError, match=re.escape("0..128")):
         ip_key(ip("2001:db8::1"), 129)
 
 
@@ -347,7 +360,9 @@ trust_configs = st.sampled_from([None, 0, 1, 2, 5, NETS, ["0.0.0.0/1", "128.0.0.
 peers = st.one_of(st.none(), st.ip_addresses().map(str), st.text(), st.just(PROXY))
 
 
-@given(peer=peers, forwarded=st.none() | header_text, xff=st.none() | header_text, spec=trust_configs)
+@given(
+    peer=peers, forwarded=st.none() | header_text, xff=st.none() | header_text, spec=trust_configs
+)
 def test_resolve_client_never_raises(
     peer: str | None, forwarded: str | None, xff: str | None, spec: Any
 ) -> None:

@@ -239,7 +239,9 @@ class MemoryBackend:
         v = self._get(key, now)
         return v if v is not None and v > now_us else now_us
 
-    def _gc_check(self, key: str, limit: int, period: int, cost: int, now: int, now_us: int) -> tuple:  # type: ignore[type-arg]
+    def _gc_check(
+        self, key: str, limit: int, period: int, cost: int, now: int, now_us: int
+    ) -> tuple:  # type: ignore[type-arg]
         interval = _ceil_div(period * 1000, limit)
         tolerance = limit * interval
         tat = self._gc_tat(key, now, now_us)
@@ -249,7 +251,9 @@ class MemoryBackend:
         retry = -1 if cost > limit else (0 if ok else _gc_ms(new_tat - now_us - tolerance))
         return ok, before, retry, _gc_ms(tat - now_us), _gc_ms(new_tat - now_us), new_tat
 
-    def _gc_refund(self, key: str, limit: int, period: int, cost: int, now: int, now_us: int) -> None:
+    def _gc_refund(
+        self, key: str, limit: int, period: int, cost: int, now: int, now_us: int
+    ) -> None:
         interval = _ceil_div(period * 1000, limit)
         tat = self._gc_tat(key, now, now_us) - cost * interval
         if tat <= now_us:
@@ -319,7 +323,7 @@ class MemoryBackend:
             log.remove(f"{token}:{j}")
 
     # -- the entry point, as lua/main.lua ---------------------------------------------------
-    def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:  # noqa: C901
+    def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:
         op = argv[0]
         now_us = int(argv[1]) if argv[1] != "" else time.time_ns() // 1000
         now = now_us // 1000

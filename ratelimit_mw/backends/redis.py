@@ -17,10 +17,10 @@ try:
     import redis
     import redis.asyncio
     import redis.cluster
+    from redis.asyncio.retry import Retry as AsyncRetry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import RedisError
-    from redis.asyncio.retry import Retry as AsyncRetry
     from redis.retry import Retry
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]

@@ -1,0 +1,112 @@
+"""Rendering a Decision into HTTP: Retry-After, the IETF RateLimit fields, bodies.
+
+Syntax of draft-ietf-httpapi-ratelimit-headers-10 (Structured Field lists):
+
+    RateLimit-Policy: "minute";q=10;w=60, "hour";q=100;w=3600
+    RateLimit: "minute";r=3;t=42
+
+``RateLimit-Policy`` lists every tier that applied to the request; it depends only on which
+policies applied, so it is rendered once per set of policies (`PolicyHeader`) and reused.
+``RateLimit`` names the governing tier: r is what remains, t is ceil(reset_after) when the
+request was admitted and the Retry-After value when it was refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+
+from ratelimit_mw.decision import Decision
+from ratelimit_mw.policy import Policy
+
+Headers = list[tuple[str, str]]
+
+
+def retry_after_seconds(decision: Decision) -> int:
+    """Whole seconds, rounded up, at least 1 — never a Retry-After of 0 for a refusal.
+
+    A request whose cost exceeds a limit can never be admitted; its retry_after is infinite,
+    which no header can say, so it reports the governing period instead.
+    """
+    retry = decision.retry_after
+    if retry == math.inf:
+        retry = decision.rate.period if decision.rate is not None else 60.0
+    return max(1, math.ceil(retry))
+
+
+def _sf_string(text: str) -> str:
+    # A Structured Field string: printable ASCII only, with \ and " escaped.
+    clean = "".join(ch if " " <= ch <= "~" else "?" for ch in text)
+    return '"' + clean.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class PolicyHeader:
+    """The rendered ``RateLimit-Policy`` of one set of policies, and each tier's name.
+
+    Tier names are the rate's period ("minute", "30s"); when two applied policies have a tier
+    of the same period, the policy name prefixes them so that every name is unique.
+    """
+
+    __slots__ = ("names", "value")
+
+    def __init__(self, policies: Sequence[Policy]) -> None:
+        periods = [rate.period_ms for policy in policies for rate in policy.rates]
+        clash = len(set(periods)) != len(periods)
+        self.names: dict[tuple[int, int], str] = {}
+        items = []
+        for policy in policies:
+            for rate in policy.rates:
+                name = f"{policy.name}/{rate.name}" if clash else rate.name
+                quoted = _sf_string(name)
+                self.names[(id(policy), rate.period_ms)] = quoted
+                items.append(f"{quoted};q={rate.limit};w={rate.period_seconds_ceil}")
+        self.value = ", ".join(items)
+
+    def ratelimit(self, decision: Decision) -> str:
+        """The ``RateLimit`` value for the governing tier of `decision`."""
+        policy, rate = decision.policy, decision.rate
+        name = self.names.get((id(policy), rate.period_ms if rate else 0), '"limit"')
+        allowed = decision.allowed
+        t = math.ceil(decision.reset_after) if allowed else retry_after_seconds(decision)
+        return f"{name};r={decision.remaining};t={t}"
+
+
+def rate_limit_headers(decision: Decision, policy_header: PolicyHeader,
+                       legacy: bool = False) -> Headers:
+    """The headers for a response the limiter saw (admitted or refused)."""
+    headers: Headers = [
+        ("RateLimit-Policy", policy_header.value),
+        ("RateLimit", policy_header.ratelimit(decision)),
+    ]
+    if not decision.allowed:
+        headers.append(("Retry-After", str(retry_after_seconds(decision))))
+    if legacy:
+        reset = retry_after_seconds(decision) if not decision.allowed else math.ceil(
+            decision.reset_after
+        )
+        headers += [
+            ("X-RateLimit-Limit", str(decision.limit)),
+            ("X-RateLimit-Remaining", str(decision.remaining)),
+            ("X-RateLimit-Reset", str(reset)),
+        ]
+    return headers
+
+
+def too_many_requests_body(decision: Decision) -> bytes:
+    """The default 429 body: ``{"detail": ..., "retry_after": N}``."""
+    detail = "Too Many Requests"
+    if decision.retry_after == math.inf:
+        detail = "Too Many Requests: this request costs more than the limit allows"
+    elif decision.banned:
+        detail = "Too Many Requests: temporarily banned after exceeding the limit"
+    return json.dumps(
+        {"detail": detail, "retry_after": retry_after_seconds(decision)}, separators=(",", ":")
+    ).encode()
+
+
+def unavailable_body(retry_after: int) -> bytes:
+    """The 503 body when the store is down and on_backend_error="deny"."""
+    return json.dumps(
+        {"detail": "Rate limiter unavailable", "retry_after": retry_after}, separators=(",", ":")
+    ).encode()

@@ -1,0 +1,82 @@
+"""Shared fixtures: the real Redis, a controllable clock, per-test key prefixes.
+
+The Redis tests talk to the real server at 127.0.0.1:6379 (RATELIMIT_REDIS_URL overrides).
+Tests never flush the database: every test writes under its own prefix, so suites can run
+side by side on one server.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import ratelimit_mw as rl
+
+REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+class FakeClock:
+    """Seconds since the epoch, moved only by the test (scripts receive it as `now`)."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def sleep(self, seconds: float) -> None:
+        """A `sleep` for Limiter(sleep=...): time passes, nobody waits."""
+        self.now += seconds
+
+    async def asleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+@pytest.fixture(scope="session")
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except redis.RedisError as exc:  # pragma: no cover - the machine promises a Redis
+        pytest.fail(f"no Redis at {REDIS_URL} ({exc}); start one: redis-server --daemonize yes")
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_backend(redis_client: redis.Redis) -> rl.RedisBackend:
+    return rl.RedisBackend(redis_client)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def backend(request: pytest.FixtureRequest, redis_client: redis.Redis) -> object:
+    """Each test using it runs twice: on the memory backend and on the real Redis."""
+    if request.param == "memory":
+        return rl.MemoryBackend()
+    return rl.RedisBackend(redis_client)
+
+
+@pytest.fixture
+def limiter(backend: object, prefix: str, clock: FakeClock) -> rl.Limiter:
+    return rl.Limiter(backend, prefix=prefix, clock=clock, sleep=clock.sleep)  # type: ignore[arg-type]
+
+
+def keys_under(client: redis.Redis, prefix: str) -> list[bytes]:
+    return list(client.scan_iter(match=f"{prefix}:*", count=1000))
