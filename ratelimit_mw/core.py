@@ -17,7 +17,7 @@ import random
 import secrets
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ratelimit_mw._errors import ConfigurationError, RateLimitExceeded
 from ratelimit_mw._keyenc import identity_head
@@ -274,6 +274,12 @@ def merge(decisions: Sequence[Decision]) -> Decision:
 Plan = Generator["ScriptCall | float", Any, Decision]
 
 
+class DenyCacheLike(Protocol):
+    def lookup(self, checks: Sequence[Check], now: float) -> Decision | None: ...
+
+    def remember(self, checks: Sequence[Check], decision: Decision, now: float) -> None: ...
+
+
 def plan_hit(calls: Sequence[ScriptCall]) -> Plan:
     """Run the calls in order; if one refuses, give back what the earlier ones admitted.
 
@@ -293,6 +299,24 @@ def plan_hit(calls: Sequence[ScriptCall]) -> Plan:
     return merge(decisions)
 
 
+def plan_check(
+    checks: Sequence[Check],
+    calls: Callable[[], list[ScriptCall]],
+    deny: DenyCacheLike | None,
+    now: Callable[[], float],
+) -> Plan:
+    """A hit of several checks: answered from the deny cache when a refusal is in force,
+    otherwise by the backend (and a refusal is remembered)."""
+    if deny is not None:
+        cached = deny.lookup(checks, now())
+        if cached is not None:
+            return cached
+    decision = yield from plan_hit(calls())
+    if deny is not None and not decision.allowed:
+        deny.remember(checks, decision, now())
+    return decision
+
+
 def acquire_wait(
     decision: Decision, waited: float, timeout: float | None, rng: random.Random
 ) -> float | None:
@@ -310,7 +334,7 @@ def acquire_wait(
 
 
 def plan_acquire(
-    calls: Callable[[], list[ScriptCall]],
+    hit: Callable[[], Plan],
     now: Callable[[], float],
     timeout: float | None,
     rng: random.Random,
@@ -320,7 +344,7 @@ def plan_acquire(
         raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
     started = now()
     while True:
-        decision = yield from plan_hit(calls())
+        decision = yield from hit()
         if decision.allowed:
             return decision
         wait = acquire_wait(decision, now() - started, timeout, rng)

@@ -8,6 +8,7 @@ Every decision is made by the pure core (`ratelimit_mw.core`); the shells add on
 from __future__ import annotations
 
 import asyncio
+import functools
 import datetime as _dt
 import random
 import re
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from ratelimit_mw import core
+from ratelimit_mw._deny_cache import DenyCache
 from ratelimit_mw._errors import ConfigurationError
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import Check, ScriptCall
@@ -57,6 +59,7 @@ class _Shared:
         backend: Any,
         prefix: str,
         clock: Callable[[], float] | None,
+        deny_cache: int,
     ) -> None:
         if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
             raise ConfigurationError(
@@ -67,6 +70,12 @@ class _Shared:
         self.prefix = prefix
         self.clock = clock
         self._rng = random.Random()
+        if isinstance(deny_cache, bool) or not isinstance(deny_cache, int) or deny_cache < 0:
+            raise ConfigurationError(
+                f"deny_cache is the number of refusals remembered in process (0 turns it off), "
+                f"got {deny_cache!r}; e.g. deny_cache=10_000"
+            )
+        self._deny = DenyCache(deny_cache) if deny_cache else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -107,19 +116,30 @@ class _Shared:
             for group in groups
         ]
 
-    def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1) -> ScriptCall:
-        check = _check(policy, identity, cost)
-        return core.build(op, (check,), self.prefix, now_us=self._now_us(),
-                          clock_ms=self._clock_ms())
-
     def _monotonic(self) -> float:
         return time.monotonic() if self.clock is None else self.clock()
+
+    def _check_plan(self, checks: Sequence[Check]) -> core.Plan:
+        return core.plan_check(checks, lambda: self._calls(core.HIT, checks), self._deny,
+                               self._monotonic)
 
     def _acquire_plan(self, policy: Policy | str, identity: str, cost: int,
                       timeout: float | None) -> core.Plan:
         checks = (_check(policy, identity, cost),)
-        return core.plan_acquire(lambda: self._calls(core.HIT, checks), self._monotonic,
+        return core.plan_acquire(lambda: self._check_plan(checks), self._monotonic,
                                  timeout, self._rng)
+
+    def _forget(self, checks: Sequence[Check]) -> None:
+        if self._deny is not None:
+            for check in checks:
+                self._deny.forget(check.policy, check.identity)
+
+    def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1) -> ScriptCall:
+        check = _check(policy, identity, cost)
+        if op in (core.RESET, core.REFUND):
+            self._forget((check,))
+        return core.build(op, (check,), self.prefix, now_us=self._now_us(),
+                          clock_ms=self._clock_ms())
 
     def _booking_call(self, policy: Policy | str, identity: str, at: _dt.datetime,
                       cost: int) -> ScriptCall:
@@ -135,6 +155,7 @@ class _Shared:
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:
         check = Check(booking.policy, booking.identity, booking.cost)
+        self._forget((check,))
         return core.build(core.CANCEL, (check,), self.prefix, now_us=self._now_us(),
                           token=booking.token, clock_ms=self._clock_ms())
 
@@ -145,14 +166,23 @@ def _check(policy: Policy | str, identity: str, cost: int) -> Check:
             f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
         )
     core.validate_cost(cost)
-    return Check(as_policy(policy), identity, cost)
+    return Check(policy if isinstance(policy, Policy) else _policy_from_text(policy), identity,
+                 cost)
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_from_text(text: str) -> Policy:
+    # limiter.hit("10/minute", ...) with a string: one Policy per text, not one per call, so
+    # parsing stays off the hot path and the deny cache recognises the policy.
+    return as_policy(text)
 
 
 class Limiter(_Shared):
     """The sync limiter: ``Limiter(RedisBackend.from_url(...))`` or ``Limiter()`` (memory).
 
     ``clock`` (tests only) replaces Redis's clock with a callable returning seconds;
-    ``sleep`` replaces ``time.sleep`` for ``acquire``.
+    ``sleep`` replaces ``time.sleep`` for ``acquire``; ``deny_cache`` is how many refusals
+    are remembered in process until their retry_after (0 turns the cache off).
     """
 
     def __init__(
@@ -162,6 +192,7 @@ class Limiter(_Shared):
         *,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], None] | None = None,
+        deny_cache: int = 10_000,
     ) -> None:
         if backend is None:
             backend = MemoryBackend()
@@ -170,11 +201,14 @@ class Limiter(_Shared):
                 f"Limiter needs a sync backend (MemoryBackend or RedisBackend), got {backend!r}; "
                 "for redis.asyncio use AsyncLimiter(AsyncRedisBackend(...))"
             )
-        super().__init__(backend, prefix, clock)
+        super().__init__(backend, prefix, clock, deny_cache)
         self._sleep = sleep or time.sleep
 
     def _drive(self, plan: core.Plan) -> Decision:
-        step = next(plan)
+        try:
+            step = next(plan)
+        except StopIteration as done:  # answered without I/O (the deny cache)
+            return done.value  # type: ignore[no-any-return]
         while True:
             if isinstance(step, ScriptCall):
                 reply: list[int] | None = self.backend.run(step)
@@ -188,7 +222,7 @@ class Limiter(_Shared):
 
     def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing (what the middleware calls)."""
-        return self._drive(core.plan_hit(self._calls(core.HIT, checks)))
+        return self._drive(self._check_plan(checks))
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
@@ -196,6 +230,7 @@ class Limiter(_Shared):
 
     def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
+        self._forget(checks)
         for call in self._calls(core.REFUND, checks):
             self.backend.run(call)
 
@@ -238,6 +273,7 @@ class AsyncLimiter(_Shared):
         *,
         clock: Callable[[], float] | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
+        deny_cache: int = 10_000,
     ) -> None:
         if backend is None:
             backend = MemoryBackend()
@@ -247,11 +283,14 @@ class AsyncLimiter(_Shared):
                 f"got {backend!r}; a sync redis.Redis would block the event loop: use "
                 "AsyncRedisBackend(redis.asyncio.Redis(...))"
             )
-        super().__init__(backend, prefix, clock)
+        super().__init__(backend, prefix, clock, deny_cache)
         self._sleep = sleep or asyncio.sleep
 
     async def _drive(self, plan: core.Plan) -> Decision:
-        step = next(plan)
+        try:
+            step = next(plan)
+        except StopIteration as done:  # answered without I/O (the deny cache)
+            return done.value  # type: ignore[no-any-return]
         while True:
             if isinstance(step, ScriptCall):
                 reply: list[int] | None = await self.backend.arun(step)
@@ -265,7 +304,7 @@ class AsyncLimiter(_Shared):
 
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing (what the middleware calls)."""
-        return await self._drive(core.plan_hit(self._calls(core.HIT, checks)))
+        return await self._drive(self._check_plan(checks))
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
@@ -273,6 +312,7 @@ class AsyncLimiter(_Shared):
 
     async def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
+        self._forget(checks)
         for call in self._calls(core.REFUND, checks):
             await self.backend.arun(call)
 

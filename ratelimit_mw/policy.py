@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ratelimit_mw._errors import ConfigurationError
 from ratelimit_mw._keyenc import encode_segment
-from ratelimit_mw.rates import _MS_PER_UNIT, Rate, parse_rates
+from ratelimit_mw.rates import Rate, parse_rates, unit_ms
 
 ALGORITHMS = {
     "fixed-window": "fw",
@@ -28,7 +28,7 @@ PenaltyEnd = Callable[[], _dt.datetime]
 Penalty: TypeAlias = int | float | str | _dt.timedelta | PenaltyEnd | None
 
 _DAY_MS = 86_400_000
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*?)s?\s*$", re.IGNORECASE)
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 # 1970-01-01 was a Thursday; week-multiple calendar windows start on Mondays instead.
 _EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
 _MONDAY_ORDINAL = _dt.date(1969, 12, 29).toordinal()
@@ -44,10 +44,10 @@ def _penalty_ms(penalty: int | float | str | _dt.timedelta) -> int:
         ms = int(penalty * 1000)
     elif isinstance(penalty, str):
         match = _DURATION_RE.match(penalty)
-        unit = (match[2].lower() or "second") if match else ""
-        if match is None or unit not in _MS_PER_UNIT:
+        unit = (unit_ms(match[2]) if match[2] else 1_000) if match else None
+        if match is None or unit is None:
             raise ConfigurationError(f"cannot read the penalty {penalty!r}; {example}")
-        ms = int(float(match[1]) * _MS_PER_UNIT[unit])
+        ms = int(float(match[1]) * unit)
     else:
         raise ConfigurationError(f"cannot read the penalty {penalty!r}; {example}")
     if ms < 1:

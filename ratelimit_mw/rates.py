@@ -37,9 +37,19 @@ _UNIT_ABBREVIATIONS = {1: "ms", 1_000: "s", 60_000: "min", 3_600_000: "h",
 
 # "<limit> (/|per) [<multiple>] <unit>[s]" — the notation of `limits` and slowapi.
 _RATE_RE = re.compile(
-    r"^\s*(?P<limit>[+-]?\d+)\s*(?:/|\s+per\s+)\s*(?P<multiple>[+-]?\d+)?\s*(?P<unit>[a-z]+?)s?\s*$",
+    r"^\s*(?P<limit>[+-]?\d+)\s*(?:/|\s+per\s+)\s*(?P<multiple>[+-]?\d+)?\s*(?P<unit>[a-z]+)\s*$",
     re.IGNORECASE,
 )
+
+
+def unit_ms(word: str) -> int | None:
+    """Milliseconds in a unit word, singular or plural ("ms" is a unit, not "m" + "s")."""
+    word = word.lower()
+    found = _MS_PER_UNIT.get(word)
+    if found is None and word.endswith("s"):
+        found = _MS_PER_UNIT.get(word[:-1])
+    return found
+
 
 _EXAMPLE = 'write it like "10/minute", "10 per minute", "5/30 seconds" or "1/minute;5/hour;10/day"'
 
@@ -123,9 +133,8 @@ def _parse_one(part: str, whole: str) -> Rate:
     match = _RATE_RE.match(part)
     if match is None:
         raise ConfigurationError(f"cannot read the rate {part.strip()!r} in {whole!r}; {_EXAMPLE}")
-    unit = match["unit"].lower()
-    unit_ms = _MS_PER_UNIT.get(unit)
-    if unit_ms is None:
+    period_unit = unit_ms(match["unit"])
+    if period_unit is None:
         raise ConfigurationError(
             f"unknown time unit {match['unit']!r} in {whole!r}; use second, minute, hour, day "
             f"or week; {_EXAMPLE}"
@@ -141,7 +150,7 @@ def _parse_one(part: str, whole: str) -> Rate:
         raise ConfigurationError(
             f"the period in {part.strip()!r} must be at least 1 unit; {_EXAMPLE}"
         )
-    return Rate(limit, multiple * unit_ms)
+    return Rate(limit, multiple * period_unit)
 
 
 def parse_rates(text: str) -> tuple[Rate, ...]:

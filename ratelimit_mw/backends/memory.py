@@ -21,6 +21,8 @@ from typing import Any
 from ratelimit_mw.core import ScriptCall
 
 _SWEEP_PER_CALL = 64
+# Sorts after every member at the same score (members are ASCII tokens).
+_TOP = "\U0010ffff"
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -32,34 +34,45 @@ def _gc_ms(us: int) -> int:
 
 
 class _Log:
-    """A sorted set scored by time: (score, member) pairs kept in order."""
+    """A sorted set scored by time: (score, member) pairs kept in order, members indexed."""
 
-    __slots__ = ("entries",)
+    __slots__ = ("entries", "members")
 
     def __init__(self) -> None:
         self.entries: list[tuple[int, str]] = []
+        self.members: dict[str, int] = {}
 
     def count_above(self, floor: int) -> int:
         """ZCOUNT key (floor +inf"""
-        return len(self.entries) - bisect.bisect_right(self.entries, (floor, "\U0010ffff"))
+        return len(self.entries) - bisect.bisect_right(self.entries, (floor, _TOP))
 
     def times_above(self, floor: int) -> list[int]:
-        start = bisect.bisect_right(self.entries, (floor, "\U0010ffff"))
+        start = bisect.bisect_right(self.entries, (floor, _TOP))
         return [score for score, _ in self.entries[start:]]
 
     def add(self, score: int, member: str) -> None:
         self.remove(member)
-        bisect.insort(self.entries, (score, member))
+        self.members[member] = score
+        entry = (score, member)
+        if not self.entries or self.entries[-1] < entry:
+            self.entries.append(entry)  # the common case: a hit at the newest time
+        else:
+            bisect.insort(self.entries, entry)
 
     def remove(self, member: str) -> None:
-        for i, (_, m) in enumerate(self.entries):
-            if m == member:
-                del self.entries[i]
-                return
+        score = self.members.pop(member, None)
+        if score is not None:
+            entry = (score, member)
+            del self.entries[bisect.bisect_left(self.entries, entry)]
+
+    def remove_entries(self, start: int, stop: int) -> None:
+        for _, member in self.entries[start:stop]:
+            del self.members[member]
+        del self.entries[start:stop]
 
     def trim(self, upto: int) -> None:
         """ZREMRANGEBYSCORE key -inf upto"""
-        del self.entries[: bisect.bisect_right(self.entries, (upto, "\U0010ffff"))]
+        self.remove_entries(0, bisect.bisect_right(self.entries, (upto, _TOP)))
 
 
 def _sl_peak(ts: Sequence[int], period: int, at: int) -> int:
@@ -286,7 +299,7 @@ class MemoryBackend:
         elif not ok:
             if later == 0:
                 k = peak + cost - limit - 1
-                first = bisect.bisect_right(entries, (floor, "\U0010ffff"))
+                first = bisect.bisect_right(entries, (floor, _TOP))
                 retry = entries[first + k][0] + period - at
             else:
                 retry = last + period - at
@@ -310,10 +323,8 @@ class MemoryBackend:
         log: _Log | None = self._get(key, now)
         if log is None:
             return
-        upto = bisect.bisect_right(log.entries, (now, "\U0010ffff"))
-        gone = log.entries[max(0, upto - cost) : upto]
-        for entry in gone:
-            log.entries.remove(entry)
+        upto = bisect.bisect_right(log.entries, (now, _TOP))
+        log.remove_entries(max(0, upto - cost), upto)
 
     def _sl_cancel(self, key: str, token: str, cost: int, now: int) -> None:
         log: _Log | None = self._get(key, now)
