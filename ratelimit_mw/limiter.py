@@ -8,8 +8,8 @@ Every decision is made by the pure core (`ratelimit_mw.core`); the shells add on
 from __future__ import annotations
 
 import asyncio
-import functools
 import datetime as _dt
+import functools
 import random
 import re
 import time

@@ -76,21 +76,55 @@ class _Log:
 
 
 def _sl_peak(ts: Sequence[int], period: int, at: int) -> int:
+    """As sl_peak: the windows ending at `at` and at each entry in (at, at + period)."""
     n = len(ts)
     best, lo, hi = 0, 0, -1
-    s = at - period + 1
+    stop = at
     while True:
-        while lo < n and ts[lo] < s:
-            lo += 1
-        while hi < n - 1 and ts[hi + 1] <= s + period - 1:
+        while hi < n - 1 and ts[hi + 1] <= stop:
             hi += 1
+        while lo <= hi and ts[lo] <= stop - period:
+            lo += 1
         best = max(best, hi - lo + 1)
-        k = lo
-        while k < n and ts[k] <= s:
-            k += 1
-        if k >= n or ts[k] > at:
+        if hi >= n - 1 or ts[hi + 1] >= at + period:
             return best
-        s = ts[k]
+        stop = ts[hi + 1]
+
+
+def _sl_blocked(
+    ts: Sequence[int], limit: int, period: int, cost: int, out: list[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """As sl_blocked: the booking times at which `cost` more would not fit this tier."""
+    full = limit - cost + 1
+    n = len(ts)
+    i = j = count = 0
+    start: int | None = None
+    while j < n:
+        x = ts[j] + 1
+        if i < n and ts[i] - period + 1 < x:
+            x = ts[i] - period + 1
+        while i < n and ts[i] - period + 1 == x:
+            count += 1
+            i += 1
+        while j < n and ts[j] + 1 == x:
+            count -= 1
+            j += 1
+        if start is None and count >= full:
+            start = x
+        elif start is not None and count < full:
+            out.append((start, x + period - 2))
+            start = None
+    return out
+
+
+def _sl_first_free(blocked: list[tuple[int, int]], at: int) -> int:
+    """As sl_first_free: the earliest time from `at` on that no blocked interval covers."""
+    for first, last in sorted(blocked, key=lambda b: b[0]):
+        if first > at:
+            break
+        if last >= at:
+            at = last + 1
+    return at
 
 
 class MemoryBackend:
@@ -302,12 +336,7 @@ class MemoryBackend:
                 first = bisect.bisect_right(entries, (floor, _TOP))
                 retry = entries[first + k][0] + period - at
             else:
-                retry = last + period - at
-                for t in ts:
-                    moment = t + period
-                    if moment > at and _sl_peak(ts, period, moment) + cost <= limit:
-                        retry = moment - at
-                        break
+                retry = _sl_first_free(_sl_blocked(ts, limit, period, cost, []), at) - at
         return ok, before, retry, reset_now, last + period - now, None
 
     def _sl_commit(self, key: str, at: int, cost: int, token: str, longest: int, now: int) -> None:
@@ -319,19 +348,54 @@ class MemoryBackend:
         log.trim(now - longest)
         self._set(key, log, now, log.entries[-1][0] + longest - now)
 
-    def _sl_refund(self, key: str, cost: int, now: int) -> None:
+    def _sl_expire(self, key: str, log: _Log, longest: int, now: int) -> None:
+        if log.entries:
+            self._set(key, log, now, log.entries[-1][0] + longest - now)
+        else:
+            self._delete(key)  # Redis drops an empty sorted set
+
+    def _sl_refund(self, key: str, cost: int, token: str, longest: int, now: int) -> None:
         log: _Log | None = self._get(key, now)
         if log is None:
             return
-        upto = bisect.bisect_right(log.entries, (now, _TOP))
-        log.remove_entries(max(0, upto - cost), upto)
+        if token:
+            for j in range(1, cost + 1):
+                log.remove(f"{token}:{j}")
+        else:
+            upto = bisect.bisect_right(log.entries, (now, _TOP))
+            log.remove_entries(max(0, upto - cost), upto)
+        self._sl_expire(key, log, longest, now)
 
-    def _sl_cancel(self, key: str, token: str, cost: int, now: int) -> None:
+    def _sl_cancel(self, key: str, token: str, cost: int, longest: int, now: int) -> None:
         log: _Log | None = self._get(key, now)
         if log is None:
             return
         for j in range(1, cost + 1):
             log.remove(f"{token}:{j}")
+        self._sl_expire(key, log, longest, now)
+
+    def _sl_joint_retry(self, tiers: list[dict[str, Any]], at: int, now: int) -> None:
+        """As sl_joint_retry: one log's refusing tiers wait for the first time fitting all."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for t in tiers:
+            if t["algo"] == "sl" and t["banned"] == 0:
+                groups.setdefault(t["key"], []).append(t)
+        for key, group in groups.items():
+            if len(group) < 2 or all(t["ok"] for t in group):
+                continue
+            if any(t["retry"] < 0 for t in group):
+                continue
+            log: _Log | None = self._get(key, now)
+            if log is None or log.count_above(at) == 0:
+                continue
+            ts = log.times_above(at - max(t["period"] for t in group))
+            blocked: list[tuple[int, int]] = []
+            for t in group:
+                _sl_blocked(ts, t["limit"], t["period"], t["cost"], blocked)
+            retry = _sl_first_free(blocked, at) - at
+            for t in group:
+                if not t["ok"]:
+                    t["retry"] = retry
 
     # -- the entry point, as lua/main.lua ---------------------------------------------------
     def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:
@@ -358,6 +422,10 @@ class MemoryBackend:
             return [1]
 
         if op in ("R", "C"):
+            spans: dict[str, int] = {}
+            for t in tiers:
+                if t["algo"] == "sl" and spans.get(t["key"], 0) < t["period"]:
+                    spans[t["key"]] = t["period"]
             done: set[str] = set()
             for t in tiers:
                 key = t["key"]
@@ -366,7 +434,7 @@ class MemoryBackend:
                 done.add(key)
                 if op == "C":
                     if t["algo"] == "sl":
-                        self._sl_cancel(key, token, t["cost"], now)
+                        self._sl_cancel(key, token, t["cost"], spans[key], now)
                 elif t["algo"] == "fw":
                     self._fw_refund(key, t["period"], t["cost"], t["cal"], now)
                 elif t["algo"] == "sw":
@@ -374,7 +442,7 @@ class MemoryBackend:
                 elif t["algo"] == "gc":
                     self._gc_refund(key, t["limit"], t["period"], t["cost"], now, now_us)
                 else:
-                    self._sl_refund(key, t["cost"], now)
+                    self._sl_refund(key, t["cost"], token, spans[key], now)
             return [1]
 
         at = now
@@ -407,6 +475,8 @@ class MemoryBackend:
             t["banned"] = banned
             if not t["ok"]:
                 all_ok = False
+        if not all_ok:
+            self._sl_joint_retry(tiers, at, now)
 
         reply = [0]
         for t in tiers:
@@ -456,5 +526,7 @@ class MemoryBackend:
                 ban = t["ban"]
                 if ban > 0 and bans[ban] > 0:
                     base = 1 + i * 5
-                    reply[base : base + 5] = [0, 0, bans[ban], bans[ban], 1]
+                    # A cost above the limit stays "never": waiting out the ban would not admit it.
+                    retry = t["retry"] if t["retry"] == -1 else bans[ban]
+                    reply[base : base + 5] = [0, 0, retry, bans[ban], 1]
         return reply
