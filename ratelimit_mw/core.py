@@ -17,13 +17,12 @@ import random
 import secrets
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ratelimit_mw._errors import ConfigurationError, RateLimitExceeded
 from ratelimit_mw._keyenc import identity_head
 from ratelimit_mw.decision import Booking, Decision, TierState
 from ratelimit_mw.policy import Policy
-from ratelimit_mw.rates import Rate
 
 HIT = "H"
 PEEK = "P"
@@ -44,20 +43,17 @@ class Check:
     cost: int = 1
 
 
-@dataclass(frozen=True, slots=True)
-class ScriptCall:
-    """What a backend runs: the keys and arguments of lua/main.lua, and how to read the reply."""
+class ScriptCall(NamedTuple):
+    """What a backend runs: the keys and arguments of lua/main.lua, and how to read the reply.
+
+    A NamedTuple rather than a dataclass: one is built per request, and tuples build fastest.
+    """
 
     keys: list[str]
     args: list[Arg]
-    layout: tuple[tuple[Policy, Rate, str], ...]
+    layout: tuple[tuple[Policy, str], ...]  # (policy, identity) per check, tiers in order
     op: str
     booking: Booking | None = None
-
-    @property
-    def slot_key(self) -> str:
-        """A key whose hash tag routes the call on a cluster (every key shares it)."""
-        return self.keys[0]
 
 
 class _Tokens:
@@ -100,16 +96,41 @@ def _tier_suffixes(policy: Policy) -> tuple[str, ...]:
     return tuple(f"{policy.segment}:{rate.period_ms}" for rate in policy.rates)
 
 
-_SUFFIX_CACHE: dict[int, tuple[Policy, tuple[str, ...]]] = {}
+class _Template:
+    """What a policy contributes to every call, computed once: key suffixes and the seven
+    arguments of each tier for a given cost (when no penalty or calendar makes them vary)."""
+
+    __slots__ = ("by_cost", "policy", "suffixes")
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.suffixes = _tier_suffixes(policy)
+        self.by_cost: dict[int, tuple[Arg, ...]] = {}
+
+    def static_args(self, cost: int) -> tuple[Arg, ...]:
+        found = self.by_cost.get(cost)
+        if found is None:
+            policy = self.policy
+            found = tuple(
+                arg
+                for rate in policy.rates
+                for arg in (policy.code, rate.limit, rate.period_ms, cost, 0, "", "")
+            )
+            if len(self.by_cost) < 64:  # costs are few in practice; never grow unbounded
+                self.by_cost[cost] = found
+        return found
 
 
-def _suffixes(policy: Policy) -> tuple[str, ...]:
-    # Keyed by id() with the policy kept alive in the value, so a recycled id never matches.
-    cached = _SUFFIX_CACHE.get(id(policy))
-    if cached is None or cached[0] is not policy:
-        cached = (policy, _tier_suffixes(policy))
-        _SUFFIX_CACHE[id(policy)] = cached
-    return cached[1]
+_TEMPLATES: dict[int, _Template] = {}
+
+
+def _template(policy: Policy) -> _Template:
+    # Keyed by id() with the policy held by the template, so a recycled id never matches.
+    found = _TEMPLATES.get(id(policy))
+    if found is None or found.policy is not policy:
+        found = _Template(policy)
+        _TEMPLATES[id(policy)] = found
+    return found
 
 
 def build(
@@ -129,19 +150,30 @@ def build(
     """
     keys: list[str] = []
     tier_args: list[Arg] = []
-    layout: list[tuple[Policy, Rate, str]] = []
+    layout: list[tuple[Policy, str]] = []
     ban_keys: list[str] = []
     seen: set[tuple[int, str]] = set()
     uses_log = False
     for check in checks:
         policy = check.policy
-        marker = (id(policy), check.identity)
-        if marker in seen:
-            # The same policy for the same identity twice (a rule and a default that are one
-            # object) must count once, not twice.
+        identity = check.identity
+        if len(checks) > 1:
+            marker = (id(policy), identity)
+            if marker in seen:
+                # The same policy for the same identity twice (a rule and a default that are
+                # one object) must count once, not twice.
+                continue
+            seen.add(marker)
+        template = _template(policy)
+        head = identity_head(prefix, identity)
+        cost = 1 if op == PEEK else check.cost
+        if policy.code == "sl":
+            uses_log = True
+        keys += [head + suffix for suffix in template.suffixes]
+        layout.append((policy, identity))
+        if policy.penalty is None and policy.tz is None:
+            tier_args += template.static_args(cost)
             continue
-        seen.add(marker)
-        head = identity_head(prefix, check.identity)
         ban_index = 0
         ban_end = ""
         if policy.penalty is not None:
@@ -149,16 +181,11 @@ def build(
             ban_index = -len(ban_keys)  # fixed up once the number of tier keys is known
             if op == HIT:
                 ban_end = policy.ban_end()
-        cost = 1 if op == PEEK else check.cost
-        if policy.code == "sl":
-            uses_log = True
-        for tier, (rate, suffix) in enumerate(zip(policy.rates, _suffixes(policy), strict=True)):
-            keys.append(head + suffix)
+        for tier, rate in enumerate(policy.rates):
             calendar = policy.calendar(tier, clock_ms) if policy.tz is not None else ""
             tier_args += (policy.code, rate.limit, rate.period_ms, cost, ban_index, ban_end,
                           calendar)
-            layout.append((policy, rate, check.identity))
-    n = len(layout)
+    n = len(keys)
     if n == 0:
         raise ConfigurationError("a limiter call needs at least one policy")
     if ban_keys:
@@ -192,37 +219,42 @@ def decide(call: ScriptCall, reply: Sequence[int]) -> Decision:
     """Read the script's reply into a Decision."""
     allowed = reply[0] == 1
     tiers: list[TierState] = []
-    governing = -1
+    governing: TierState | None = None
     best_wait = -2.0
     best_remaining = math.inf
     best_reset = -1.0
-    for i, (policy, rate, identity) in enumerate(call.layout):
-        base = 1 + 5 * i
-        tier_ok = reply[base] == 1
-        remaining = max(0, int(reply[base + 1]))
-        retry = _seconds(int(reply[base + 2])) if not tier_ok else 0.0
-        reset = int(reply[base + 3]) / 1000
-        state = TierState(policy, rate, identity, tier_ok, remaining, retry, reset,
-                          reply[base + 4] == 1)
-        tiers.append(state)
-        if not allowed:
-            if not tier_ok and retry > best_wait:
-                governing, best_wait = i, retry
-        elif remaining < best_remaining or (remaining == best_remaining and reset > best_reset):
-            governing, best_remaining, best_reset = i, remaining, reset
-    if governing < 0:  # refused with every tier admitting: cannot happen, but never crash
-        governing = 0
-    chosen = tiers[governing]
+    base = 1
+    for policy, identity in call.layout:
+        for rate in policy.rates:
+            tier_ok = reply[base] == 1
+            remaining = reply[base + 1]
+            if remaining < 0:
+                remaining = 0
+            retry = 0.0 if tier_ok else _seconds(reply[base + 2])
+            reset = reply[base + 3] / 1000
+            state = TierState(policy, rate, identity, tier_ok, remaining, retry, reset,
+                              reply[base + 4] == 1)
+            tiers.append(state)
+            base += 5
+            if not allowed:
+                if not tier_ok and retry > best_wait:
+                    governing, best_wait = state, retry
+            elif remaining < best_remaining or (
+                remaining == best_remaining and reset > best_reset
+            ):
+                governing, best_remaining, best_reset = state, remaining, reset
+    if governing is None:  # refused with every tier admitting: cannot happen, but never crash
+        governing = tiers[0]
     return Decision(
         allowed=allowed,
-        limit=chosen.rate.limit,
-        remaining=chosen.remaining,
-        retry_after=0.0 if allowed else chosen.retry_after,
-        reset_after=chosen.reset_after,
-        policy=chosen.policy,
-        rate=chosen.rate,
-        identity=chosen.identity,
-        banned=chosen.banned,
+        limit=governing.rate.limit,
+        remaining=governing.remaining,
+        retry_after=0.0 if allowed else governing.retry_after,
+        reset_after=governing.reset_after,
+        policy=governing.policy,
+        rate=governing.rate,
+        identity=governing.identity,
+        banned=governing.banned,
         tiers=tuple(tiers),
         booking=call.booking if allowed else None,
     )

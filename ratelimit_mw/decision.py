@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from ratelimit_mw.policy import Policy
     from ratelimit_mw.rates import Rate
 
 
-@dataclass(frozen=True, slots=True)
-class TierState:
-    """One tier's answer within a Decision."""
+class TierState(NamedTuple):
+    """One tier's answer within a Decision (immutable; a NamedTuple because one is built per
+    tier per request)."""
 
     policy: Policy
     rate: Rate
