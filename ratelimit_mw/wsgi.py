@@ -34,7 +34,7 @@ from ratelimit_mw.core import Check
 from ratelimit_mw.decision import Decision
 from ratelimit_mw.headers import too_many_requests_body, unavailable_body
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
-from ratelimit_mw.limiter import Limiter
+from ratelimit_mw.limiter import AsyncLimiter, Limiter
 from ratelimit_mw.policy import Policy
 from ratelimit_mw.routing import KeyFunc
 
@@ -77,7 +77,7 @@ def require_sync_limiter(limiter: object, where: str) -> Limiter:
     if not isinstance(limiter, Limiter):
         hint = (
             "an AsyncLimiter belongs to the ASGI middleware (ratelimit_mw.asgi)"
-            if type(limiter).__name__ == "AsyncLimiter"
+            if isinstance(limiter, AsyncLimiter)
             else "build one with Limiter(RedisBackend.from_url(url)) or Limiter() for memory"
         )
         raise ConfigurationError(f"{where} needs a sync Limiter, got {limiter!r}; {hint}")
@@ -123,11 +123,31 @@ class SyncGate:
         return ADMIT if self.core.admit_on_error(request, exc) else UNAVAILABLE
 
     def refund(self, checks: Sequence[Check]) -> None:
-        """Give back an admitted hit (count_when); a failure is logged, never raised."""
+        """Give back an admitted hit (count_when); a failure is logged, never raised.
+
+        Not while the breaker is open: a sync worker would wait out a timeout for a backend
+        known to be down. The hit then stays counted.
+        """
+        core = self.core
+        if core.breaker.is_open():
+            core.log_failure("ratelimit_mw: backend cooling down; a hit count_when would have "
+                             "given back stays counted", self._cooling)
+            return
         try:
             self.limiter.uncheck(checks)
         except Exception as exc:
-            self.core.log_failure("ratelimit_mw could not refund a hit (count_when)", exc)
+            core.breaker.trip()
+            core.log_failure("ratelimit_mw: could not give back a hit (count_when); it stays "
+                             "counted", exc)
+
+    def served_headers(self, decision: Decision, selection: Selection) -> Headers:
+        """The headers for a response the app serves (admitted, or refused in shadow mode)."""
+        headers = self.core.response_headers(decision, selection)
+        if not decision.allowed:
+            # A shadow refusal was served: Retry-After would tell the client to back off from
+            # a response it just got.
+            headers = [item for item in headers if item[0] != "Retry-After"]
+        return headers
 
     def refusal_headers(self, decision: Decision, selection: Selection) -> Headers:
         """What every 429 carries: Retry-After, RateLimit, RateLimit-Policy, no caching."""
@@ -137,7 +157,7 @@ class SyncGate:
         return [_NO_STORE, ("Retry-After", str(self.core.cooldown_seconds()))]
 
 
-def status_code(status: str) -> int:
+def _status_code(status: str) -> int:
     try:
         return int(status[:3])
     except (TypeError, ValueError):
@@ -176,7 +196,7 @@ class _Refunding:
                 close()
         finally:
             status = self._status[-1] if self._status else "500"
-            if self._gate.core.should_refund(status_code(status)):
+            if self._gate.core.should_refund(_status_code(status)):
                 self._gate.refund(self._checks)
 
 
@@ -250,20 +270,21 @@ class RateLimitMiddleware:
             # PEP 3333 hands over the raw bytes as latin-1; rules are written in Unicode.
             path = path.encode("latin-1", "replace").decode("utf-8", "replace")
         core = self.core
+        # Always present for the app: None unless the limiter decided.
+        environ[DECISION_KEY] = None
         selection = core.select(environ.get("REQUEST_METHOD", "GET"), path, None)
         if selection is None:
             return self.app(environ, start_response)
         request = Request(environ)
         verdict, decision, checks = self.gate.consult(selection, request)
-        if decision is not None:
-            environ[DECISION_KEY] = decision
+        environ[DECISION_KEY] = decision
         if verdict == REFUSE and decision is not None:
             return self._refuse(request, decision, selection, start_response)
         if verdict == UNAVAILABLE:
             return self._unavailable(start_response)
         if decision is None:
             return self.app(environ, start_response)
-        extra = core.response_headers(decision, selection) if core.headers else None
+        extra = self.gate.served_headers(decision, selection) if core.headers else None
         refund = core.count_when is not None and decision.allowed
         if extra is None and not refund:
             return self.app(environ, start_response)
