@@ -5,7 +5,8 @@
 --       of the policies that have a penalty.
 -- ARGV: [1] op: H hit, P peek, R refund, X reset, B book (reserve), C cancel a booking
 --       [2] now in microseconds, or "" to read Redis TIME (the normal case)
---       [3] a token unique to this call (sliding-log members; for C, the booking's token)
+--       [3] a token unique to this call (sliding-log members; for C, the booking's token;
+--           for R, the refunded hit's token, or "" for the newest entries)
 --       [4] the booking time in ms for B, else ""
 --       [5] the number of tiers n
 --       then 7 values per tier: algorithm (fw, sl, sw, gc), limit, period ms, cost,
@@ -45,17 +46,23 @@ if op == 'X' then
 end
 
 if op == 'R' or op == 'C' then
+  -- A log shrinks, so its expiry is recomputed from the longest tier that reads it.
+  local longest = {}
+  for i = 1, n do
+    local t = tiers[i]
+    if t.algo == 'sl' and (longest[t.key] or 0) < t.period then longest[t.key] = t.period end
+  end
   local done = {}
   for i = 1, n do
     local t = tiers[i]
     if not done[t.key] then
       done[t.key] = true
       if op == 'C' then
-        if t.algo == 'sl' then sl_cancel(t.key, token, t.cost) end
+        if t.algo == 'sl' then sl_cancel(t.key, token, t.cost, longest[t.key], now) end
       elseif t.algo == 'fw' then fw_refund(t.key, t.period, t.cost, t.cal, now)
       elseif t.algo == 'sw' then sw_refund(t.key, t.period, t.cost, now)
       elseif t.algo == 'gc' then gc_refund(t.key, t.limit, t.period, t.cost, now_us)
-      else sl_refund(t.key, t.cost, now) end
+      else sl_refund(t.key, t.cost, token, longest[t.key], now) end
     end
   end
   return {1}
@@ -101,6 +108,7 @@ for i = 1, n do
     ok, before, retry, reset_now, reset_hit, banned
   if not ok then all_ok = false end
 end
+if not all_ok then sl_joint_retry(tiers, at) end
 
 -- Remaining and reset describe the state after this call: after the hit if it was recorded.
 for i = 1, n do
@@ -163,7 +171,8 @@ if op == 'H' then
       local base = 1 + (i - 1) * 5
       reply[base + 1] = 0
       reply[base + 2] = 0
-      reply[base + 3] = bans[t.ban]
+      -- A cost above the limit stays "never": waiting out the ban would not admit it.
+      if t.retry ~= -1 then reply[base + 3] = bans[t.ban] end
       reply[base + 4] = bans[t.ban]
       reply[base + 5] = 1
     end

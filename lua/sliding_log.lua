@@ -15,21 +15,56 @@ local function sl_times(key, from)
   return ts
 end
 
--- The fullest window [s, s + period) containing `at`, over the ascending times `ts`.
+-- The fullest window [s, s + period) containing `at` (s in (at - period, at]), over the
+-- ascending times `ts` (none at or before at - period). Sliding s to the right only loses
+-- entries until the window's end reaches a new one, so the candidates are the window ending
+-- at `at` and the windows ending at each entry in (at, at + period).
 local function sl_peak(ts, period, at)
   local n = #ts
   local best, lo, hi = 0, 1, 0
-  local s = at - period + 1
+  local stop = at
   while true do
-    while lo <= n and ts[lo] < s do lo = lo + 1 end
-    while hi < n and ts[hi + 1] <= s + period - 1 do hi = hi + 1 end
+    while hi < n and ts[hi + 1] <= stop do hi = hi + 1 end
+    while lo <= hi and ts[lo] <= stop - period do lo = lo + 1 end
     if hi - lo + 1 > best then best = hi - lo + 1 end
-    local k = lo
-    while k <= n and ts[k] <= s do k = k + 1 end
-    if k > n or ts[k] > at then break end
-    s = ts[k]
+    if hi >= n or ts[hi + 1] >= at + period then return best end
+    stop = ts[hi + 1]
   end
-  return best
+end
+
+-- Append to `out` the intervals {first, last} of booking times at which `cost` more entries
+-- would NOT fit this tier, over the ascending times `ts`. A window starting at s holds the
+-- entries t with s <= t < s + period, so each entry counts for s in [t - period + 1, t]; a
+-- sweep over those edges finds the starts s whose window has no room, and a booking is
+-- refused exactly when some such window contains it: at any time in [s, s + period - 1].
+local function sl_blocked(ts, limit, period, cost, out)
+  local full = limit - cost + 1
+  local n = #ts
+  local i, j, count, from = 1, 1, 0, nil
+  while j <= n do
+    local x = ts[j] + 1
+    if i <= n and ts[i] - period + 1 < x then x = ts[i] - period + 1 end
+    while i <= n and ts[i] - period + 1 == x do count = count + 1; i = i + 1 end
+    while j <= n and ts[j] + 1 == x do count = count - 1; j = j + 1 end
+    if from == nil and count >= full then
+      from = x
+    elseif from ~= nil and count < full then
+      out[#out + 1] = {from, x + period - 2}
+      from = nil
+    end
+  end
+  return out
+end
+
+-- The earliest time from `at` on that no interval of `blocked` covers.
+local function sl_first_free(blocked, at)
+  table.sort(blocked, function(p, q) return p[1] < q[1] end)
+  for k = 1, #blocked do
+    local b = blocked[k]
+    if b[1] > at then break end
+    if b[2] >= at then at = b[2] + 1 end
+  end
+  return at
 end
 
 local function sl_check(key, limit, period, cost, at, now)
@@ -62,15 +97,8 @@ local function sl_check(key, limit, period, cost, at, now)
       local old = redis.call('ZRANGEBYSCORE', key, '(' .. floor, '+inf', 'WITHSCORES', 'LIMIT', k, 1)
       retry = tonumber(old[2]) + period - at
     else
-      -- The peak can only drop when an entry leaves a window: try those moments in order.
-      retry = last + period - at
-      for i = 1, #ts do
-        local t = ts[i] + period
-        if t > at and sl_peak(ts, period, t) + cost <= limit then
-          retry = t - at
-          break
-        end
-      end
+      -- Bookings ahead make the peak rise and fall: take the first time no full window covers.
+      retry = sl_first_free(sl_blocked(ts, limit, period, cost, {}), at) - at
     end
   end
   return ok, before, retry, reset_now, last + period - now
@@ -94,15 +122,72 @@ local function sl_commit(key, at, cost, token, longest, now)
   redis.call('PEXPIRE', key, tonumber(newest[2]) + longest - now)
 end
 
--- Give back the newest `cost` entries already in the past (never a future booking).
-local function sl_refund(key, cost, now)
-  local gone = redis.call('ZREVRANGEBYSCORE', key, now, '-inf', 'LIMIT', 0, cost)
-  if #gone > 0 then redis.call('ZREM', key, unpack(gone)) end
+-- After entries leave the log, keep it only as long as its newest entry needs (an empty
+-- sorted set is already gone).
+local function sl_expire(key, longest, now)
+  local newest = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
+  if newest[2] then redis.call('PEXPIRE', key, tonumber(newest[2]) + longest - now) end
 end
 
--- Cancel one booking: its members are "<token>:1" .. "<token>:<cost>".
-local function sl_cancel(key, token, cost)
+-- Remove the members "<token>:1" .. "<token>:<cost>" of one call.
+local function sl_remove(key, token, cost)
   local members = {}
   for j = 1, cost do members[#members + 1] = token .. ':' .. j end
   redis.call('ZREM', key, unpack(members))
+end
+
+-- Give back a hit: exactly its own entries when its token is known (the core compensating a
+-- refused multi-slot request), else the newest `cost` entries already in the past (never a
+-- future booking).
+local function sl_refund(key, cost, token, longest, now)
+  if token ~= '' then
+    sl_remove(key, token, cost)
+  else
+    local gone = redis.call('ZREVRANGEBYSCORE', key, now, '-inf', 'LIMIT', 0, cost)
+    if #gone > 0 then redis.call('ZREM', key, unpack(gone)) end
+  end
+  sl_expire(key, longest, now)
+end
+
+-- Cancel one booking (its token and cost come from the Booking the client kept).
+local function sl_cancel(key, token, cost, longest, now)
+  sl_remove(key, token, cost)
+  sl_expire(key, longest, now)
+end
+
+-- Tiers of one log are not independent once entries lie ahead of `at`: each tier alone may
+-- fit again at a different time, and at the latest of those another tier may refuse again.
+-- For such logs the retry of every refusing tier becomes the first time that fits them all.
+-- (With nothing ahead each tier's wait only shrinks with time, and the longest one fits all.)
+local function sl_joint_retry(tiers, at)
+  local groups, order = {}, {}
+  for i = 1, #tiers do
+    local t = tiers[i]
+    if t.algo == 'sl' and t.banned == 0 then
+      if groups[t.key] == nil then
+        groups[t.key] = {}
+        order[#order + 1] = t.key
+      end
+      local g = groups[t.key]
+      g[#g + 1] = t
+    end
+  end
+  for _, key in ipairs(order) do
+    local g = groups[key]
+    local refused, never, longest = false, false, 0
+    for _, t in ipairs(g) do
+      if not t.ok then refused = true end
+      if t.retry < 0 then never = true end
+      if t.period > longest then longest = t.period end
+    end
+    if refused and not never and #g > 1 and redis.call('ZCOUNT', key, '(' .. at, '+inf') > 0 then
+      local ts = sl_times(key, at - longest)
+      local blocked = {}
+      for _, t in ipairs(g) do sl_blocked(ts, t.limit, t.period, t.cost, blocked) end
+      local retry = sl_first_free(blocked, at) - at
+      for _, t in ipairs(g) do
+        if not t.ok then t.retry = retry end
+      end
+    end
+  end
 end
