@@ -39,6 +39,9 @@ class DenyCache:
             return None
         found: tuple[float, int, Decision, float] | None = None
         for check in checks:
+            if check.cost > check.policy.smallest_limit:
+                # Never admissible, whatever the wait: the store answers that ("inf"), not us.
+                return None
             entry = entries.get((check.policy, check.identity))
             if entry is None:
                 continue

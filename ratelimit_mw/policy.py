@@ -79,6 +79,7 @@ class Policy:
         "penalty_ms",
         "rates",
         "segment",
+        "smallest_limit",
         "tz",
     )
 
@@ -134,6 +135,7 @@ class Policy:
                     f'unknown time zone {tz!r}; use an IANA name such as tz="Asia/Shanghai"'
                 ) from exc
         self.rates: tuple[Rate, ...] = parsed
+        self.smallest_limit: int = min(rate.limit for rate in parsed)
         self.algorithm: str = algorithm
         self.code: str = code
         self.name: str = name
