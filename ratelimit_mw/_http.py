@@ -303,6 +303,14 @@ class MiddlewareCore:
                 identity = _fallback_identity(request)
             if identity is None:
                 continue
+            if not isinstance(identity, str):
+                # A key function must return a string; anything else would fail in the limiter
+                # and trip the breaker, leaving every client unlimited for the cool-down.
+                self.log_failure(
+                    "ratelimit_mw key function returned a non-string; using the client IP",
+                    TypeError(f"{item.key!r} returned {identity!r}"),
+                )
+                identity = _fallback_identity(request)
             cost = item.cost
             if not isinstance(cost, int):
                 try:

@@ -1,0 +1,291 @@
+"""Which route will serve an ASGI request: its template and what its endpoint carries.
+
+The middleware runs before the app's router, so it asks the router's own routes
+(``route.matches(scope)``, the test Starlette's router applies) which one will take the
+request: the first full match, else the first partial one (the route that answers 405),
+descending into ``Mount``, ``Host``, nested ``Router``s and mounted sub-apps and adding each
+mount's prefix to the template. FastAPI >= 0.137 keeps included routers as one entry of
+``app.routes``; its public ``fastapi.routing.iter_route_contexts`` lists the routes inside them
+with the include prefix applied, and is used when FastAPI is loaded. Earlier FastAPI versions
+copy included routes into ``app.routes`` themselves.
+
+Resolutions are cached per (method, path), in a bounded map because paths are client text.
+Nothing is resolved at all when no endpoint carries a decorator and no key function needs the
+template; the route tree is walked once to find out, and again whenever the app's top-level
+route list changes.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+from collections.abc import Callable, Iterable, MutableMapping, Sequence
+from typing import Any
+
+from ratelimit_mw import keys as _keys
+from ratelimit_mw.routing import ATTRIBUTE, EXEMPT
+
+RouteMeta = Any  # tuple[RouteLimit, ...] | EXEMPT | None, as routing.route_limits gives it
+Resolved = tuple["str | None", RouteMeta]  # (template, metadata)
+
+_CACHE_SIZE = 4096
+_MAX_DEPTH = 16  # nesting of mounts/routers; deeper trees are treated as unresolvable
+_HTTP_METHODS = ("get", "head", "post", "put", "patch", "delete", "options")
+_UNRESOLVED: Resolved = (None, None)
+_MOUNT_SUFFIX = "/{path}"
+
+
+def route_path(scope: MutableMapping[str, Any]) -> str:
+    """The path the app's router matches: ``path`` without the ``root_path`` prefix.
+
+    The same rule as Starlette's ``get_route_path``, which is private; copied so the hot path
+    calls no framework internals.
+    """
+    path: str = scope["path"]
+    root_path = scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if path == root_path:
+        return ""
+    if path[len(root_path)] == "/":
+        return path[len(root_path):]
+    return path
+
+
+def _meta(obj: object) -> RouteMeta:
+    # getattr on arbitrary objects: a mock or proxy may answer any attribute, so only the
+    # two shapes the decorators write are believed.
+    value = getattr(obj, ATTRIBUTE, None)
+    if value == EXEMPT or isinstance(value, tuple):
+        return value
+    return None
+
+
+def endpoint_meta(endpoint: object, method: str) -> RouteMeta:
+    """What the endpoint (or the handler a class-based endpoint dispatches to) carries.
+
+    Follows ``functools.wraps`` chains and ``functools.partial``; for an ``HTTPEndpoint``
+    class, the method's own decorator wins over one on the class.
+    """
+    if inspect.isclass(endpoint):
+        name = method.lower()
+        if method == "HEAD" and not hasattr(endpoint, "head"):
+            name = "get"  # what HTTPEndpoint.dispatch calls
+        handler = getattr(endpoint, name, None)
+        if handler is not None:
+            found = endpoint_meta(handler, method)
+            if found is not None:
+                return found
+        return _meta(endpoint)
+    seen = 0
+    current: Any = endpoint
+    while current is not None and seen < 16:
+        found = _meta(current)
+        if found is not None:
+            return found
+        if isinstance(current, functools.partial):
+            current = current.func
+        else:
+            current = getattr(current, "__wrapped__", None)
+        seen += 1
+    return None
+
+
+def _carries_any(endpoint: object) -> bool:
+    if inspect.isclass(endpoint):
+        return any(endpoint_meta(endpoint, m.upper()) is not None for m in _HTTP_METHODS)
+    return endpoint_meta(endpoint, "GET") is not None
+
+
+def _flatten(routes: Iterable[Any]) -> Iterable[Any]:
+    """The routes as the router tries them, included FastAPI routers expanded."""
+    fastapi_routing = sys.modules.get("fastapi.routing")
+    iterate = getattr(fastapi_routing, "iter_route_contexts", None)
+    if iterate is None:
+        return routes
+    return iterate(list(routes))  # type: ignore[no-any-return]
+
+
+def routes_of(app: object) -> Sequence[Any] | None:
+    """The route list of an app, a router, or an app wrapped in middleware (``.app``)."""
+    current = app
+    for _ in range(8):
+        if current is None:
+            return None
+        try:
+            routes = getattr(current, "routes", None)
+        except Exception:  # a property of someone's app; it must not break the request
+            return None
+        is_list = isinstance(routes, Sequence) and not isinstance(routes, (str, bytes))
+        # An empty list on something that wraps another app: the routes may be further in.
+        if is_list and (routes or not hasattr(current, "app")):
+            return routes
+        current = getattr(current, "app", None)
+    return None
+
+
+def _is_host(route: Any) -> bool:
+    return getattr(route, "host_regex", None) is not None
+
+
+def _sub_routes(route: Any) -> Sequence[Any] | None:
+    """The routes inside a Mount or Host (None for a plain route or a mounted plain app)."""
+    try:
+        routes = getattr(route, "routes", None)
+    except Exception:
+        return None
+    if routes is None:
+        return None
+    if routes:
+        return routes  # type: ignore[no-any-return]
+    # Mount(app=SomeMiddleware(sub_app)) lists no routes; look through the wrappers.
+    return routes_of(getattr(route, "app", None))
+
+
+class _Walk:
+    """What one walk over the whole tree found out."""
+
+    __slots__ = ("decorated", "host")
+
+    def __init__(self) -> None:
+        self.decorated = False
+        self.host = False
+
+
+def _walk(routes: Iterable[Any], found: _Walk, depth: int, seen: set[int]) -> None:
+    if depth > _MAX_DEPTH or id(routes) in seen:
+        return
+    seen.add(id(routes))
+    for route in _flatten(routes):
+        if _is_host(route):
+            found.host = True
+        endpoint = getattr(route, "endpoint", None)
+        if endpoint is not None and _carries_any(endpoint):
+            found.decorated = True
+        sub = _sub_routes(route)
+        if sub is not None:
+            _walk(sub, found, depth + 1, seen)
+        elif getattr(route, "path_format", "").endswith(_MOUNT_SUFFIX):
+            app = getattr(route, "app", None)
+            if app is not None and _carries_any(app):
+                found.decorated = True
+
+
+def _match(routes: Iterable[Any], scope: dict[str, Any], method: str, prefix: str,
+           depth: int) -> Resolved | None:
+    """The first full match (else the first partial one) among `routes`, or None."""
+    if depth > _MAX_DEPTH:
+        return None
+    partial: tuple[Any, dict[str, Any]] | None = None
+    for route in _flatten(routes):
+        try:
+            match, child = route.matches(scope)
+        except Exception:  # a custom route or convertor failing must not fail the request
+            continue
+        level = getattr(match, "value", match)
+        if level == 2:  # Match.FULL
+            return _descend(route, scope, child, method, prefix, depth)
+        if level == 1 and partial is None:  # Match.PARTIAL
+            partial = (route, child)
+    if partial is not None:
+        return _descend(partial[0], scope, partial[1], method, prefix, depth)
+    return None
+
+
+def _descend(route: Any, scope: dict[str, Any], child: Any, method: str, prefix: str,
+             depth: int) -> Resolved | None:
+    child_scope = {**scope, **child} if isinstance(child, dict) else scope
+    if _is_host(route):
+        sub = _sub_routes(route)
+        return None if sub is None else _match(sub, child_scope, method, prefix, depth + 1)
+    path_format = getattr(route, "path_format", None)
+    sub = _sub_routes(route)
+    if sub is not None and isinstance(path_format, str) and path_format.endswith(_MOUNT_SUFFIX):
+        # A Mount: whatever it routes to inside decides; a miss inside is the sub-router's
+        # 404, which Starlette does not fall back from either.
+        inner = prefix + path_format[: -len(_MOUNT_SUFFIX)]
+        return _match(sub, child_scope, method, inner, depth + 1)
+    endpoint = child.get("endpoint") if isinstance(child, dict) else None
+    if endpoint is None:
+        endpoint = getattr(route, "endpoint", None)
+    template = prefix + path_format if isinstance(path_format, str) else None
+    return (template, None if endpoint is None else endpoint_meta(endpoint, method))
+
+
+def needs_route(key: Callable[[Any], Any] | None) -> bool:
+    """May this key function read the route template? Unknown callables may."""
+    if key is None:
+        return False
+    if isinstance(key, (_keys._ClientIP, _keys._Header)):
+        return False
+    if isinstance(key, _keys._User):
+        return key._getter is not None
+    if isinstance(key, _keys._Compose):
+        return any(needs_route(func) for func in key._funcs)
+    return True
+
+
+class RouteResolver:
+    """Resolves (method, path) to (template, endpoint metadata), cached per app."""
+
+    __slots__ = ("_always", "_app", "_cache", "_enabled", "_host", "_routes", "_size")
+
+    def __init__(self, *, always: bool) -> None:
+        # always: a key function needs the template, so resolve even with no decorators.
+        self._always = always
+        self._app: object = None
+        self._routes: Sequence[Any] | None = None
+        self._size = -1
+        self._enabled = False
+        self._host = False
+        self._cache: dict[tuple[str, ...], Resolved] = {}
+
+    def _rebuild(self, app: object) -> None:
+        self._app = app
+        self._routes = routes_of(app)
+        self._cache.clear()
+        if self._routes is None:
+            self._size, self._enabled, self._host = -1, False, False
+            return
+        self._size = len(self._routes)
+        found = _Walk()
+        try:
+            _walk(self._routes, found, 0, set())
+        except Exception:  # an odd route object: resolve per request, which is safe
+            found.decorated = found.host = True
+        self._enabled = self._always or found.decorated
+        self._host = found.host
+
+    def resolve(self, scope: MutableMapping[str, Any], app: object, method: str,
+                path: str) -> Resolved | None:
+        """(template, metadata) for the request, or None when nothing needs resolving."""
+        routes = self._routes
+        if app is not self._app or (routes is not None and len(routes) != self._size):
+            self._rebuild(app)
+            routes = self._routes
+        if not self._enabled or routes is None:
+            return None
+        if self._host:
+            # Host routes match on the Host header; requests for other hosts must not share
+            # a cache entry.
+            cache_key: tuple[str, ...] = (method, path, _host_of(scope))
+        else:
+            cache_key = (method, path)
+        found = self._cache.get(cache_key)
+        if found is None:
+            found = _match(routes, dict(scope), method, "", 0) or _UNRESOLVED
+            if len(self._cache) >= _CACHE_SIZE:
+                # Paths are client text: bounded, dropped whole when full (no per-hit LRU
+                # bookkeeping on the hot path).
+                self._cache.clear()
+            self._cache[cache_key] = found
+        return found
+
+
+def _host_of(scope: MutableMapping[str, Any]) -> str:
+    for name, value in scope.get("headers", ()):
+        if name == b"host":
+            return str(value.decode("latin-1").lower())
+    return ""
+

@@ -1,0 +1,199 @@
+"""The FastAPI dependency form, for those who prefer ``Depends`` to the middleware.
+
+    from fastapi import Depends, FastAPI
+    from ratelimit_mw import AsyncLimiter, keys
+    from ratelimit_mw.fastapi import (RateLimitDependency, RateLimitHTTPException,
+                                      rate_limit_exception_handler)
+
+    limiter = AsyncLimiter()
+    app = FastAPI()
+    app.add_exception_handler(RateLimitHTTPException, rate_limit_exception_handler)
+
+    @app.post("/login", dependencies=[Depends(RateLimitDependency(limiter, "5/minute"))])
+    async def login(): ...
+
+A refusal raises ``RateLimitHTTPException``, an ``HTTPException`` (status 429, the same
+``Retry-After``, ``RateLimit``, ``RateLimit-Policy`` and ``Cache-Control`` headers as the
+middleware). With ``rate_limit_exception_handler`` installed the body is the middleware's too
+(``{"detail": ..., "retry_after": N}``); without it FastAPI's own handler answers
+``{"detail": "Too Many Requests"}`` with the same status and headers. Admitted responses get
+the rate-limit headers through the ``Response`` FastAPI injects, which FastAPI copies onto the
+response the endpoint's return value becomes (not onto a ``Response`` the endpoint returns
+itself).
+
+Quotas: with a rate string and no ``name``, each endpoint using the dependency counts apart
+(the policy is named after the endpoint, as ``@limiter.limit`` does), so one instance can sit
+on a whole router. With ``name=`` (or a ``Policy``) every endpoint using it shares one quota.
+"""
+
+# No "from __future__ import annotations" here: FastAPI reads the annotations of
+# RateLimitDependency.__call__ at runtime, and an instance has no __globals__ to resolve
+# string annotations against.
+
+import json
+from collections.abc import Callable
+
+from fastapi import HTTPException, Request, Response
+
+from ratelimit_mw._asgi_routes import RouteResolver, needs_route, route_path
+from ratelimit_mw._errors import ConfigurationError
+from ratelimit_mw._http import Applied, ErrorPolicy, MiddlewareCore, Selection
+from ratelimit_mw.asgi import Fallback, Gate, _validate_timeout, require_async_limiter
+from ratelimit_mw.decision import Decision
+from ratelimit_mw.headers import too_many_requests_body, unavailable_body
+from ratelimit_mw.keys import ROUTE_SCOPE_KEY
+from ratelimit_mw.limiter import AsyncLimiter
+from ratelimit_mw.policy import Policy
+from ratelimit_mw.routing import Cost, KeyFunc, validate_cost
+
+__all__ = ["RateLimitDependency", "RateLimitHTTPException", "rate_limit_exception_handler"]
+
+
+class RateLimitHTTPException(HTTPException):
+    """A 429 (refused) or 503 (backend down, ``on_backend_error="deny"``) from the dependency.
+
+    ``body`` is the JSON the middleware would send; ``decision`` the refusing Decision (None
+    for a 503).
+    """
+
+    def __init__(self, status_code: int, body: bytes, headers: dict[str, str],
+                 decision: Decision | None = None) -> None:
+        super().__init__(status_code=status_code, detail=json.loads(body)["detail"],
+                         headers=headers)
+        self.body = body
+        self.decision = decision
+
+
+async def rate_limit_exception_handler(request: Request, exc: Exception) -> Response:
+    """Answer a ``RateLimitHTTPException`` exactly as the middleware would."""
+    if not isinstance(exc, RateLimitHTTPException):
+        raise exc
+    return Response(exc.body, status_code=exc.status_code, headers=exc.headers,
+                    media_type="application/json")
+
+
+class RateLimitDependency:
+    """``Depends(RateLimitDependency(limiter, "5/minute", key=..., cost=...))``.
+
+    Options as for the middleware: ``key`` (default ``keys.client_ip()``), ``cost`` (a whole
+    number or ``(request) -> int``), ``on_backend_error``, ``headers``, ``legacy_headers``,
+    ``mode``, ``on_refusal``, ``backend_timeout``, ``backend_cooldown``. ``name`` makes every
+    endpoint using this dependency share one quota. The dependency returns the Decision (or
+    None when the backend failed and the request was admitted) and leaves it in
+    ``request.state.ratelimit``.
+    """
+
+    def __init__(
+        self,
+        limiter: AsyncLimiter,
+        rates: Policy | str,
+        *,
+        key: KeyFunc | None = None,
+        cost: Cost = 1,
+        name: str | None = None,
+        on_backend_error: ErrorPolicy = "allow",
+        headers: bool = True,
+        legacy_headers: bool = False,
+        mode: str = "enforce",
+        on_refusal: Callable[[Request, Decision], None] | None = None,
+        backend_timeout: float = 0.1,
+        backend_cooldown: float = 1.0,
+    ) -> None:
+        self.limiter = require_async_limiter(limiter)
+        if isinstance(rates, Policy):
+            if name is not None:
+                raise ConfigurationError(
+                    "name= applies to a rate string; a Policy is already named: "
+                    f'Policy({";".join(map(str, rates.rates))!r}, name={name!r})'
+                )
+            shared: Policy | None = rates
+        elif isinstance(rates, str):
+            shared = Policy(rates, name=name) if name is not None else None
+            if shared is None:
+                Policy(rates)  # a typo fails here, at import time, not on a request
+        else:
+            raise ConfigurationError(
+                f'RateLimitDependency takes a rate string such as "5/minute" or a Policy, '
+                f"got {rates!r}"
+            )
+        self.rates = rates
+        probe = shared if shared is not None else Policy(str(rates))
+        self.cost = validate_cost(cost, probe)
+        self.core = MiddlewareCore(
+            default=probe,
+            rules=None,
+            key=key,
+            on_backend_error=on_backend_error,
+            headers=headers,
+            legacy_headers=legacy_headers,
+            mode=mode,
+            on_refusal=on_refusal,
+            count_when=None,
+            backend_cooldown=backend_cooldown,
+        )
+        self._gate = Gate(self.core, self.limiter,
+                          _validate_timeout("backend_timeout", backend_timeout))
+        self._shared = None if shared is None else self._selection_of(shared)
+        # endpoint id -> (endpoint, Selection); the endpoint is kept so its id stays its own.
+        self._per_endpoint: dict[int, tuple[object, Selection]] = {}
+        self._resolver = RouteResolver(always=True) if needs_route(self.core.key) else None
+
+    def __repr__(self) -> str:
+        return f"RateLimitDependency({self.limiter!r}, {self.rates!r})"
+
+    def _selection_of(self, policy: Policy) -> Selection:
+        return Selection((Applied(policy, self.core.key, self.cost),))
+
+    def _selection(self, endpoint: object) -> Selection:
+        if self._shared is not None:
+            return self._shared
+        cached = self._per_endpoint.get(id(endpoint))
+        if cached is None or cached[0] is not endpoint:
+            if endpoint is None:
+                name = f"depends:{self.rates}"
+            else:
+                module = getattr(endpoint, "__module__", "?")
+                name = f"{module}.{getattr(endpoint, '__qualname__', '?')}"
+            cached = (endpoint, self._selection_of(Policy(str(self.rates), name=name)))
+            self._per_endpoint[id(endpoint)] = cached
+        return cached[1]
+
+    async def __call__(self, request: Request, response: Response) -> Decision | None:
+        scope = request.scope
+        core = self.core
+        if self._resolver is not None and ROUTE_SCOPE_KEY not in scope:
+            # The middleware sets the template when it runs; without it, resolve it here,
+            # relative to the app that routed the request.
+            resolved = self._resolver.resolve(scope, scope.get("app"), scope["method"],
+                                              route_path(scope))
+            if resolved is not None and resolved[0] is not None:
+                scope[ROUTE_SCOPE_KEY] = resolved[0]
+        selection = self._selection(scope.get("endpoint"))
+        checks = core.checks(selection, request)
+        if not checks:
+            return None
+        outcome = await self._gate.check(checks, request)
+        if outcome is Fallback.ADMIT:
+            request.state.ratelimit = None
+            return None
+        if outcome is Fallback.DENY:
+            retry = core.cooldown_seconds()
+            raise RateLimitHTTPException(
+                503, unavailable_body(retry),
+                {"Retry-After": str(retry), "Cache-Control": "no-store"},
+            )
+        decision = outcome
+        request.state.ratelimit = decision
+        pairs = core.response_headers(decision, selection)
+        if not decision.allowed:
+            core.notify_refusal(request, decision)
+            if not core.shadow:
+                raise RateLimitHTTPException(
+                    429, too_many_requests_body(decision),
+                    {"Cache-Control": "no-store", **dict(pairs)}, decision,
+                )
+        if core.headers:
+            for header, value in pairs:
+                if decision.allowed or header != "Retry-After":
+                    response.headers.append(header, value)
+        return decision
