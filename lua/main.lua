@@ -92,7 +92,11 @@ for i = 1, n do
     if bans[t.ban] > 0 then banned = 1 end
   end
   if banned == 1 then
-    ok, before, retry, reset_now, reset_hit = false, 0, bans[t.ban], bans[t.ban], bans[t.ban]
+    local left = bans[t.ban]
+    -- A cost above the limit stays "never" under a ban: waiting it out would not admit it.
+    local wait = left
+    if t.cost > t.limit then wait = -1 end
+    ok, before, retry, reset_now, reset_hit = false, 0, wait, left, left
   elseif t.algo == 'fw' then
     ok, before, retry, reset_now, reset_hit, t.s1, t.s2, t.s3 =
       fw_check(t.key, t.limit, t.period, t.cost, t.cal, now)

@@ -14,6 +14,7 @@ the oldest.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 
 from ratelimit_mw.core import Check
@@ -54,10 +55,11 @@ class DenyCache:
             return None
         until, _, decision, decided = found
         elapsed = now - decided
+        # Rounded to the millisecond the store itself answers in.
         return dataclasses.replace(
             decision,
-            retry_after=until - now,
-            reset_after=max(0.0, decision.reset_after - elapsed),
+            retry_after=round(until - now, 3),
+            reset_after=round(max(0.0, decision.reset_after - elapsed), 3),
         )
 
     def remember(self, checks: Sequence[Check], decision: Decision, now: float) -> None:
@@ -82,8 +84,13 @@ class DenyCache:
         self._entries.pop((policy, identity), None)
 
     def _evict(self, now: float) -> None:
-        expired = [key for key, entry in self._entries.items() if entry[0] <= now]
-        for key in expired:
-            del self._entries[key]
-        while len(self._entries) >= self.size:
-            del self._entries[next(iter(self._entries))]
+        # Free a tenth of the room per pass (every expired entry, then the oldest): a pass
+        # reads the whole map, so freeing one entry per pass would cost a full scan for every
+        # new refusal while a flood of distinct identities keeps the cache full.
+        entries = self._entries
+        for key in [key for key, entry in entries.items() if entry[0] <= now]:
+            del entries[key]
+        excess = len(entries) - (self.size - max(1, self.size // 10))
+        if excess > 0:
+            for key in list(itertools.islice(entries, excess)):
+                del entries[key]

@@ -121,15 +121,13 @@ class _Template:
         return found
 
 
-_TEMPLATES: dict[int, _Template] = {}
-
-
 def _template(policy: Policy) -> _Template:
-    # Keyed by id() with the policy held by the template, so a recycled id never matches.
-    found = _TEMPLATES.get(id(policy))
-    if found is None or found.policy is not policy:
+    # Kept on the policy itself: it lives exactly as long as the policy, so policies built
+    # on the fly leave nothing behind.
+    found = policy.call_template
+    if not isinstance(found, _Template):
         found = _Template(policy)
-        _TEMPLATES[id(policy)] = found
+        policy.call_template = found
     return found
 
 

@@ -51,6 +51,7 @@ class PolicyHeader:
     __slots__ = ("names", "value")
 
     def __init__(self, policies: Sequence[Policy]) -> None:
+        policies = list(dict.fromkeys(policies))  # one policy applied twice is listed once
         periods = [rate.period_ms for policy in policies for rate in policy.rates]
         clash = len(set(periods)) != len(periods)
         self.names: dict[tuple[int, int], str] = {}

@@ -98,7 +98,7 @@ class _Shared:
 
     # -- building calls --------------------------------------------------------------------
     def _now_us(self) -> int | None:
-        return None if self.clock is None else int(self.clock() * 1_000_000)
+        return None if self.clock is None else round(self.clock() * 1_000_000)
 
     def _clock_ms(self) -> int:
         return int((self.clock or time.time)() * 1000)

@@ -73,6 +73,7 @@ class Policy:
     __slots__ = (
         "_cal_cache",
         "algorithm",
+        "call_template",
         "code",
         "name",
         "penalty",
@@ -146,6 +147,8 @@ class Policy:
             self.penalty_ms = _penalty_ms(penalty)
         self.segment: str = encode_segment(name) + "." + code
         self._cal_cache: dict[int, tuple[int, int, str]] = {}
+        # What the core precomputes for calls on this policy (ratelimit_mw.core._Template).
+        self.call_template: object = None
 
     def __repr__(self) -> str:
         extra = ""

@@ -80,3 +80,75 @@ def limiter(backend: object, prefix: str, clock: FakeClock) -> rl.Limiter:
 
 def keys_under(client: redis.Redis, prefix: str) -> list[bytes]:
     return list(client.scan_iter(match=f"{prefix}:*", count=1000))
+
+
+class StepClock:
+    """A FakeClock that counts whole microseconds.
+
+    FakeClock adds floats, so a few thousand small advances drift by milliseconds; tests that
+    assert millisecond-exact waits (and the differential test) need a clock that never drifts.
+    ``us / 1e6`` converts back to exactly ``us`` in the limiter (``int(s * 1e6)``) for every
+    timestamp up to about 2.1e15 us (the year 2036), which covers every time the tests use.
+    """
+
+    def __init__(self, start_ms: int = 1_800_000_000_000) -> None:
+        self.us = start_ms * 1000
+
+    def __call__(self) -> float:
+        return self.us / 1_000_000
+
+    @property
+    def ms(self) -> int:
+        return self.us // 1000
+
+    def advance(self, seconds: float) -> None:
+        self.us += round(seconds * 1_000_000)
+
+    def advance_ms(self, ms: int) -> None:
+        self.us += ms * 1000
+
+    def set_ms(self, ms: int) -> None:
+        self.us = ms * 1000
+
+    def sleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+    async def asleep(self, seconds: float) -> None:
+        self.advance(seconds)
+
+
+@pytest.fixture
+def step_clock() -> StepClock:
+    return StepClock()
+
+
+@pytest.fixture
+def step_limiter(backend: object, prefix: str, step_clock: StepClock) -> rl.Limiter:
+    """A sync Limiter on `backend` (memory and redis) driven by the drift-free StepClock.
+
+    The deny cache is off: these tests hold the backend itself to every answer.
+    """
+    return rl.Limiter(backend, prefix=prefix, clock=step_clock,  # type: ignore[arg-type]
+                      sleep=step_clock.sleep, deny_cache=0)
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private 3-master Redis Cluster on free loopback ports, for the whole session.
+
+    Started on first use (only cluster tests pay for it) and always stopped, its directory
+    removed, at session end, also when a test or the start-up fails.
+    RATELIMIT_REDIS_CLUSTER_URL ("redis+cluster://host:port") uses a running cluster instead.
+    """
+    external = os.environ.get("RATELIMIT_REDIS_CLUSTER_URL")
+    if external:  # a cluster the CI script started itself
+        yield external
+        return
+    from cluster import LocalCluster  # tests/cluster.py; imported lazily, like the cluster
+
+    local = LocalCluster(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        local.start()
+        yield local.url
+    finally:
+        local.stop()

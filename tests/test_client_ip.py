@@ -157,6 +157,15 @@ CASES: list[tuple[str, str | None, str | None, str | None, Any, str | None]] = [
         NETS,
         "10.0.0.9",
     ),
+    (
+        "fwd: escaped quote and ; inside a quoted value",
+        PROXY,
+        f'for={CLIENT};host="a\\";b"',
+        None,
+        NETS,
+        CLIENT,
+    ),
+    ("fwd: backslash outside quotes is garbage", PROXY, f"x=\\;for={CLIENT}", None, NETS, PROXY),
     # --- hop counts (Werkzeug ProxyFix x_for=N) --------------------------------------------
     ("hops 0: peer only", CLIENT, f"for={SPOOF}", SPOOF, 0, CLIENT),
     ("hops 1: last entry", "172.17.0.1", None, f"{SPOOF}, {CLIENT}", 1, CLIENT),

@@ -462,7 +462,8 @@ class MemoryBackend:
                     banned = 1
             if banned:
                 left = bans[ban]
-                result: tuple = (False, 0, left, left, left, None)  # type: ignore[type-arg]
+                wait = -1 if t["cost"] > t["limit"] else left  # as main.lua: "never" stays
+                result: tuple = (False, 0, wait, left, left, None)  # type: ignore[type-arg]
             elif t["algo"] == "fw":
                 result = self._fw_check(t["key"], t["limit"], t["period"], t["cost"], t["cal"], now)
             elif t["algo"] == "sw":

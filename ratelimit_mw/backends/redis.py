@@ -21,16 +21,17 @@ try:
     from redis.asyncio.retry import Retry as AsyncRetry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import NoScriptError, RedisError
+    from redis.exceptions import NoScriptError, RedisClusterException, RedisError
     from redis.retry import Retry
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
 
-# The errors a backend call may raise: redis-py's own, socket errors, and the builtin
-# TimeoutError that asyncio.timeout raises.
+# The errors a backend call may raise: redis-py's own (RedisClusterException, e.g. "cannot
+# be connected", is not a RedisError), socket errors, and the builtin TimeoutError that
+# asyncio.timeout raises.
 _FAILURES: tuple[type[BaseException], ...] = (OSError, TimeoutError)
 if redis is not None:
-    _FAILURES = (RedisError, OSError, TimeoutError)
+    _FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 SAFE_DEFAULTS: dict[str, Any] = {
     "socket_timeout": 0.1,
@@ -166,6 +167,12 @@ class AsyncRedisBackend:
         self._pool: Any = None
         if not self.is_cluster and _direct(client):
             self._pool = getattr(client, "connection_pool", None)
+        # A redis.asyncio.RedisCluster that has not initialized yet routes the commands that
+        # reach it meanwhile as keyless, to one node: with concurrent first calls most of
+        # them get MOVED, and the topology refreshes that follow close connections other
+        # calls are using. So a cluster client is initialized once, alone, first.
+        self._ready = not self.is_cluster
+        self._init_lock = asyncio.Lock()
 
     @classmethod
     def from_url(cls, url: str, **redis_kwargs: Any) -> AsyncRedisBackend:
@@ -173,6 +180,10 @@ class AsyncRedisBackend:
         _require_redis()
         kwargs = _safe_kwargs(redis_kwargs, asyncio=True)
         if _is_cluster_url(url):
+            if "retry_on_timeout" not in redis_kwargs:
+                # redis.asyncio.RedisCluster has no such argument (TypeError); the `retry`
+                # set above bounds its retries.
+                del kwargs["retry_on_timeout"]
             return cls(redis.asyncio.RedisCluster.from_url(_plain_url(url), **kwargs))
         return cls(redis.asyncio.Redis.from_url(url, **kwargs))
 
@@ -182,6 +193,8 @@ class AsyncRedisBackend:
     async def arun(self, call: ScriptCall) -> list[int]:
         try:
             if self._pool is None:
+                if not self._ready:
+                    await self._initialize()
                 return await self._script(keys=call.keys, args=call.args)  # type: ignore[no-any-return]
             try:
                 return await self._evalsha(call)
@@ -190,6 +203,12 @@ class AsyncRedisBackend:
                 return await self._evalsha(call)
         except _FAILURES as exc:
             raise _failure(exc) from exc
+
+    async def _initialize(self) -> None:
+        async with self._init_lock:
+            if not self._ready:
+                await self.client.initialize()
+                self._ready = True
 
     async def _evalsha(self, call: ScriptCall) -> list[int]:
         pool = self._pool

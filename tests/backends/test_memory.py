@@ -1,0 +1,118 @@
+"""MemoryBackend's own duties: forgetting idle identities, thread safety, sync and async use.
+
+Its algorithms are held to the Lua script by tests/test_differential.py and to the
+documented semantics by tests/test_limiter.py (which runs on both backends).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import pytest
+
+import ratelimit_mw as rl
+
+if TYPE_CHECKING:
+    from conftest import StepClock
+
+ALGORITHMS = sorted(rl.ALGORITHMS)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_idle_identities_are_forgotten_once_their_windows_close(
+    step_clock: StepClock, algorithm: str
+) -> None:
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    policy = rl.Policy("2/second;3/10 seconds", algorithm=algorithm, penalty=5)
+    for i in range(50):
+        limiter.hit(policy, f"user{i}")
+        limiter.hit(policy, f"user{i}", cost=3)  # refused: bans
+    assert len(backend) > 50
+    step_clock.advance(21)  # past every window (two for sliding-window) and every ban
+    for _ in range(10):  # each call sweeps a bounded number of expired keys
+        limiter.peek(policy, "someone else")
+    assert len(backend) == 0
+
+
+def test_a_sweep_does_a_bounded_amount_of_work_per_call(step_clock: StepClock) -> None:
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    policy = rl.Policy("1/second", algorithm="gcra")
+    for i in range(300):
+        limiter.hit(policy, f"u{i}")
+    step_clock.advance(5)
+    limiter.peek(policy, "x")
+    assert 0 < len(backend) < 300
+    assert repr(backend).startswith("MemoryBackend(keys=")
+
+
+def test_a_key_written_again_keeps_its_latest_expiry(step_clock: StepClock) -> None:
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    policy = rl.Policy("5/10 seconds")
+    limiter.hit(policy, "u")
+    step_clock.advance(8)
+    limiter.hit(policy, "u")
+    step_clock.advance(5)  # the first hit's expiry has passed, the second's has not
+    limiter.peek(policy, "x")
+    assert limiter.peek(policy, "u").remaining == 4
+
+
+def test_refunding_every_logged_hit_drops_the_log(step_clock: StepClock) -> None:
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    limiter.hit("3/minute", "u", cost=2)
+    limiter.refund("3/minute", "u", cost=2)
+    assert len(backend) == 0  # as Redis drops an empty sorted set
+
+
+def test_close_forgets_everything(step_clock: StepClock) -> None:
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    limiter.hit("1/minute", "u")
+    backend.close()
+    assert len(backend) == 0
+    assert limiter.hit("1/minute", "u").allowed
+
+
+def test_without_a_test_clock_the_backend_reads_the_wall_clock() -> None:
+    limiter = rl.Limiter(rl.MemoryBackend(), deny_cache=0)
+    policy = rl.Policy("2/hour", algorithm="fixed-window")
+    assert [limiter.hit(policy, "u").allowed for _ in range(3)] == [True, True, False]
+    assert 0 < limiter.peek(policy, "u").retry_after <= 3600
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_threads_hammering_one_identity_admit_exactly_the_limit(algorithm: str) -> None:
+    limiter = rl.Limiter(rl.MemoryBackend(), deny_cache=0)
+    policy = rl.Policy("50/hour;70/day", algorithm=algorithm)
+    admitted: list[bool] = []
+    barrier = threading.Barrier(8)
+
+    def worker() -> None:
+        barrier.wait()
+        results = [limiter.hit(policy, "shared").allowed for _ in range(20)]
+        admitted.extend(results)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert admitted.count(True) == 50
+
+
+async def test_the_async_entry_point_shares_state_with_the_sync_one(
+    step_clock: StepClock,
+) -> None:
+    backend = rl.MemoryBackend()
+    sync = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    asyn = rl.AsyncLimiter(backend, clock=step_clock, deny_cache=0)
+    sync.hit("3/minute", "u")
+    assert (await asyn.hit("3/minute", "u")).remaining == 1
+    await asyn.refund("3/minute", "u")
+    assert sync.peek("3/minute", "u").remaining == 2
+    await backend.aclose()
+    assert len(backend) == 0

@@ -1,0 +1,135 @@
+"""A private Redis Cluster for the tests: three masters on free loopback ports.
+
+`LocalCluster(directory).start()` launches the servers (daemonized, no persistence), joins
+them with ``redis-cli --cluster create`` and waits for ``cluster_state:ok``; `stop()` shuts
+down every server it started (by its own pid as a last resort) and removes the directory.
+Never touches the shared Redis on 6379.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+MASTERS = 3
+_START_TIMEOUT = 30.0
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free now whose cluster-bus twin (port + 10000) is free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if port + 10_000 <= 65_535 and port not in ports and _port_free(port + 10_000):
+            ports.append(port)
+    return ports
+
+
+class LocalCluster:
+    def __init__(self, directory: Path, masters: int = MASTERS) -> None:
+        self.directory = Path(directory)
+        self.ports = free_ports(masters)
+        self.started: list[int] = []
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}/0"
+
+    @property
+    def plain_url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports[0]}/0"
+
+    def _pidfile(self, port: int) -> Path:
+        return self.directory / f"redis-{port}.pid"
+
+    def start(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for port in self.ports:
+            subprocess.run(
+                [
+                    "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                    "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+                    "--dir", str(self.directory), "--save", "", "--appendonly", "no",
+                    "--daemonize", "yes", "--pidfile", str(self._pidfile(port)),
+                    "--logfile", str(self.directory / f"redis-{port}.log"),
+                ],
+                check=True, capture_output=True, timeout=10,
+            )
+            self.started.append(port)
+        deadline = time.monotonic() + _START_TIMEOUT
+        for port in self.ports:
+            self._wait(port, deadline, lambda c: bool(c.ping()))
+        subprocess.run(
+            ["redis-cli", "--cluster", "create",
+             *(f"127.0.0.1:{port}" for port in self.ports),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=_START_TIMEOUT,
+        )
+        for port in self.ports:
+            self._wait(port, deadline, _cluster_ok)
+
+    @staticmethod
+    def _wait(port: int, deadline: float, ready: object) -> None:
+        last: object = None
+        while time.monotonic() < deadline:
+            client = redis.Redis(port=port, socket_timeout=1)
+            try:
+                if ready(client):  # type: ignore[operator]
+                    return
+            except redis.RedisError as exc:
+                last = exc
+            finally:
+                client.close()
+            time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {port} not ready in time ({last})")
+
+    def stop(self) -> None:
+        for port in self.started:
+            # No retries: the server hangs up as it exits, and redis-py's default retries
+            # with backoff would spend seconds reconnecting to it.
+            client = redis.Redis(port=port, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+            try:
+                client.shutdown(nosave=True)
+            except redis.RedisError:
+                pass  # the server closes the connection as it exits: expected
+            finally:
+                client.close()
+        deadline = time.monotonic() + 5
+        for port in self.started:
+            pidfile = self._pidfile(port)
+            while pidfile.exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if pidfile.exists():  # still alive: end the process we started, by its own pid
+                with contextlib.suppress(ValueError, OSError):
+                    os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        self.started = []
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _cluster_ok(client: redis.Redis) -> bool:
+    info = client.cluster("INFO")
+    if isinstance(info, (bytes, str)):  # older redis-py returns the raw text
+        text = info.decode() if isinstance(info, bytes) else info
+        info = dict(line.split(":", 1) for line in text.split() if ":" in line)
+    return info.get("cluster_state") == "ok" and str(info.get("cluster_slots_ok")) == "16384"
