@@ -77,6 +77,7 @@ end
 
 -- Phase 1: decide every tier, writing nothing.
 local bans = {}
+local sl_memo = {}  -- per log key: facts every tier of that log shares (sliding_log.lua)
 local all_ok = true
 local reply = {0}
 for i = 1, n do
@@ -106,7 +107,8 @@ for i = 1, n do
   elseif t.algo == 'gc' then
     ok, before, retry, reset_now, reset_hit, t.s1 = gc_check(t.key, t.limit, t.period, t.cost, now_us)
   else
-    ok, before, retry, reset_now, reset_hit = sl_check(t.key, t.limit, t.period, t.cost, at, now)
+    ok, before, retry, reset_now, reset_hit =
+      sl_check(t.key, t.limit, t.period, t.cost, at, now, sl_memo)
   end
   t.ok, t.before, t.retry, t.reset_now, t.reset_hit, t.banned =
     ok, before, retry, reset_now, reset_hit, banned
@@ -148,7 +150,7 @@ if all_ok then
     elseif t.algo == 'gc' then gc_commit(t.key, now_us, t.s1)
     elseif not logged[t.key] then
       logged[t.key] = true
-      sl_commit(t.key, at, t.cost, token, longest[t.key], now)
+      sl_commit(t.key, at, t.cost, token, longest[t.key], now, sl_memo[t.key])
     end
   end
   reply[1] = 1

@@ -67,9 +67,26 @@ local function sl_first_free(blocked, at)
   return at
 end
 
-local function sl_check(key, limit, period, cost, at, now)
+-- What every tier reading one log shares, read once per call: how many entries lie after
+-- `at` (bookings ahead), and the newest entry's time (nil when the log is empty).
+local function sl_facts(memo, key, at)
+  local facts = memo[key]
+  if facts == nil then
+    local newest = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
+    local later = 0
+    if newest[2] and tonumber(newest[2]) > at then
+      later = redis.call('ZCOUNT', key, '(' .. at, '+inf')
+    end
+    facts = {later = later, newest = newest[2] and tonumber(newest[2])}
+    memo[key] = facts
+  end
+  return facts
+end
+
+local function sl_check(key, limit, period, cost, at, now, memo)
   local floor = at - period
-  local later = redis.call('ZCOUNT', key, '(' .. at, '+inf')
+  local facts = sl_facts(memo, key, at)
+  local later = facts.later
   local peak, ts
   if later == 0 then
     peak = redis.call('ZCOUNT', key, '(' .. floor, '+inf')
@@ -80,10 +97,9 @@ local function sl_check(key, limit, period, cost, at, now)
   local before = limit - peak
   if before < 0 then before = 0 end
   local ok = peak + cost <= limit
-  local newest = redis.call('ZREVRANGEBYSCORE', key, '+inf', '(' .. floor, 'WITHSCORES', 'LIMIT', 0, 1)
   local reset_now, last = 0, at
-  if newest[2] then
-    last = tonumber(newest[2])
+  if facts.newest and facts.newest > floor then
+    last = facts.newest
     reset_now = last + period - now
     if last < at then last = at end
   end
@@ -106,7 +122,7 @@ end
 
 -- Record `cost` entries at `at`, trim what no tier can see any more, and keep the log alive
 -- until the last entry has left the longest window.
-local function sl_commit(key, at, cost, token, longest, now)
+local function sl_commit(key, at, cost, token, longest, now, facts)
   local args = {}
   for j = 1, cost do
     args[#args + 1] = at
@@ -118,8 +134,11 @@ local function sl_commit(key, at, cost, token, longest, now)
   end
   if #args > 0 then redis.call('ZADD', key, unpack(args)) end
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - longest)
-  local newest = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
-  redis.call('PEXPIRE', key, tonumber(newest[2]) + longest - now)
+  -- The log lives until its newest entry has left the longest window: this one, unless a
+  -- booking lies further ahead.
+  local newest = at
+  if facts and facts.newest and facts.newest > at then newest = facts.newest end
+  redis.call('PEXPIRE', key, newest + longest - now)
 end
 
 -- After entries leave the log, keep it only as long as its newest entry needs (an empty
