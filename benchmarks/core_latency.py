@@ -1,0 +1,321 @@
+"""Per-check latency: every algorithm, 1 and 3 tiers, sync and async, Redis and memory.
+
+Each figure is the mean time of one admitted check over a batch of sequential calls (one
+caller, no concurrency: the latency a request pays). Beside it, on the SAME client: a bare
+``PING`` (the floor a one-round-trip check can approach), and the ``limits`` library (what
+slowapi and Flask-Limiter run) on the same Redis. A run is several rounds; in each round
+every configuration is measured once, in a rotated order, each Redis one right after a PING
+batch on the same client, and its ratio to that adjacent PING is kept, so a drift in machine
+load cancels out of the ratios. On a private server the time Redis itself spent per check
+(``INFO commandstats``) is read around each measurement: the script's share of the check.
+
+Every check is admitted: the limits are far above what a run sends, the identities rotate
+over a pool (a sliding log stays a few entries long), and ``deny_cache=0`` keeps the local
+deny cache out of the admitted path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from _util import delete_prefix, importable, log, rotated, spread_dict
+
+ALGORITHMS = ("fixed-window", "sliding-log", "sliding-window", "gcra")
+# Far above anything a run sends to one identity of the pool: every check is admitted.
+TIERS = {
+    1: "1000000/minute",
+    3: "100000/second;1000000/minute;10000000/hour",
+}
+# The limits-library strategy closest to each algorithm (it has no GCRA).
+LIMITS_STRATEGY = {
+    "fixed-window": "FixedWindowRateLimiter",
+    "sliding-log": "MovingWindowRateLimiter",
+    "sliding-window": "SlidingWindowCounterRateLimiter",
+}
+IDENTITIES = 10_000
+
+TARGET_PING_RATIO = 1.15
+TARGET_MEMORY_US = 5.0
+
+
+@dataclass
+class Config:
+    impl: str  # "PING", "ratelimit_mw", "limits"
+    backend: str  # "redis", "memory", "raw socket"
+    mode: str  # "sync" or "async"
+    fn: Callable[[str], Any]
+    algorithm: str = ""
+    tiers: int = 0
+    us: list[float] = field(default_factory=list)
+    ratio: list[float] = field(default_factory=list)
+    server_us: list[float] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        if self.impl == "PING":
+            return f"PING ({self.backend})"
+        return f"{self.impl} {self.algorithm} ×{self.tiers}"
+
+
+def _identities() -> list[str]:
+    return [f"user:{i}" for i in range(IDENTITIES)]
+
+
+class _RawPing:
+    """PING over a bare socket: the network and server part of a round trip, no client."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def __call__(self, _identity: str) -> None:
+        self.sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+        if self.sock.recv(64) != b"+PONG\r\n":
+            raise RuntimeError("unexpected PING reply")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _sync_configs(url: str, prefix: str, closers: list[Callable[[], Any]]) -> list[Config]:
+    from ratelimit_mw import Limiter, MemoryBackend, Policy, RedisBackend
+
+    backend = RedisBackend.from_url(url)
+    closers.append(backend.close)
+    client = backend.client
+    raw = _RawPing(url)
+    closers.append(raw.close)
+    configs = [
+        Config("PING", "redis", "sync", lambda _i: client.ping()),
+        Config("PING", "raw socket", "sync", raw),
+    ]
+    on_redis = Limiter(backend, prefix=prefix, deny_cache=0)
+    in_memory = Limiter(MemoryBackend(), prefix=prefix, deny_cache=0)
+    for algorithm in ALGORITHMS:
+        for tiers, rates in TIERS.items():
+            policy = Policy(rates, algorithm=algorithm, name=f"{algorithm}-{tiers}")
+            configs.append(Config("ratelimit_mw", "redis", "sync",
+                                  functools.partial(on_redis.hit, policy), algorithm, tiers))
+            configs.append(Config("ratelimit_mw", "memory", "sync",
+                                  functools.partial(in_memory.hit, policy), algorithm, tiers))
+    if importable("limits") is None:
+        from limits import parse_many, storage, strategies
+
+        store = storage.RedisStorage(url, key_prefix=f"{prefix}limits")
+        closers.append(lambda: store.storage.close())
+        for algorithm, strategy_name in LIMITS_STRATEGY.items():
+            strategy = getattr(strategies, strategy_name)(store)
+            for tiers, rates in TIERS.items():
+                items = parse_many(rates)
+
+                def hit_all(identity: str, _s: Any = strategy, _items: Any = items,
+                            _ns: str = algorithm) -> None:
+                    # What Flask-Limiter and slowapi do: one hit (one round trip) per limit.
+                    # (_ns keeps the strategies' keys apart: they name keys alike.)
+                    for item in _items:
+                        if not _s.hit(item, _ns, identity):
+                            raise RuntimeError("limits refused an admitted-path check")
+
+                configs.append(Config("limits", "redis", "sync", hit_all, algorithm, tiers))
+    else:
+        log(f"  limits not importable ({importable('limits')}): pip install limits")
+    return configs
+
+
+def _async_configs(url: str, prefix: str,
+                   closers: list[Callable[[], Awaitable[Any]]]) -> list[Config]:
+    from ratelimit_mw import AsyncLimiter, AsyncRedisBackend, MemoryBackend, Policy
+
+    backend = AsyncRedisBackend.from_url(url)
+    closers.append(backend.aclose)
+    client = backend.client
+
+    async def ping(_identity: str) -> None:
+        await client.ping()
+
+    configs = [Config("PING", "redis", "async", ping)]
+    on_redis = AsyncLimiter(backend, prefix=prefix, deny_cache=0)
+    in_memory = AsyncLimiter(MemoryBackend(), prefix=prefix, deny_cache=0)
+    for algorithm in ALGORITHMS:
+        for tiers, rates in TIERS.items():
+            policy = Policy(rates, algorithm=algorithm, name=f"{algorithm}-{tiers}")
+            configs.append(Config("ratelimit_mw", "redis", "async",
+                                  functools.partial(on_redis.hit, policy), algorithm, tiers))
+            configs.append(Config("ratelimit_mw", "memory", "async",
+                                  functools.partial(in_memory.hit, policy), algorithm, tiers))
+    if importable("limits") is None:
+        from limits import parse_many
+        from limits.aio import storage, strategies
+
+        # implementation="redispy": redis.asyncio, the client ratelimit_mw uses.
+        store = storage.RedisStorage(url.replace("redis://", "async+redis://", 1),
+                                     implementation="redispy", key_prefix=f"{prefix}limits")
+        for algorithm, strategy_name in LIMITS_STRATEGY.items():
+            strategy = getattr(strategies, strategy_name)(store)
+            for tiers, rates in TIERS.items():
+                items = parse_many(rates)
+
+                async def hit_all(identity: str, _s: Any = strategy, _items: Any = items,
+                                  _ns: str = algorithm) -> None:
+                    for item in _items:
+                        if not await _s.hit(item, _ns, identity):
+                            raise RuntimeError("limits refused an admitted-path check")
+
+                configs.append(Config("limits", "redis", "async", hit_all, algorithm, tiers))
+    return configs
+
+
+def _measure_sync(fn: Callable[[str], Any], ids: list[str], start: int, n: int) -> float:
+    gc.collect()
+    k = len(ids)
+    t0 = time.perf_counter()
+    for i in range(start, start + n):
+        fn(ids[i % k])
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+async def _measure_async(fn: Callable[[str], Awaitable[Any]], ids: list[str], start: int,
+                         n: int) -> float:
+    gc.collect()
+    k = len(ids)
+    t0 = time.perf_counter()
+    for i in range(start, start + n):
+        await fn(ids[i % k])
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _server_usec(stats: dict[str, Any]) -> float:
+    """Microseconds Redis spent executing commands so far (the harness's INFO left out)."""
+    return float(sum(v["usec"] for name, v in stats.items() if name != "cmdstat_info"))
+
+
+def _ping_of(configs: list[Config]) -> Config:
+    return next(c for c in configs if c.impl == "PING" and c.backend == "redis")
+
+
+def _compares_to_ping(config: Config) -> bool:
+    return config.backend == "redis" and config.impl != "PING"
+
+
+def _rounds_sync(configs: list[Config], rounds: int, n: int, ids: list[str],
+                 stats: Any) -> None:
+    """`stats`: a client of a private server, whose command times are then read around
+    each Redis measurement; None on a shared server (others' commands would count)."""
+    for config in configs:  # warm-up: connections open, scripts loaded
+        _measure_sync(config.fn, ids, 0, 200)
+    ping = _ping_of(configs)
+    cursor = 200
+    for r in range(rounds):
+        for config in rotated(configs, r):
+            # A/B: a PING batch on the same client right before each Redis configuration.
+            adjacent = (_measure_sync(ping.fn, ids, cursor, n // 2)
+                        if _compares_to_ping(config) else None)
+            if stats is not None and config.backend != "memory":
+                before = _server_usec(stats.info("commandstats"))
+                us = _measure_sync(config.fn, ids, cursor, n)
+                after = _server_usec(stats.info("commandstats"))
+                config.server_us.append((after - before) / n)
+            else:
+                us = _measure_sync(config.fn, ids, cursor, n)
+            config.us.append(us)
+            if adjacent is not None:
+                config.ratio.append(us / adjacent)
+        cursor += n
+        log(f"  core sync round {r + 1}/{rounds} done")
+
+
+async def _rounds_async(url: str, prefix: str, rounds: int, n: int,
+                        ids: list[str], private: bool) -> list[Config]:
+    import redis.asyncio
+
+    closers: list[Callable[[], Awaitable[Any]]] = []
+    configs = _async_configs(url, prefix, closers)
+    stats = redis.asyncio.Redis.from_url(url) if private else None
+    if stats is not None:
+        closers.append(stats.aclose)
+    try:
+        for config in configs:
+            await _measure_async(config.fn, ids, 0, 200)
+        ping = _ping_of(configs)
+        cursor = 200
+        for r in range(rounds):
+            for config in rotated(configs, r):
+                adjacent = (await _measure_async(ping.fn, ids, cursor, n // 2)
+                            if _compares_to_ping(config) else None)
+                if stats is not None and config.backend != "memory":
+                    before = _server_usec(await stats.info("commandstats"))
+                    us = await _measure_async(config.fn, ids, cursor, n)
+                    after = _server_usec(await stats.info("commandstats"))
+                    config.server_us.append((after - before) / n)
+                else:
+                    us = await _measure_async(config.fn, ids, cursor, n)
+                config.us.append(us)
+                if adjacent is not None:
+                    config.ratio.append(us / adjacent)
+            cursor += n
+            log(f"  core async round {r + 1}/{rounds} done")
+    finally:
+        for close in closers:
+            await close()
+    return configs
+
+
+def event_loop_name() -> str:
+    return "uvloop" if importable("uvloop") is None else "asyncio"
+
+
+def run(url: str, *, rounds: int, n: int, shared_server: bool) -> dict[str, Any]:
+    """Measure and return the ``core`` section of benchmarks.json."""
+    import redis
+
+    prefix = f"rlbench{int(time.time() * 1000) % 10**9}"
+    ids = _identities()
+    sync_closers: list[Callable[[], Any]] = []
+    try:
+        sync_configs = _sync_configs(url, prefix, sync_closers)
+        stats = None if shared_server else redis.Redis.from_url(url)
+        if stats is not None:
+            sync_closers.append(stats.close)
+        _rounds_sync(sync_configs, rounds, n, ids, stats)
+    finally:
+        for close in sync_closers:
+            close()
+    loop = event_loop_name()
+    if loop == "uvloop":
+        import uvloop
+
+        async_configs = uvloop.run(_rounds_async(url, prefix, rounds, n, ids, not shared_server))
+    else:
+        async_configs = asyncio.run(_rounds_async(url, prefix, rounds, n, ids, not shared_server))
+    if shared_server:
+        delete_prefix(url, prefix)
+    rows = [
+        {
+            "label": config.label,
+            "impl": config.impl,
+            "backend": config.backend,
+            "mode": config.mode,
+            "algorithm": config.algorithm,
+            "tiers": config.tiers,
+            "us": spread_dict(config.us),
+            "x_ping": spread_dict(config.ratio),
+            "redis_us": spread_dict(config.server_us),
+        }
+        for config in [*sync_configs, *async_configs]
+    ]
+    return {
+        "rounds": rounds,
+        "checks_per_round": n,
+        "identities": IDENTITIES,
+        "tiers": {str(k): v for k, v in TIERS.items()},
+        "event_loop": loop,
+        "rows": rows,
+    }

@@ -1,0 +1,316 @@
+"""Tables, the JSON file, the chart and the results block of docs/performance.md.
+
+Everything here reads the results dictionary only, so a partial run (``--only asgi``)
+merges into the sections an earlier run left in benchmarks.json and the tables and chart are
+drawn again from the whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from _util import fmt, fmt_spread, importable
+
+BEGIN = "<!-- benchmarks:begin (written by benchmarks/run.py; edits here are overwritten) -->"
+END = "<!-- benchmarks:end -->"
+SECTIONS = ("core", "asgi", "wsgi", "memory")
+
+PING_TARGET = 1.15
+MEMORY_BACKEND_TARGET_US = 5.0
+
+
+def _mark(ok: bool | None) -> str:
+    return "" if ok is None else (" ✓" if ok else " ✗")
+
+
+# -- core ---------------------------------------------------------------------------------------
+def core_table(section: dict[str, Any]) -> str:
+    rows: dict[tuple[str, str, str, int], dict[str, dict[str, Any]]] = {}
+    for row in section["rows"]:
+        key = (row["impl"], row["backend"], row["algorithm"], row["tiers"])
+        rows.setdefault(key, {})[row["mode"]] = row
+    lines = [
+        "| check | backend | tiers | sync µs | sync × PING | async µs | async × PING "
+        "| in Redis µs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (impl, backend, algorithm, tiers), modes in rows.items():
+        name = "PING" if impl == "PING" else f"{impl} {algorithm}"
+        cells = []
+        for mode in ("sync", "async"):
+            row = modes.get(mode)
+            if row is None:
+                cells += ["—", "—"]
+                continue
+            us = fmt_spread(row["us"])
+            ratio = row.get("x_ping")
+            if impl == "ratelimit_mw" and backend == "memory":
+                us += _mark(row["us"]["median"] <= MEMORY_BACKEND_TARGET_US)
+            if impl == "PING":
+                ratio_text = "1.00" if backend == "redis" else "—"
+            elif ratio:
+                ok = ratio["median"] <= PING_TARGET if impl == "ratelimit_mw" else None
+                ratio_text = fmt_spread(ratio, 2) + _mark(ok)
+            else:
+                ratio_text = "—"
+            cells += [us, ratio_text]
+        server = (modes.get("sync") or modes.get("async") or {}).get("redis_us")
+        cells.append(fmt(server["median"], 2) if server else "—")
+        lines.append(f"| {name} | {backend} | {tiers or '—'} | " + " | ".join(cells) + " |")
+    notes = (
+        f"\nµs per admitted check, median of {section['rounds']} rounds of "
+        f"{section['checks_per_round']} sequential checks (min–max); × PING: the ratio to a "
+        f"PING batch on the same client run right before it (target ≤ {PING_TARGET}, ✓/✗), "
+        f"MemoryBackend target ≤ {MEMORY_BACKEND_TARGET_US:g} µs. Tiers: 1 = "
+        f"`{section['tiers']['1']}`, 3 = `{section['tiers']['3']}`, rotating over "
+        f"{section['identities']:,} identities, `deny_cache=0`. `limits`: one `hit` (one "
+        f"round trip) per limit, as slowapi and Flask-Limiter call it; sliding-log ↔ "
+        f"MovingWindowRateLimiter, sliding-window ↔ SlidingWindowCounterRateLimiter. Async "
+        f"event loop: {section['event_loop']}. In Redis µs: the time Redis spent executing "
+        f"the commands of one check (INFO commandstats, sync runs; a private server only): "
+        f"the script's own cost, which no client can save."
+    )
+    return "\n".join(lines) + "\n" + notes
+
+
+# -- HTTP ---------------------------------------------------------------------------------------
+def _calls_text(row: dict[str, Any]) -> str:
+    calls = row.get("redis_calls")
+    if not calls:
+        return "—"
+    return ", ".join(str(c["total"]) for c in calls)
+
+
+def _target_text(row: dict[str, Any]) -> str:
+    target = row.get("target")
+    ratio = row.get("ratio")
+    if target is None or not ratio:
+        return ""
+    ok = ratio["median"] >= target
+    text = f"≥ {target:.2f}"
+    if row.get("flood"):
+        calls = row.get("redis_calls") or []
+        ok = ok and all(c["total"] == 0 for c in calls)
+        text += ", 0 calls"
+    return text + _mark(ok)
+
+
+def http_table(section: dict[str, Any], title: str) -> str:
+    server = section["server"]
+    load = section["load"]
+    lines = [
+        "| configuration | req/s | × bare | p50 ms | p99 ms | non-2xx | Redis calls in flood "
+        "| target |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    skipped = []
+    for row in section["rows"]:
+        if row.get("skipped"):
+            skipped.append(f"- {row['label']}: skipped, {row['skipped']}")
+            continue
+        non2xx = row["non2xx_share"]["median"] * 100
+        is_bare = row["baseline"] == row["label"]
+        ratio = "1.00" if is_bare else fmt_spread(row["ratio"], 2)
+        lines.append(
+            f"| {row['label']} | {fmt_spread(row['rps'], 0)} | {ratio} | "
+            f"{fmt(row['p50_ms']['median'], 2)} | {fmt(row['p99_ms']['median'], 2)} | "
+            f"{non2xx:.0f}% | {_calls_text(row)} | {_target_text(row)} |"
+        )
+    if server["server"] == "uvicorn":
+        where = (f"uvicorn {server['version']}, 1 worker, loop={server['loop']}, "
+                 f"http={server['http']}, --no-access-log")
+    else:
+        where = (f"gunicorn {server['version']}, {server['workers']} {server['worker_class']} "
+                 f"worker(s)")
+    notes = [
+        "",
+        f"{title}: {where}; load: {load['tool']}, {load['threads']} thread, "
+        f"{load['connections']} connections, {load['duration_s']:g} s per run, "
+        f"{section['rounds']} round(s). × bare: throughput over that of the bare app loaded "
+        f"right beside it (A/B pairs, order flipped every other round), median (min–max). "
+        f"Every limiter checks every request by client IP (one identity: all load comes "
+        f"from 127.0.0.1) with {section['algorithm']} and limit `{section['limit_admitted']}` "
+        f"(all admitted); flood rows: limit `{section['limit_flood']}`, every request after "
+        f"the first refused; Redis calls = commands the Redis server ran during each flood "
+        f"run (INFO commandstats delta on a {section['redis']} server, one figure per round).",
+    ]
+    if load["tool"] != "wrk":
+        notes.append("The built-in Python load generator was used (no wrk, or --builtin-load): it "
+                     "caps the bare app's throughput, so every ratio is pulled towards 1.")
+    return "\n".join(lines + notes + (["", *skipped] if skipped else []))
+
+
+# -- memory -------------------------------------------------------------------------------------
+def memory_table(section: dict[str, Any]) -> str:
+    lines = [
+        "| state per identity | keys | encoding | MEMORY USAGE (B) | used_memory / identity (B) "
+        "| target |",
+        "|---|---:|---|---:|---:|---|",
+    ]
+    for row in section["rows"]:
+        target = row.get("target_bytes")
+        mark = (f"≤ {target} B" + _mark(row["memory_usage_bytes"] <= target)) if target else ""
+        lines.append(
+            f"| {row['label']} | {row['keys']} | {', '.join(row['encodings'])} | "
+            f"{row['memory_usage_bytes']:,} | {row['used_memory_per_identity']:,.0f} "
+            f"(n={row['identities']:,}) | {mark} |"
+        )
+    notes = (
+        f"\nPrivate redis-server {section['redis_server']} ({section['allocator']}), keys as "
+        f"the middleware writes them (`rl:{{ip:10.0.0.0}}:100/minute.fw:60000`). MEMORY USAGE "
+        f"(SAMPLES 0) of the keys one identity leaves; used_memory / identity: the server's "
+        f"growth over n identities divided by n (adds its key and expiry dictionaries)."
+    )
+    return "\n".join(lines) + "\n" + notes
+
+
+# -- the whole ----------------------------------------------------------------------------------
+def _meta_text(results: dict[str, Any]) -> str:
+    env = results.get("environment", {})
+    pkgs = env.get("packages", {})
+    shown = ", ".join(f"{name} {v}" for name, v in pkgs.items() if v)
+    runs = []
+    for name in SECTIONS:
+        run = results.get(name, {}).get("run")
+        if run:
+            runs.append(f"{name}: {run['date']}{' (--quick: noisy)' if run['quick'] else ''}")
+    return (
+        f"Machine: {env.get('platform')}, {env.get('cpus')} CPUs, Python "
+        f"{env.get('python')}, Redis {env.get('redis_server')}, revision "
+        f"{env.get('revision')}.  \nPackages: {shown}; wrk: {env.get('wrk') or 'not installed'}."
+        f"  \nRuns: {'; '.join(runs)}."
+    )
+
+
+def render(results: dict[str, Any]) -> str:
+    parts = ["### Environment", "", _meta_text(results)]
+    titles = {
+        "core": "Per-check latency",
+        "asgi": "ASGI throughput (Starlette, FastAPI)",
+        "wsgi": "WSGI throughput (Flask)",
+        "memory": "Redis memory per identity",
+    }
+    for name in SECTIONS:
+        section = results.get(name)
+        if not section:
+            continue
+        if name == "core":
+            table = core_table(section)
+        elif name == "memory":
+            table = memory_table(section)
+        else:
+            table = http_table(section, titles[name])
+        parts += ["", f"### {titles[name]}", "", table]
+    return "\n".join(parts) + "\n"
+
+
+def load(path: Path) -> dict[str, Any]:
+    if path.exists():
+        try:
+            data = json.loads(path.read_text())
+            if isinstance(data, dict):
+                return data
+        except json.JSONDecodeError:
+            pass
+    return {}
+
+
+def save(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1, sort_keys=False, default=_json_default)
+                    + "\n")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    raise TypeError(f"cannot write {value!r} to JSON")
+
+
+def update_doc(doc: Path, markdown: str) -> bool:
+    """Replace the marked results block of `doc`; False when it has none."""
+    if not doc.exists():
+        return False
+    text = doc.read_text()
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.DOTALL)
+    if not pattern.search(text):
+        return False
+    doc.write_text(pattern.sub(lambda _m: f"{BEGIN}\n{markdown}\n{END}", text, count=1))
+    return True
+
+
+# -- chart --------------------------------------------------------------------------------------
+def chart(results: dict[str, Any], path: Path) -> str | None:
+    """Draw the chart; the reason when it cannot be drawn."""
+    why = importable("matplotlib")
+    if why is not None:
+        return f"matplotlib not importable ({why}): pip install matplotlib"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    http_rows = [(name, row) for name in ("asgi", "wsgi")
+                 for row in results.get(name, {}).get("rows", [])
+                 if row.get("ratio") and row["baseline"] != row["label"]]
+    core_rows = [row for row in results.get("core", {}).get("rows", [])
+                 if row["backend"] == "redis"]
+    panels = int(bool(http_rows)) + int(bool(core_rows))
+    if panels == 0:
+        return "nothing to draw"
+    height = max(4.0, 0.32 * max(len(http_rows), len(core_rows) // 2 + 1) + 1.5)
+    fig, axes = plt.subplots(1, panels, figsize=(8 * panels, height), squeeze=False)
+    ax_iter = iter(axes[0])
+    if http_rows:
+        ax = next(ax_iter)
+        labels = [f"{name}: {row['label']}" for name, row in http_rows]
+        med = [row["ratio"]["median"] for _, row in http_rows]
+        err = [[row["ratio"]["median"] - row["ratio"]["min"] for _, row in http_rows],
+               [row["ratio"]["max"] - row["ratio"]["median"] for _, row in http_rows]]
+        colors = ["tab:blue" if "ratelimit_mw" in row["label"] else
+                  ("tab:gray" if "floor" in row["label"] else "tab:orange")
+                  for _, row in http_rows]
+        ax.barh(range(len(labels)), med, xerr=err, color=colors, capsize=3)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        for x, text in ((0.6, "ASGI target"), (0.7, "Flask target"), (0.9, "flood target")):
+            ax.axvline(x, linestyle="--", linewidth=0.8, color="black")
+            ax.text(x, 1.0, f" {text}", fontsize=7, rotation=90, va="bottom",
+                    transform=ax.get_xaxis_transform())
+        ax.set_xlim(0, max(1.05, max(med) * 1.1))
+        ax.set_xlabel("throughput × bare app run beside it (median; bars: min–max)")
+        ax.set_title("Middleware throughput (blue: ratelimit_mw, orange: peers, gray: floor)",
+                     fontsize=9, pad=48)
+    if core_rows:
+        ax = next(ax_iter)
+        names = []
+        for row in core_rows:
+            name = f"{row['label']}"
+            if name not in names:
+                names.append(name)
+        width = 0.4
+        for i, mode in enumerate(("sync", "async")):
+            by_name = {r["label"]: r for r in core_rows if r["mode"] == mode}
+            values = [by_name[n]["us"]["median"] if n in by_name else 0.0 for n in names]
+            ax.barh([k + (i - 0.5) * width for k in range(len(names))], values, height=width,
+                    label=mode, color="tab:blue" if mode == "sync" else "tab:green")
+        for mode, color in (("sync", "tab:blue"), ("async", "tab:green")):
+            ping = next((r for r in core_rows if r["impl"] == "PING" and r["mode"] == mode),
+                        None)
+            if ping is not None:
+                ax.axvline(ping["us"]["median"] * PING_TARGET, linestyle="--", linewidth=0.8,
+                           color=color, label=f"{mode} target: PING × {PING_TARGET}")
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("µs per admitted check (median), Redis")
+        ax.set_title("Per-check latency beside PING and limits (same Redis)", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
