@@ -26,12 +26,21 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
 
+try:  # the pipelined async path needs hiredis (the [hiredis] extra); without it, redis-py's
+    from ratelimit_mw.backends import _pipeline
+except ImportError:  # pragma: no cover - exercised only without hiredis
+    _pipeline = None  # type: ignore[assignment]
+
 # The errors a backend call may raise: redis-py's own (RedisClusterException, e.g. "cannot
 # be connected", is not a RedisError), socket errors, and the builtin TimeoutError that
 # asyncio.timeout raises.
 _FAILURES: tuple[type[BaseException], ...] = (OSError, TimeoutError)
 if redis is not None:
     _FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+if _pipeline is not None:
+    import hiredis
+
+    _FAILURES = (*_FAILURES, hiredis.HiredisError)
 
 SAFE_DEFAULTS: dict[str, Any] = {
     "socket_timeout": 0.1,
@@ -173,6 +182,10 @@ class AsyncRedisBackend:
         # calls are using. So a cluster client is initialized once, alone, first.
         self._ready = not self.is_cluster
         self._init_lock = asyncio.Lock()
+        # The fastest path: one pipelined connection per event loop (see _pipeline.py).
+        self._pipe: Any = None
+        if _pipeline is not None and not self.is_cluster and _pipeline.eligible(client):
+            self._pipe = _pipeline.PipelinedConnection(client)
 
     @classmethod
     def from_url(cls, url: str, **redis_kwargs: Any) -> AsyncRedisBackend:
@@ -192,6 +205,8 @@ class AsyncRedisBackend:
 
     async def arun(self, call: ScriptCall) -> list[int]:
         try:
+            if self._pipe is not None:
+                return await self._pipe.evalsha(call.keys, call.args)  # type: ignore[no-any-return]
             if self._pool is None:
                 if not self._ready:
                     await self._initialize()
@@ -233,4 +248,6 @@ class AsyncRedisBackend:
             await pool.release(conn)
 
     async def aclose(self) -> None:
+        if self._pipe is not None:
+            await self._pipe.aclose()
         await self.client.aclose()
