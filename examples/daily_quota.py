@@ -6,7 +6,7 @@ sees matches their calendar, and a refusal's Retry-After points at that midnight
 shorter than a day stay aligned to the epoch; week tiers start on Monday.
 
     python examples/daily_quota.py                      # in memory
-    REDIS_URL=redis://localhost:6379/0 python examples/daily_quota.py
+    RATELIMIT_REDIS_URL=redis://localhost:6379/0 python examples/daily_quota.py
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def upload(limiter: rl.Limiter, user: str, now: dt.datetime | None = None) -> st
 
 
 def make_limiter() -> rl.Limiter:
-    url = os.environ.get("REDIS_URL")
+    url = os.environ.get("RATELIMIT_REDIS_URL")
     return rl.Limiter(rl.RedisBackend.from_url(url)) if url else rl.Limiter()
 
 

@@ -7,7 +7,7 @@ refused after five misses, even when the sixth guess is right.
 
     pip install 'ratelimit_mw[starlette]'
     python examples/failed_logins.py                    # in memory
-    REDIS_URL=redis://localhost:6379/0 python examples/failed_logins.py
+    RATELIMIT_REDIS_URL=redis://localhost:6379/0 python examples/failed_logins.py
     uvicorn examples.failed_logins:app                  # serve it
 
 Without the middleware, the same pattern by hand: ``decision = limiter.hit(policy, ip)``
@@ -52,7 +52,7 @@ def build_app(limiter: rl.AsyncLimiter) -> Starlette:
 
 
 def make_limiter() -> rl.AsyncLimiter:
-    url = os.environ.get("REDIS_URL")
+    url = os.environ.get("RATELIMIT_REDIS_URL")
     return rl.AsyncLimiter(rl.AsyncRedisBackend.from_url(url)) if url else rl.AsyncLimiter()
 
 

@@ -8,7 +8,7 @@ throttle per host. ``AsyncRateLimitTransport`` does the same for ``httpx.AsyncCl
 
     pip install 'ratelimit_mw[httpx]'
     python examples/outbound_throttle.py                # threads of one process, in memory
-    REDIS_URL=redis://localhost:6379/0 python examples/outbound_throttle.py   # run it twice
+    RATELIMIT_REDIS_URL=redis://localhost:6379/0 python examples/outbound_throttle.py   # run it twice
 
 The "provider" here is an ``httpx.MockTransport`` that records when each call arrives.
 """
@@ -66,7 +66,7 @@ def worker(client: httpx.Client, charges: int) -> None:
 
 
 def make_limiter() -> rl.Limiter:
-    url = os.environ.get("REDIS_URL")
+    url = os.environ.get("RATELIMIT_REDIS_URL")
     return rl.Limiter(rl.RedisBackend.from_url(url)) if url else rl.Limiter()
 
 

@@ -7,7 +7,7 @@ started by the same atomic script that refuses, lives in the store with its own 
 a second policy bans spammy commenters until the next local midnight.
 
     python examples/penalty_ban.py                      # in memory
-    REDIS_URL=redis://localhost:6379/0 python examples/penalty_ban.py
+    RATELIMIT_REDIS_URL=redis://localhost:6379/0 python examples/penalty_ban.py
 
 In a web app, give the same policy to the middleware:
 ``RateLimitMiddleware(app, limiter, rules=[Rule("/like", LIKES, methods=["POST"])])``.
@@ -52,7 +52,7 @@ def like(limiter: rl.Limiter, user: str, policy: rl.Policy = LIKES) -> str:
 
 
 def make_limiter() -> rl.Limiter:
-    url = os.environ.get("REDIS_URL")
+    url = os.environ.get("RATELIMIT_REDIS_URL")
     return rl.Limiter(rl.RedisBackend.from_url(url)) if url else rl.Limiter()
 
 

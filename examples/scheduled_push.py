@@ -8,7 +8,7 @@ later the same booking would first fit, so the scheduler can offer that slot ins
 admitted booking's ``decision.booking`` is what ``limiter.cancel`` needs to take it back.
 
     python examples/scheduled_push.py                   # in memory
-    REDIS_URL=redis://localhost:6379/0 python examples/scheduled_push.py
+    RATELIMIT_REDIS_URL=redis://localhost:6379/0 python examples/scheduled_push.py
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def schedule(limiter: rl.Limiter, user: str, wanted: dt.datetime
 
 
 def make_limiter() -> rl.Limiter:
-    url = os.environ.get("REDIS_URL")
+    url = os.environ.get("RATELIMIT_REDIS_URL")
     return rl.Limiter(rl.RedisBackend.from_url(url)) if url else rl.Limiter()
 
 

@@ -105,6 +105,6 @@ async def test_failed_logins_example_counts_only_failures(
                                   "failed_logins"])
 def test_each_example_runs_as_a_script(name: str, capsys: pytest.CaptureFixture[str],
                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("RATELIMIT_REDIS_URL", raising=False)
     load(name).main()
     assert capsys.readouterr().out.strip()
