@@ -8,6 +8,7 @@ and ~60 s when SYNs are dropped; a rate limiter must never hold a request that l
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from ratelimit_mw._errors import BackendError, ConfigurationError
@@ -78,6 +79,34 @@ def _failure(exc: BaseException) -> BackendError:
     return BackendError(f"Redis call failed: {type(exc).__name__}: {exc}")
 
 
+def _blocking_pool(pool_class: Any, url: str, kwargs: dict[str, Any]) -> Any:
+    """A pool that waits (up to the socket timeout) for a free connection in a burst.
+
+    redis-py's default pool raises past its size instead, which the middleware would take
+    for an outage — turning limiting off (or answering 503) for a whole cool-down.
+    """
+    if "connection_pool" in kwargs:
+        return kwargs["connection_pool"]
+    options = dict(kwargs)
+    options.setdefault("timeout", options.get("socket_timeout") or 0.1)
+    options.setdefault("max_connections", 100)
+    return pool_class.from_url(url, **options)
+
+
+class _DeferredCluster:
+    """Stands in for a RedisCluster that could not be reached at start-up; the backend
+    replaces it with the real client on the first call that can build one."""
+
+    def __init__(self, factory: Any) -> None:
+        self.factory = factory
+
+    def register_script(self, source: str) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "RedisCluster(<not connected yet>)"
+
+
 def _direct(client: Any) -> bool:
     """Whether the client's pool can be driven directly (a plain pooled client)."""
     return (
@@ -106,11 +135,12 @@ class RedisBackend:
                 "AsyncRedisBackend(redis.asyncio.Redis(...))"
             )
         self.client = client
-        self.is_cluster = isinstance(client, redis.cluster.RedisCluster)
+        self.is_cluster = isinstance(client, (redis.cluster.RedisCluster, _DeferredCluster))
         self._script = client.register_script(SOURCE)
         self._pool: Any = None
         if not self.is_cluster and _direct(client):
             self._pool = getattr(client, "connection_pool", None)
+        self._connect_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **redis_kwargs: Any) -> RedisBackend:
@@ -118,8 +148,17 @@ class RedisBackend:
         _require_redis()
         kwargs = _safe_kwargs(redis_kwargs)
         if _is_cluster_url(url):
-            return cls(redis.cluster.RedisCluster.from_url(_plain_url(url), **kwargs))
-        return cls(redis.Redis.from_url(url, **kwargs))
+            plain = _plain_url(url)
+            try:
+                return cls(redis.cluster.RedisCluster.from_url(plain, **kwargs))
+            except _FAILURES:
+                # The sync cluster client connects as it is built; an app must still start
+                # while the cluster is down (its failure policy covers the outage), so the
+                # client is built on the first call instead.
+                return cls(_DeferredCluster(lambda: redis.cluster.RedisCluster.from_url(
+                    plain, **kwargs)))
+        return cls(redis.Redis(connection_pool=_blocking_pool(redis.BlockingConnectionPool,
+                                                              url, kwargs)))
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.client!r})"
@@ -127,6 +166,8 @@ class RedisBackend:
     def run(self, call: ScriptCall) -> list[int]:
         try:
             if self._pool is None:
+                if self._script is None:
+                    self._build_deferred()
                 return self._script(keys=call.keys, args=call.args)  # type: ignore[no-any-return]
             try:
                 return self._evalsha(call)
@@ -135,6 +176,13 @@ class RedisBackend:
                 return self._evalsha(call)
         except _FAILURES as exc:
             raise _failure(exc) from exc
+
+    def _build_deferred(self) -> None:
+        with self._connect_lock:
+            if self._script is None:
+                client = self.client.factory()
+                self._script = client.register_script(SOURCE)
+                self.client = client
 
     def _evalsha(self, call: ScriptCall) -> list[int]:
         pool = self._pool
@@ -198,7 +246,8 @@ class AsyncRedisBackend:
                 # set above bounds its retries.
                 del kwargs["retry_on_timeout"]
             return cls(redis.asyncio.RedisCluster.from_url(_plain_url(url), **kwargs))
-        return cls(redis.asyncio.Redis.from_url(url, **kwargs))
+        return cls(redis.asyncio.Redis(connection_pool=_blocking_pool(
+            redis.asyncio.BlockingConnectionPool, url, kwargs)))
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.client!r})"
