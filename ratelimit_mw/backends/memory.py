@@ -7,6 +7,12 @@ identical answers. State is per process: gunicorn or uvicorn with several worker
 Expiry is garbage collection only (as in the scripts, every value carries what makes it stale),
 so idle identities are forgotten: each written key is scheduled once in a heap by its expiry,
 and every call pops a bounded number of due entries.
+
+It sits on the request path of every app run without Redis, so the common call — a hit or a
+peek of one to three tiers, no ban, no calendar — is kept lean: the tiers are read into plain
+tuples once (the core passes ints, so conversions happen only for the string forms), each
+algorithm's check returns the exact value its commit stores, and the rare work (bans, bookings
+ahead, refunds) stays out of the way in functions of its own.
 """
 
 from __future__ import annotations
@@ -21,58 +27,106 @@ from typing import Any
 from ratelimit_mw.core import ScriptCall
 
 _SWEEP_PER_CALL = 64
-# Sorts after every member at the same score (members are ASCII tokens).
-_TOP = "\U0010ffff"
 
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
+# One tier of ARGV, read once per call:
+#   algorithm, limit, period ms, cost, ban key index (1-based in KEYS, 0: none), ban end,
+#   calendar boundaries, the tier's key.
+_Tier = tuple[str, int, int, int, int, str, str, str]
+# One tier's phase-1 answer: admitted, remaining before the hit, retry ms (-1: never),
+# reset ms now, reset ms after the hit, and the value phase 2 stores if every tier admits.
+_Result = tuple[bool, int, int, int, int, Any]
 
 
 def _gc_ms(us: int) -> int:
-    return 0 if us <= 0 else _ceil_div(us, 1000)
+    return 0 if us <= 0 else -(-us // 1000)
+
+
+def _read_tier(argv: Sequence[Any], b: int, key: str) -> _Tier:
+    """The tier whose seven arguments start at argv[b], numbers as ints."""
+    algo, limit, period, cost, ban, ban_end, cal = argv[b : b + 7]
+    if (type(limit) is not int or type(period) is not int or type(cost) is not int
+            or type(ban) is not int):  # the string forms (a raw ARGV); the core sends ints
+        limit, period, cost, ban = int(limit), int(period), int(cost), int(ban)
+    return algo, limit, period, cost, ban, ban_end, cal, key
+
+
+def _read_tiers(keys: Sequence[str], argv: Sequence[Any], n: int) -> list[_Tier]:
+    # A loop, not a comprehension: before Python 3.12 a comprehension costs one more function
+    # call, a quarter of this function's time for a call of one to three tiers (measured).
+    tiers: list[_Tier] = []
+    for i in range(n):
+        tiers.append(_read_tier(argv, 5 + 7 * i, keys[i]))  # noqa: PERF401
+    return tiers
+
+
+def _sl_spans(tiers: list[_Tier]) -> dict[str, int]:
+    """The longest period of the tiers reading each log: what keeps the log alive."""
+    spans: dict[str, int] = {}
+    for algo, _, period, _, _, _, _, key in tiers:
+        if algo == "sl" and spans.get(key, 0) < period:
+            spans[key] = period
+    return spans
 
 
 class _Log:
-    """A sorted set scored by time: (score, member) pairs kept in order, members indexed."""
+    """A sorted set scored by time: (score, member) pairs kept in order, members indexed.
 
-    __slots__ = ("entries", "members")
+    `scores` mirrors the scores of `entries`, index for index: the window counts bisect it,
+    and bisecting plain ints is twice as fast as bisecting (score, member) pairs.
+    """
+
+    __slots__ = ("entries", "members", "scores")
 
     def __init__(self) -> None:
         self.entries: list[tuple[int, str]] = []
+        self.scores: list[int] = []
         self.members: dict[str, int] = {}
 
     def count_above(self, floor: int) -> int:
         """ZCOUNT key (floor +inf"""
-        return len(self.entries) - bisect.bisect_right(self.entries, (floor, _TOP))
+        scores = self.scores
+        if not scores or scores[-1] <= floor:  # O(1): nothing ahead
+            return 0
+        if scores[0] > floor:  # O(1): everything (the log is trimmed to the longest window)
+            return len(scores)
+        return len(scores) - bisect.bisect_right(scores, floor)
 
     def times_above(self, floor: int) -> list[int]:
-        start = bisect.bisect_right(self.entries, (floor, _TOP))
-        return [score for score, _ in self.entries[start:]]
+        return self.scores[bisect.bisect_right(self.scores, floor) :]
 
     def add(self, score: int, member: str) -> None:
-        self.remove(member)
+        if member in self.members:
+            self.remove(member)
         self.members[member] = score
         entry = (score, member)
-        if not self.entries or self.entries[-1] < entry:
-            self.entries.append(entry)  # the common case: a hit at the newest time
+        entries = self.entries
+        if not entries or entries[-1] < entry:  # the common case: a hit at the newest time
+            entries.append(entry)
+            self.scores.append(score)
         else:
-            bisect.insort(self.entries, entry)
+            i = bisect.bisect_right(entries, entry)
+            entries.insert(i, entry)
+            self.scores.insert(i, score)
 
     def remove(self, member: str) -> None:
         score = self.members.pop(member, None)
         if score is not None:
-            entry = (score, member)
-            del self.entries[bisect.bisect_left(self.entries, entry)]
+            i = bisect.bisect_left(self.entries, (score, member))
+            del self.entries[i]
+            del self.scores[i]
 
     def remove_entries(self, start: int, stop: int) -> None:
         for _, member in self.entries[start:stop]:
             del self.members[member]
         del self.entries[start:stop]
+        del self.scores[start:stop]
 
     def trim(self, upto: int) -> None:
         """ZREMRANGEBYSCORE key -inf upto"""
-        self.remove_entries(0, bisect.bisect_right(self.entries, (upto, _TOP)))
+        scores = self.scores
+        if scores and scores[0] > upto:  # O(1) when nothing has left the window
+            return
+        self.remove_entries(0, bisect.bisect_right(scores, upto))
 
 
 def _sl_peak(ts: Sequence[int], period: int, at: int) -> int:
@@ -175,14 +229,13 @@ class MemoryBackend:
             return None
         return self._data[key]
 
-    def _set(self, key: str, value: Any, now: int, px: int | None) -> None:
+    def _set(self, key: str, value: Any, now: int, px: int) -> None:
         self._data[key] = value
-        if px is not None:
-            expires = now + px
-            self._expires[key] = expires
-            if key not in self._scheduled:
-                self._scheduled.add(key)
-                heapq.heappush(self._heap, (expires, key))
+        expires = now + px
+        self._expires[key] = expires
+        if key not in self._scheduled:
+            self._scheduled.add(key)
+            heapq.heappush(self._heap, (expires, key))
 
     def _delete(self, key: str) -> None:
         self._data.pop(key, None)
@@ -203,7 +256,7 @@ class MemoryBackend:
             else:
                 heapq.heappush(heap, (expires, key))
 
-    # -- fixed-window ----------------------------------------------------------------------
+    # -- fixed-window: the value is (window start, count) -----------------------------------
     @staticmethod
     def _fw_window(period: int, cal: str, now: int) -> tuple[int, int]:
         if cal:
@@ -216,25 +269,29 @@ class MemoryBackend:
         start = now - now % period
         return start, start + period
 
-    def _fw_check(self, key: str, limit: int, period: int, cost: int, cal: str, now: int) -> tuple:  # type: ignore[type-arg]
-        start, stop = self._fw_window(period, cal, now)
+    def _fw_check(self, key: str, limit: int, period: int, cost: int, cal: str,
+                  now: int) -> _Result:
+        if cal:
+            start, stop = self._fw_window(period, cal, now)
+        else:  # _fw_window's epoch-aligned case, without the call
+            start = now - now % period
+            stop = start + period
         count = 0
         v = self._get(key, now)
         if v is not None and v[0] == start:
             count = v[1]
-        before = max(0, limit - count)
-        reset_now = stop - now if count > 0 else 0
         ok = count + cost <= limit
         retry = -1 if cost > limit else (0 if ok else stop - now)
-        return ok, before, retry, reset_now, stop - now, (start, count + cost, stop)
+        return (ok, max(0, limit - count), retry, stop - now if count > 0 else 0, stop - now,
+                (start, count + cost))
 
     def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int) -> None:
         start, _ = self._fw_window(period, cal, now)
         v = self._get(key, now)
         if v is not None and v[0] == start:
-            self._data[key] = (start, max(0, v[1] - cost))
+            self._data[key] = (start, max(0, v[1] - cost))  # KEEPTTL, as the script
 
-    # -- sliding-window --------------------------------------------------------------------
+    # -- sliding-window: the value is (current window start, curr, prev) --------------------
     def _sw_state(self, key: str, period: int, now: int) -> tuple[int, int, int, int]:
         start = now - now % period
         curr = prev = 0
@@ -246,7 +303,7 @@ class MemoryBackend:
                 prev = v[1]
         return start, now - start, curr, prev
 
-    def _sw_check(self, key: str, limit: int, period: int, cost: int, now: int) -> tuple:  # type: ignore[type-arg]
+    def _sw_check(self, key: str, limit: int, period: int, cost: int, now: int) -> _Result:
         start, elapsed, curr, prev = self._sw_state(key, period, now)
         budget = limit * period - prev * (period - elapsed)
         before = max(0, budget // period - curr)
@@ -281,15 +338,14 @@ class MemoryBackend:
             prev = max(0, prev - back)
         self._set(key, (start, curr, prev), now, 2 * period - elapsed)
 
-    # -- gcra ------------------------------------------------------------------------------
+    # -- gcra: the value is the TAT in µs ----------------------------------------------------
     def _gc_tat(self, key: str, now: int, now_us: int) -> int:
         v = self._get(key, now)
         return v if v is not None and v > now_us else now_us
 
-    def _gc_check(
-        self, key: str, limit: int, period: int, cost: int, now: int, now_us: int
-    ) -> tuple:  # type: ignore[type-arg]
-        interval = _ceil_div(period * 1000, limit)
+    def _gc_check(self, key: str, limit: int, period: int, cost: int, now: int,
+                  now_us: int) -> _Result:
+        interval = -(-period * 1000 // limit)  # ceil
         tolerance = limit * interval
         tat = self._gc_tat(key, now, now_us)
         new_tat = tat + cost * interval
@@ -298,59 +354,62 @@ class MemoryBackend:
         retry = -1 if cost > limit else (0 if ok else _gc_ms(new_tat - now_us - tolerance))
         return ok, before, retry, _gc_ms(tat - now_us), _gc_ms(new_tat - now_us), new_tat
 
-    def _gc_refund(
-        self, key: str, limit: int, period: int, cost: int, now: int, now_us: int
-    ) -> None:
-        interval = _ceil_div(period * 1000, limit)
+    def _gc_refund(self, key: str, limit: int, period: int, cost: int, now: int,
+                   now_us: int) -> None:
+        interval = -(-period * 1000 // limit)
         tat = self._gc_tat(key, now, now_us) - cost * interval
         if tat <= now_us:
             self._delete(key)
         else:
             self._set(key, tat, now, _gc_ms(tat - now_us) + 1)
 
-    # -- sliding-log -----------------------------------------------------------------------
-    def _sl_check(self, key: str, limit: int, period: int, cost: int, at: int, now: int) -> tuple:  # type: ignore[type-arg]
+    # -- sliding-log: the value is a _Log ------------------------------------------------------
+    def _sl_check(self, key: str, limit: int, period: int, cost: int, at: int,
+                  now: int) -> _Result:
         log: _Log | None = self._get(key, now)
-        entries = log.entries if log is not None else []
+        if log is None or not log.scores:  # nothing logged: the whole quota, no wait
+            return (cost <= limit, max(0, limit), -1 if cost > limit else 0, 0,
+                    at + period - now, None)
+        scores = log.scores
         floor = at - period
-        later = log.count_above(at) if log is not None else 0
+        newest = scores[-1]
+        ahead = newest > at  # bookings ahead of `at`
         ts: list[int] = []
-        if later == 0:
-            peak = log.count_above(floor) if log is not None else 0
+        if not ahead:  # the window ending at `at` is the fullest: count it
+            peak = len(scores) if scores[0] > floor else log.count_above(floor)
         else:
-            ts = log.times_above(floor)  # type: ignore[union-attr]
+            ts = log.times_above(floor)
             peak = _sl_peak(ts, period, at)
-        before = max(0, limit - peak)
         ok = peak + cost <= limit
         reset_now, last = 0, at
-        if entries and entries[-1][0] > floor:
-            last = entries[-1][0]
-            reset_now = last + period - now
-            last = max(last, at)
+        if newest > floor:
+            reset_now = newest + period - now
+            last = max(newest, at)
         retry = 0
         if cost > limit:
             retry = -1
         elif not ok:
-            if later == 0:
+            if not ahead:
+                # The (peak + cost - limit)-th oldest hit in the window must leave it.
                 k = peak + cost - limit - 1
-                first = bisect.bisect_right(entries, (floor, _TOP))
-                retry = entries[first + k][0] + period - at
+                retry = scores[bisect.bisect_right(scores, floor) + k] + period - at
             else:
                 retry = _sl_first_free(_sl_blocked(ts, limit, period, cost, []), at) - at
-        return ok, before, retry, reset_now, last + period - now, None
+        return ok, max(0, limit - peak), retry, reset_now, last + period - now, log
 
-    def _sl_commit(self, key: str, at: int, cost: int, token: str, longest: int, now: int) -> None:
-        log: _Log | None = self._get(key, now)
+    def _sl_commit(self, key: str, log: _Log | None, at: int, cost: int, token: str,
+                   longest: int, now: int) -> None:
         if log is None:
             log = _Log()
         for j in range(1, cost + 1):
             log.add(at, f"{token}:{j}")
-        log.trim(now - longest)
-        self._set(key, log, now, log.entries[-1][0] + longest - now)
+        if log.scores[0] <= now - longest:  # something has left the longest window
+            log.trim(now - longest)
+        self._set(key, log, now, log.scores[-1] + longest - now)
 
     def _sl_expire(self, key: str, log: _Log, longest: int, now: int) -> None:
-        if log.entries:
-            self._set(key, log, now, log.entries[-1][0] + longest - now)
+        if log.scores:
+            self._set(key, log, now, log.scores[-1] + longest - now)
         else:
             self._delete(key)  # Redis drops an empty sorted set
 
@@ -362,7 +421,7 @@ class MemoryBackend:
             for j in range(1, cost + 1):
                 log.remove(f"{token}:{j}")
         else:
-            upto = bisect.bisect_right(log.entries, (now, _TOP))
+            upto = bisect.bisect_right(log.scores, now)
             log.remove_entries(max(0, upto - cost), upto)
         self._sl_expire(key, log, longest, now)
 
@@ -374,160 +433,190 @@ class MemoryBackend:
             log.remove(f"{token}:{j}")
         self._sl_expire(key, log, longest, now)
 
-    def _sl_joint_retry(self, tiers: list[dict[str, Any]], at: int, now: int) -> None:
+    def _sl_joint_retry(self, tiers: list[_Tier], results: list[_Result],
+                        banned: list[int], at: int, now: int) -> None:
         """As sl_joint_retry: one log's refusing tiers wait for the first time fitting all."""
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for t in tiers:
-            if t["algo"] == "sl" and t["banned"] == 0:
-                groups.setdefault(t["key"], []).append(t)
+        groups: dict[str, list[int]] = {}
+        for i, tier in enumerate(tiers):
+            if tier[0] == "sl" and not banned[i]:
+                groups.setdefault(tier[7], []).append(i)
         for key, group in groups.items():
-            if len(group) < 2 or all(t["ok"] for t in group):
+            if len(group) < 2 or all(results[i][0] for i in group):
                 continue
-            if any(t["retry"] < 0 for t in group):
+            if any(results[i][2] < 0 for i in group):
                 continue
             log: _Log | None = self._get(key, now)
             if log is None or log.count_above(at) == 0:
                 continue
-            ts = log.times_above(at - max(t["period"] for t in group))
+            ts = log.times_above(at - max(tiers[i][2] for i in group))
             blocked: list[tuple[int, int]] = []
-            for t in group:
-                _sl_blocked(ts, t["limit"], t["period"], t["cost"], blocked)
+            for i in group:
+                _, limit, period, cost, *_ = tiers[i]
+                _sl_blocked(ts, limit, period, cost, blocked)
             retry = _sl_first_free(blocked, at) - at
-            for t in group:
-                if not t["ok"]:
-                    t["retry"] = retry
+            for i in group:
+                ok, before, _, reset_now, reset_hit, state = results[i]
+                if not ok:
+                    results[i] = (ok, before, retry, reset_now, reset_hit, state)
 
     # -- the entry point, as lua/main.lua ---------------------------------------------------
     def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:
         op = argv[0]
-        now_us = int(argv[1]) if argv[1] != "" else time.time_ns() // 1000
+        now_us = argv[1]
+        if type(now_us) is not int:
+            now_us = time.time_ns() // 1000 if now_us == "" else int(now_us)
         now = now_us // 1000
-        self._sweep(now)
-        token = str(argv[2])
-        n = int(argv[4])
-        tiers = []
-        for i in range(n):
-            b = 5 + i * 7
-            tiers.append(
-                {
-                    "algo": argv[b], "limit": int(argv[b + 1]), "period": int(argv[b + 2]),
-                    "cost": int(argv[b + 3]), "ban": int(argv[b + 4]), "ban_end": str(argv[b + 5]),
-                    "cal": str(argv[b + 6]), "key": keys[i],
-                }
-            )
-
+        heap = self._heap
+        if heap and heap[0][0] <= now:  # O(1) when nothing is due
+            self._sweep(now)
+        n = argv[4]
+        if type(n) is not int:
+            n = int(n)
+        token = argv[2]
         if op == "X":
             for key in keys:
                 self._delete(key)
             return [1]
-
-        if op in ("R", "C"):
-            spans: dict[str, int] = {}
-            for t in tiers:
-                if t["algo"] == "sl" and spans.get(t["key"], 0) < t["period"]:
-                    spans[t["key"]] = t["period"]
-            done: set[str] = set()
-            for t in tiers:
-                key = t["key"]
-                if key in done:
-                    continue
-                done.add(key)
-                if op == "C":
-                    if t["algo"] == "sl":
-                        self._sl_cancel(key, token, t["cost"], spans[key], now)
-                elif t["algo"] == "fw":
-                    self._fw_refund(key, t["period"], t["cost"], t["cal"], now)
-                elif t["algo"] == "sw":
-                    self._sw_refund(key, t["period"], t["cost"], now)
-                elif t["algo"] == "gc":
-                    self._gc_refund(key, t["limit"], t["period"], t["cost"], now, now_us)
-                else:
-                    self._sl_refund(key, t["cost"], token, spans[key], now)
+        if op == "R" or op == "C":
+            self._give_back(op, _read_tiers(keys, argv, n), token, now, now_us)
             return [1]
+        # H, P, B (and, as main.lua, anything else): decide.
+        at = max(int(argv[3]), now) if op == "B" else now
+        if n == 1:
+            tier = _read_tier(argv, 5, keys[0])
+            if tier[4] == 0:  # no penalty: nothing but this tier to read or write
+                return self._decide_one(op, tier, token, at, now, now_us)
+        return self._decide(op, keys, _read_tiers(keys, argv, n), token, at, now, now_us)
 
-        at = now
-        if op == "B":
-            at = max(int(argv[3]), now)
-
-        bans: dict[int, int] = {}
-        all_ok = True
-        for t in tiers:
-            ban = t["ban"]
-            banned = 0
-            if ban > 0:
-                if ban not in bans:
-                    v = self._get(keys[ban - 1], now)
-                    bans[ban] = v - now if v is not None and v > now else 0
-                if bans[ban] > 0:
-                    banned = 1
-            if banned:
-                left = bans[ban]
-                wait = -1 if t["cost"] > t["limit"] else left  # as main.lua: "never" stays
-                result: tuple = (False, 0, wait, left, left, None)  # type: ignore[type-arg]
-            elif t["algo"] == "fw":
-                result = self._fw_check(t["key"], t["limit"], t["period"], t["cost"], t["cal"], now)
-            elif t["algo"] == "sw":
-                result = self._sw_check(t["key"], t["limit"], t["period"], t["cost"], now)
-            elif t["algo"] == "gc":
-                result = self._gc_check(t["key"], t["limit"], t["period"], t["cost"], now, now_us)
+    def _give_back(self, op: str, tiers: list[_Tier], token: str, now: int,
+                   now_us: int) -> None:
+        """Refund (R) or cancel a booking (C): once per key, as main.lua."""
+        spans = _sl_spans(tiers)
+        done: set[str] = set()
+        for algo, limit, period, cost, _, _, cal, key in tiers:
+            if key in done:
+                continue
+            done.add(key)
+            if op == "C":
+                if algo == "sl":
+                    self._sl_cancel(key, token, cost, spans[key], now)
+            elif algo == "fw":
+                self._fw_refund(key, period, cost, cal, now)
+            elif algo == "sw":
+                self._sw_refund(key, period, cost, now)
+            elif algo == "gc":
+                self._gc_refund(key, limit, period, cost, now, now_us)
             else:
-                result = self._sl_check(t["key"], t["limit"], t["period"], t["cost"], at, now)
-            t["ok"], t["before"], t["retry"], t["reset_now"], t["reset_hit"], t["state"] = result
-            t["banned"] = banned
-            if not t["ok"]:
-                all_ok = False
-        if not all_ok:
-            self._sl_joint_retry(tiers, at, now)
+                self._sl_refund(key, cost, token, spans[key], now)
 
-        reply = [0]
-        for t in tiers:
-            remaining, reset = t["before"], t["reset_now"]
-            if all_ok and op != "P":
-                remaining = t["before"] - t["cost"]
-                reset = t["reset_hit"]
-            reply += (1 if t["ok"] else 0, remaining, t["retry"], reset, t["banned"])
+    def _ban_left(self, bans: dict[int, int], keys: Sequence[str], ban: int, now: int) -> int:
+        """Ms left of the ban in KEYS[ban] (0: none), read once per call per ban key."""
+        left = bans.get(ban)
+        if left is None:
+            v = self._get(keys[ban - 1], now)
+            left = bans[ban] = v - now if v is not None and v > now else 0
+        return left
 
+    def _check(self, tier: _Tier, at: int, now: int, now_us: int) -> _Result:
+        """Phase 1 for one tier (not banned): its algorithm's check, writing nothing."""
+        algo, limit, period, cost, _, _, cal, key = tier
+        if algo == "fw":
+            return self._fw_check(key, limit, period, cost, cal, now)
+        if algo == "sw":
+            return self._sw_check(key, limit, period, cost, now)
+        if algo == "gc":
+            return self._gc_check(key, limit, period, cost, now, now_us)
+        return self._sl_check(key, limit, period, cost, at, now)
+
+    def _store(self, tier: _Tier, result: _Result, longest: int, at: int, token: str,
+               now: int) -> None:
+        """Phase 2 for one tier: store the value its check computed. A counter or a TAT lives
+        exactly until its quota is whole again, which is the reply's reset after the hit (a
+        TAT one ms more: Redis expires at ms granularity, the TAT is in µs); a log lives until
+        its newest entry has left the `longest` window reading it."""
+        algo, _, _, cost, _, _, _, key = tier
+        if algo == "sl":
+            self._sl_commit(key, result[5], at, cost, token, longest, now)
+        else:
+            self._set(key, result[5], now, result[4] + 1 if algo == "gc" else result[4])
+
+    def _decide_one(self, op: str, tier: _Tier, token: str, at: int, now: int,
+                    now_us: int) -> list[int]:
+        """_decide for the common call: one tier and no penalty, so no ban to read or start,
+        no joint retry, and its own answer is the call's."""
+        result = self._check(tier, at, now, now_us)
+        ok, before, retry, reset_now, reset_hit, _ = result
+        if not ok:
+            return [0, 0, before, retry, reset_now, 0]
         if op == "P":
-            if all_ok:
-                reply[0] = 1
-            return reply
+            return [1, 1, before, retry, reset_now, 0]
+        self._store(tier, result, tier[2], at, token, now)
+        return [1, 1, before - tier[3], retry, reset_hit, 0]
 
-        if all_ok:
-            longest: dict[str, int] = {}
-            for t in tiers:
-                if t["algo"] == "sl" and longest.get(t["key"], 0) < t["period"]:
-                    longest[t["key"]] = t["period"]
-            logged: set[str] = set()
-            for t in tiers:
-                algo, key, state = t["algo"], t["key"], t["state"]
-                if algo == "fw":
-                    start, count, stop = state
-                    self._set(key, (start, count), now, stop - now)
-                elif algo == "sw":
-                    start, curr, prev = state
-                    self._set(key, (start, curr, prev), now, 2 * t["period"] - (now - start))
-                elif algo == "gc":
-                    self._set(key, state, now, _gc_ms(state - now_us) + 1)
-                elif key not in logged:
-                    logged.add(key)
-                    self._sl_commit(key, at, t["cost"], token, longest[key], now)
-            reply[0] = 1
-            return reply
+    def _decide(self, op: str, keys: Sequence[str], tiers: list[_Tier], token: str, at: int,
+                now: int, now_us: int) -> list[int]:
+        """Hit (H), peek (P) or book (B): phase 1 decides every tier, phase 2 records."""
+        bans: dict[int, int] = {}
+        banned = [0] * len(tiers)
+        results: list[_Result] = []
+        all_ok = True
+        for i, tier in enumerate(tiers):
+            ban = tier[4]
+            if ban > 0 and self._ban_left(bans, keys, ban, now) > 0:
+                left = bans[ban]
+                banned[i] = 1
+                # A cost above the limit stays "never" under a ban, as main.lua.
+                result: _Result = (False, 0, -1 if tier[3] > tier[1] else left, left, left, None)
+            else:
+                result = self._check(tier, at, now, now_us)
+            if not result[0]:
+                all_ok = False
+            results.append(result)
+        if not all_ok and len(tiers) > 1:
+            self._sl_joint_retry(tiers, results, banned, at, now)
 
-        if op == "H":
-            for t in tiers:
-                ban = t["ban"]
-                if not t["ok"] and ban > 0 and bans[ban] == 0 and t["ban_end"]:
-                    amount = int(t["ban_end"][1:])
-                    stop = now + amount if t["ban_end"][0] == "d" else amount
-                    if stop > now:
-                        self._set(keys[ban - 1], stop, now, stop - now)
-                        bans[ban] = stop - now
-            for i, t in enumerate(tiers):
-                ban = t["ban"]
-                if ban > 0 and bans[ban] > 0:
-                    base = 1 + i * 5
-                    # A cost above the limit stays "never": waiting out the ban would not admit it.
-                    retry = t["retry"] if t["retry"] == -1 else bans[ban]
-                    reply[base : base + 5] = [0, 0, retry, bans[ban], 1]
+        # Remaining and reset describe the state after this call: after the hit if recorded.
+        record = all_ok and op != "P"
+        reply = [1 if all_ok else 0]
+        for i, (ok, before, retry, reset_now, reset_hit, _) in enumerate(results):
+            if record:
+                reply += (1, before - tiers[i][3], retry, reset_hit, banned[i])
+            else:
+                reply += (1 if ok else 0, before, retry, reset_now, banned[i])
+        if record:
+            self._commit(tiers, results, at, token, now)
+        elif op == "H" and not all_ok and bans:
+            self._start_bans(keys, tiers, results, bans, now, reply)
         return reply
+
+    def _commit(self, tiers: list[_Tier], results: list[_Result], at: int, token: str,
+                now: int) -> None:
+        """Phase 2: every tier admits, so store what each check computed; a log once, by the
+        first of its tiers."""
+        spans: dict[str, int] | None = None
+        for tier, result in zip(tiers, results, strict=True):
+            if tier[0] != "sl":
+                self._store(tier, result, 0, at, token, now)
+                continue
+            if spans is None:
+                spans = _sl_spans(tiers)
+            longest = spans.pop(tier[7], None)
+            if longest is not None:
+                self._store(tier, result, longest, at, token, now)
+
+    def _start_bans(self, keys: Sequence[str], tiers: list[_Tier], results: list[_Result],
+                    bans: dict[int, int], now: int, reply: list[int]) -> None:
+        """A refused hit starts the ban of each refusing policy that has a penalty."""
+        for i, (_, _, _, _, ban, ban_end, _, _) in enumerate(tiers):
+            if not results[i][0] and ban > 0 and bans[ban] == 0 and ban_end:
+                amount = int(ban_end[1:])
+                stop = now + amount if ban_end[0] == "d" else amount
+                if stop > now:
+                    self._set(keys[ban - 1], stop, now, stop - now)
+                    bans[ban] = stop - now
+        for i, (_, _, _, _, ban, _, _, _) in enumerate(tiers):
+            if ban > 0 and bans[ban] > 0:
+                base = 1 + i * 5
+                # A cost above the limit stays "never": waiting out the ban would not admit it.
+                retry = results[i][2]
+                reply[base : base + 5] = [0, 0, retry if retry == -1 else bans[ban], bans[ban], 1]

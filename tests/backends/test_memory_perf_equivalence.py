@@ -1,0 +1,137 @@
+"""MemoryBackend's shortcuts must be invisible: its lean paths answer as its general ones.
+
+The backend takes the core's integer arguments as they are, without converting them, and
+decides a call of one tier without a penalty on a path of its own, without the machinery
+several tiers need (bans, joint retries, one commit per log). Neither may change an answer:
+
+- a raw ARGV of strings (what a Redis client sends) gets the replies the core's ints get;
+- a tier answers alone (the one-tier path) exactly as it does beside a tier that always
+  admits (the general path), call after call, so the state each path leaves is the same too.
+
+Redis-free and fast; tests/test_differential.py holds both paths to the Lua script itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ratelimit_mw as rl
+from ratelimit_mw import core
+
+START_MS = 1_800_000_000_000
+PERIODS = [1_000, 2_000, 5_000, 60_000, 86_400_000]
+# A tier no test sequence can fill: beside it, a call takes the general path and its answer
+# is the other tier's alone.
+WIDE = rl.Policy("1000000/minute", algorithm="gcra", name="wide")
+
+
+@dataclass(frozen=True)
+class Step:
+    advance_ms: int
+    kind: str
+    policy: int
+    identity: str
+    cost: int
+    offset_ms: int  # a booking's time relative to now
+
+
+@st.composite
+def policies(draw: st.DrawFn, *, tiers: int = 3, extras: bool = True) -> rl.Policy:
+    algorithm = draw(st.sampled_from(sorted(rl.ALGORITHMS)))
+    periods = draw(st.lists(st.sampled_from(PERIODS), min_size=1, max_size=tiers, unique=True))
+    rates = [rl.Rate(draw(st.integers(1, 6)), period) for period in periods]
+    penalty = draw(st.sampled_from([None, None, 2])) if extras else None
+    tz = None
+    if extras and algorithm == "fixed-window" and 86_400_000 in periods and draw(st.booleans()):
+        tz = "Asia/Kathmandu"  # calendar days: the boundaries travel in ARGV as text
+    return rl.Policy(rates, algorithm=algorithm, penalty=penalty, tz=tz,
+                     name=f"p{draw(st.integers(0, 10**6))}")
+
+
+def steps(kinds: list[str]) -> st.SearchStrategy[list[Step]]:
+    return st.lists(
+        st.builds(
+            Step,
+            advance_ms=st.sampled_from([0, 0, 1, 333, 999, 1_000, 4_000, 61_000, 90_000_000]),
+            kind=st.sampled_from(kinds),
+            policy=st.integers(0, 1),
+            identity=st.sampled_from(["a", "b"]),
+            cost=st.sampled_from([1, 1, 2, 7]),
+            offset_ms=st.sampled_from([-3_000, 0, 1, 700, 30_000]),
+        ),
+        min_size=5,
+        max_size=60,
+    )
+
+
+def _build(op: str, checks: list[core.Check], now_ms: int, **kw: object) -> core.ScriptCall:
+    return core.build(op, checks, "eq", now_us=now_ms * 1000 + 123, clock_ms=now_ms,
+                      **kw)  # type: ignore[arg-type]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=st.lists(policies(), min_size=2, max_size=2),
+       sequence=steps(["hit", "hit", "hit", "peek", "refund", "reset", "book", "cancel"]))
+def test_the_string_form_of_argv_gets_the_replies_of_the_integer_form(
+    pool: list[rl.Policy], sequence: list[Step]
+) -> None:
+    ints, strings = rl.MemoryBackend(), rl.MemoryBackend()
+    now_ms = START_MS
+    bookings: list[rl.Booking] = []
+    for step in sequence:
+        now_ms += step.advance_ms
+        check = core.Check(pool[step.policy], step.identity, step.cost)
+        both = [check, core.Check(pool[1 - step.policy], step.identity, 1)]
+        if step.kind == "hit":
+            call = _build(core.HIT, both if step.cost == 1 else [check], now_ms)
+        elif step.kind == "peek":
+            call = _build(core.PEEK, [check], now_ms)
+        elif step.kind == "refund":
+            call = _build(core.REFUND, [check], now_ms)
+        elif step.kind == "reset":
+            call = _build(core.RESET, [check], now_ms)
+        elif step.kind == "book" and check.policy.code == "sl":
+            call = _build(core.BOOK, [check], now_ms, at_ms=now_ms + step.offset_ms)
+        elif step.kind == "cancel" and bookings:
+            booking = bookings.pop(0)
+            call = _build(core.CANCEL,
+                          [core.Check(booking.policy, booking.identity, booking.cost)],
+                          now_ms, token=booking.token)
+        else:
+            continue
+        expected = ints.run(call)
+        as_text: list[core.Arg] = [str(arg) for arg in call.args]
+        assert strings.run(call._replace(args=as_text)) == expected, (step, call.args)
+        if call.booking is not None and expected[0] == 1:
+            bookings.append(call.booking)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=policies(tiers=1, extras=False),
+       sequence=steps(["hit", "hit", "hit", "peek", "book"]))
+def test_a_tier_answers_alone_as_it_does_beside_a_tier_that_always_admits(
+    policy: rl.Policy, sequence: list[Step]
+) -> None:
+    alone, beside = rl.MemoryBackend(), rl.MemoryBackend()
+    now_ms = START_MS
+    for step in sequence:
+        now_ms += step.advance_ms
+        check = core.Check(policy, step.identity, step.cost)
+        wide = core.Check(WIDE, step.identity, 1)
+        if step.kind == "hit":
+            op, at_ms = core.HIT, None
+        elif step.kind == "peek":
+            op, at_ms = core.PEEK, None
+        elif policy.code == "sl":
+            op, at_ms = core.BOOK, now_ms + step.offset_ms
+        else:
+            continue
+        one = _build(op, [check], now_ms, at_ms=at_ms, token=f"t{now_ms}{step.identity}")
+        two = _build(op, [check, wide], now_ms, at_ms=at_ms, token=f"t{now_ms}{step.identity}")
+        reply = alone.run(one)
+        wider = beside.run(two)
+        assert wider[6] == 1, "the wide tier must always admit, or the comparison means nothing"
+        assert reply == wider[:6], (step, reply, wider)
