@@ -13,7 +13,6 @@ the oldest.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -56,8 +55,7 @@ class DenyCache:
         until, _, decision, decided = found
         elapsed = now - decided
         # Rounded to the millisecond the store itself answers in.
-        return dataclasses.replace(
-            decision,
+        return decision._replace(
             retry_after=round(until - now, 3),
             reset_after=round(max(0.0, decision.reset_after - elapsed), 3),
         )

@@ -139,12 +139,13 @@ def build(
     now_us: int | None = None,
     at_ms: int | None = None,
     token: str | None = None,
-    clock_ms: int = 0,
+    clock_ms: int | Callable[[], int] = 0,
 ) -> ScriptCall:
     """Build the one script call deciding every tier of every check.
 
-    ``clock_ms`` is the app's clock, used only to choose calendar boundaries for ``tz=``
-    policies; ``now_us`` overrides Redis's clock (tests, never production).
+    ``clock_ms`` is the app's clock (or a callable reading it, called only when needed),
+    used only to choose calendar boundaries for ``tz=`` policies; ``now_us`` overrides
+    Redis's clock (tests, never production).
     """
     keys: list[str] = []
     tier_args: list[Arg] = []
@@ -179,6 +180,8 @@ def build(
             ban_index = -len(ban_keys)  # fixed up once the number of tier keys is known
             if op == HIT:
                 ban_end = policy.ban_end()
+        if callable(clock_ms):
+            clock_ms = clock_ms()
         for tier, rate in enumerate(policy.rates):
             calendar = policy.calendar(tier, clock_ms) if policy.tz is not None else ""
             tier_args += (policy.code, rate.limit, rate.period_ms, cost, ban_index, ban_end,

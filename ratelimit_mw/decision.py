@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
@@ -35,15 +35,17 @@ class Booking:
     at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """The answer to one hit, peek or reservation.
+class Decision(NamedTuple):
+    """The answer to one hit, peek or reservation — an immutable value.
 
     ``remaining`` is the quota left after this hit (for peek: left now), ``retry_after`` the
     seconds until a retry can be admitted (0.0 when admitted; ``inf`` when the cost exceeds the
     limit and can never be admitted), ``reset_after`` the seconds until the quota is whole
     again. ``policy`` and ``rate`` name the governing tier: the refusing one with the longest
     wait, otherwise the one with the least remaining. ``tiers`` holds every tier's answer.
+
+    A NamedTuple because one is built for every request: it builds in a third of the time of
+    a frozen dataclass. ``bool(decision)`` is ``decision.allowed``.
     """
 
     allowed: bool
@@ -55,8 +57,16 @@ class Decision:
     rate: Rate | None = None
     identity: str = ""
     banned: bool = False
-    tiers: tuple[TierState, ...] = field(default=(), repr=False)
-    booking: Booking | None = field(default=None, repr=False)
+    tiers: tuple[TierState, ...] = ()
+    booking: Booking | None = None
 
     def __bool__(self) -> bool:
         return self.allowed
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision(allowed={self.allowed}, limit={self.limit}, remaining={self.remaining}, "
+            f"retry_after={self.retry_after!r}, reset_after={self.reset_after!r}, "
+            f"policy={self.policy!r}, rate={self.rate!r}, identity={self.identity!r}, "
+            f"banned={self.banned})"
+        )

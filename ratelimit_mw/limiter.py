@@ -106,18 +106,36 @@ class _Shared:
     def _calls(self, op: str, checks: Sequence[Check], at_ms: int | None = None,
                token: str | None = None) -> list[ScriptCall]:
         now_us = self._now_us()
-        clock_ms = self._clock_ms()
         groups: Sequence[Sequence[Check]] = [checks]
         if self.backend.is_cluster:
             groups = core.group_by_slot(checks)
         return [
             core.build(op, group, self.prefix, now_us=now_us, at_ms=at_ms, token=token,
-                       clock_ms=clock_ms)
+                       clock_ms=self._clock_ms)
             for group in groups
         ]
 
     def _monotonic(self) -> float:
         return time.monotonic() if self.clock is None else self.clock()
+
+    def _first_step(self, checks: Sequence[Check]) -> Decision | ScriptCall | None:
+        """The common case of `check` without a plan: a refusal the deny cache still holds
+        (a Decision), or the one call that decides (a ScriptCall). None: follow the plan
+        (a cluster, where one request may need a call per slot)."""
+        if self.backend.is_cluster:
+            return None
+        deny = self._deny
+        if deny is not None and len(deny):
+            cached = deny.lookup(checks, self._monotonic())
+            if cached is not None:
+                return cached
+        return core.build(core.HIT, checks, self.prefix, now_us=self._now_us(),
+                          clock_ms=self._clock_ms)
+
+    def _after(self, checks: Sequence[Check], decision: Decision) -> Decision:
+        if self._deny is not None and not decision.allowed:
+            self._deny.remember(checks, decision, self._monotonic())
+        return decision
 
     def _check_plan(self, checks: Sequence[Check]) -> core.Plan:
         return core.plan_check(checks, lambda: self._calls(core.HIT, checks), self._deny,
@@ -139,7 +157,7 @@ class _Shared:
         if op in (core.RESET, core.REFUND):
             self._forget((check,))
         return core.build(op, (check,), self.prefix, now_us=self._now_us(),
-                          clock_ms=self._clock_ms())
+                          clock_ms=self._clock_ms)
 
     def _booking_call(self, policy: Policy | str, identity: str, at: _dt.datetime,
                       cost: int) -> ScriptCall:
@@ -151,13 +169,13 @@ class _Shared:
                 f'Policy("1/minute;5/hour;10/day", algorithm="sliding-log")'
             )
         return core.build(core.BOOK, (check,), self.prefix, now_us=self._now_us(),
-                          at_ms=_at_ms(at), clock_ms=self._clock_ms())
+                          at_ms=_at_ms(at), clock_ms=self._clock_ms)
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:
         check = Check(booking.policy, booking.identity, booking.cost)
         self._forget((check,))
         return core.build(core.CANCEL, (check,), self.prefix, now_us=self._now_us(),
-                          token=booking.token, clock_ms=self._clock_ms())
+                          token=booking.token, clock_ms=self._clock_ms)
 
 
 def _check(policy: Policy | str, identity: str, cost: int) -> Check:
@@ -222,6 +240,11 @@ class Limiter(_Shared):
 
     def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing (what the middleware calls)."""
+        step = self._first_step(checks)
+        if isinstance(step, ScriptCall):
+            return self._after(checks, core.decide(step, self.backend.run(step)))
+        if step is not None:
+            return step
         return self._drive(self._check_plan(checks))
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
@@ -304,6 +327,11 @@ class AsyncLimiter(_Shared):
 
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing (what the middleware calls)."""
+        step = self._first_step(checks)
+        if isinstance(step, ScriptCall):
+            return self._after(checks, core.decide(step, await self.backend.arun(step)))
+        if step is not None:
+            return step
         return await self._drive(self._check_plan(checks))
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
