@@ -5,47 +5,52 @@
 -- KEYS: the tier's key, value the TAT in microseconds (written with %d: tostring would keep
 --       only 14 digits).
 -- ARGV (per tier, read by main.lua): limit, period ms, cost.
--- Reply (to main.lua): as fixed_window.lua.
+-- Reply (to main.lua): as fixed_window.lua: gcra() builds check and refund; check(value, ...)
+--       reads the key's value as main.lua fetched it and returns the value and PX to write.
 
-local function gc_ms(us)
-  if us <= 0 then return 0 end
-  return math.ceil(us / 1000)
-end
-
-local function gc_tat(key, now_us)
-  local v = redis.call('GET', key)
-  if v then
-    local tat = tonumber(v)
-    if tat and tat > now_us then return tat end
+local function gcra()
+  -- Every time difference below is >= 0 (a TAT is never behind the clock), so its ms value,
+  -- rounded up, is math.ceil(us / 1000).
+  local function check(v, limit, period, cost, now_us)
+    local interval = math.ceil(period * 1000 / limit)
+    local tolerance = limit * interval
+    local ahead = 0  -- TAT - now
+    if v then
+      local stored = tonumber(v)
+      if stored and stored > now_us then ahead = stored - now_us end
+    end
+    local new_ahead = ahead + cost * interval
+    local ok = new_ahead <= tolerance
+    local before = math.floor((tolerance - ahead) / interval)
+    if before < 0 then before = 0 end
+    local retry = 0
+    if cost > limit then
+      retry = -1
+    elseif not ok then
+      retry = math.ceil((new_ahead - tolerance) / 1000)
+    end
+    local reset_hit = math.ceil(new_ahead / 1000)
+    -- PX: one ms more than the TAT needs: Redis expires at ms granularity, and the key must
+    -- never vanish while its TAT is still (sub-millisecond) ahead of the clock.
+    return ok, before, retry, math.ceil(ahead / 1000), reset_hit,
+      string.format('%d', now_us + new_ahead), reset_hit + 1
   end
-  return now_us
-end
 
-local function gc_check(key, limit, period, cost, now_us)
-  local interval = math.ceil(period * 1000 / limit)
-  local tolerance = limit * interval
-  local tat = gc_tat(key, now_us)
-  local new_tat = tat + cost * interval
-  local ok = new_tat - now_us <= tolerance
-  local before = math.floor((tolerance - (tat - now_us)) / interval)
-  if before < 0 then before = 0 end
-  local retry = 0
-  if cost > limit then retry = -1 elseif not ok then retry = gc_ms(new_tat - now_us - tolerance) end
-  return ok, before, retry, gc_ms(tat - now_us), gc_ms(new_tat - now_us), new_tat
-end
-
-local function gc_commit(key, now_us, new_tat)
-  -- One ms more than the TAT needs: Redis expires at ms granularity, and the key must
-  -- never vanish while its TAT is still (sub-millisecond) ahead of the clock.
-  redis.call('SET', key, string.format('%d', new_tat), 'PX', gc_ms(new_tat - now_us) + 1)
-end
-
-local function gc_refund(key, limit, period, cost, now_us)
-  local interval = math.ceil(period * 1000 / limit)
-  local tat = gc_tat(key, now_us) - cost * interval
-  if tat <= now_us then
-    redis.call('DEL', key)
-  else
-    redis.call('SET', key, string.format('%d', tat), 'PX', gc_ms(tat - now_us) + 1)
+  local function refund(key, limit, period, cost, now_us)
+    local interval = math.ceil(period * 1000 / limit)
+    local tat = now_us
+    local v = redis.call('GET', key)
+    if v then
+      local stored = tonumber(v)
+      if stored and stored > now_us then tat = stored end
+    end
+    tat = tat - cost * interval
+    if tat <= now_us then
+      redis.call('DEL', key)
+    else
+      redis.call('SET', key, string.format('%d', tat), 'PX', math.ceil((tat - now_us) / 1000) + 1)
+    end
   end
+
+  return check, refund
 end

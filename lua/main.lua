@@ -17,31 +17,30 @@
 --         reset ms, banned 0/1 }
 -- Phase 1 reads every tier; phase 2 writes only if every tier admits. A refused hit writes
 -- nothing but the ban of a policy with a penalty.
+--
+-- This runs on every request, so it is written for Redis's time: tiers are read straight from
+-- ARGV (no table per tier), the algorithms' functions are built only for the algorithms a call
+-- uses, and one MGET reads the state of every fw/sw/gc tier and every ban.
 
-local op = ARGV[1]
+-- On the hot path numbers from ARGV and TIME (always well formed) are converted with `+ 0`:
+-- one strtod, where Lua 5.1's tonumber() runs two.
+local argv, keys = ARGV, KEYS
+local op = argv[1]
 local now_us
-if ARGV[2] ~= '' then
-  now_us = tonumber(ARGV[2])
+local own_clock = argv[2] == ''  -- Redis's clock, not a test clock
+if not own_clock then
+  now_us = argv[2] + 0
 else
   local t = redis.call('TIME')
-  now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now_us = t[1] * 1000000 + t[2]
 end
 local now = math.floor(now_us / 1000)
-local token = ARGV[3]
-local n = tonumber(ARGV[5])
-
-local tiers = {}
-for i = 1, n do
-  local b = 5 + (i - 1) * 7
-  tiers[i] = {
-    algo = ARGV[b + 1], limit = tonumber(ARGV[b + 2]), period = tonumber(ARGV[b + 3]),
-    cost = tonumber(ARGV[b + 4]), ban = tonumber(ARGV[b + 5]), ban_end = ARGV[b + 6],
-    cal = ARGV[b + 7], key = KEYS[i],
-  }
-end
+local token = argv[3]
+local n = argv[5] + 0
+-- Tier i's seven values are argv[7 * i - 1] .. argv[7 * i + 5].
 
 if op == 'X' then
-  for i = 1, #KEYS do redis.call('DEL', KEYS[i]) end
+  for i = 1, #keys do redis.call('DEL', keys[i]) end
   return {1}
 end
 
@@ -49,20 +48,36 @@ if op == 'R' or op == 'C' then
   -- A log shrinks, so its expiry is recomputed from the longest tier that reads it.
   local longest = {}
   for i = 1, n do
-    local t = tiers[i]
-    if t.algo == 'sl' and (longest[t.key] or 0) < t.period then longest[t.key] = t.period end
+    local b = 7 * i - 2
+    local key, period = keys[i], tonumber(argv[b + 3])
+    if argv[b + 1] == 'sl' and (longest[key] or 0) < period then longest[key] = period end
   end
   local done = {}
   for i = 1, n do
-    local t = tiers[i]
-    if not done[t.key] then
-      done[t.key] = true
+    local b = 7 * i - 2
+    local algo, key = argv[b + 1], keys[i]
+    if not done[key] then
+      done[key] = true
+      local limit, period, cost = tonumber(argv[b + 2]), tonumber(argv[b + 3]),
+        tonumber(argv[b + 4])
       if op == 'C' then
-        if t.algo == 'sl' then sl_cancel(t.key, token, t.cost, longest[t.key], now) end
-      elseif t.algo == 'fw' then fw_refund(t.key, t.period, t.cost, t.cal, now)
-      elseif t.algo == 'sw' then sw_refund(t.key, t.period, t.cost, now)
-      elseif t.algo == 'gc' then gc_refund(t.key, t.limit, t.period, t.cost, now_us)
-      else sl_refund(t.key, t.cost, token, longest[t.key], now) end
+        if algo == 'sl' then
+          local _, cancel = sliding_log_upkeep()
+          cancel(key, token, cost, longest[key], now)
+        end
+      elseif algo == 'fw' then
+        local _, refund = fixed_window()
+        refund(key, period, cost, argv[b + 7], now)
+      elseif algo == 'sw' then
+        local _, refund = sliding_window()
+        refund(key, period, cost, now)
+      elseif algo == 'gc' then
+        local _, refund = gcra()
+        refund(key, limit, period, cost, now_us)
+      else
+        local refund = sliding_log_upkeep()
+        refund(key, cost, token, longest[key], now)
+      end
     end
   end
   return {1}
@@ -70,117 +85,180 @@ end
 
 local at = now
 if op == 'B' then
-  at = tonumber(ARGV[4])
+  at = tonumber(argv[4])
   -- A booking in the past is a booking now: the log no longer holds what it would need.
   if at < now then at = now end
 end
 
--- Phase 1: decide every tier, writing nothing.
-local bans = {}
-local sl_memo = {}  -- per log key: facts every tier of that log shares (sliding_log.lua)
+-- Phase 1: decide every tier, writing nothing. The reply is filled as if the hit will be
+-- recorded (remaining and reset after it; a peek records nothing), and `other` keeps per tier
+-- what the reply says instead if it is not, then the value and PX a commit SETs (value false:
+-- a sliding log, whose commit writes itself; PX false: keep the key's TTL).
+local fw_check, sw_check, gc_check, sl_check, sl_commit  -- built on first use
+local tied = false  -- a sliding log has entries ahead of `at` (see the joint retry below)
+local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
+local bans    -- ban index -> ms left (0: none)
+-- Both tables are sized up front, for one tier or for up to three: a table grows by
+-- reallocating at 1, 2, 4, 8, ... slots, and Lua 5.1 has no table.new, but a constructor's nils
+-- reserve slots. The reply still ends at its last value: Redis stops reading at the first nil.
+local other, reply
+if n == 1 then
+  other, reply = {false, false, false, false}, {0, 0, 0, 0, 0, 0}
+else
+  other = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+  reply = {0, 0, 0, 0, 0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+end
+local hit = op ~= 'P'
 local all_ok = true
-local reply = {0}
 for i = 1, n do
-  local t = tiers[i]
-  local ok, before, retry, reset_now, reset_hit
+  local b = 7 * i - 2
+  local algo = argv[b + 1]
+  local limit, period, cost = argv[b + 2] + 0, argv[b + 3] + 0, argv[b + 4] + 0
+  local ban = 0
+  if argv[b + 5] ~= '0' then ban = argv[b + 5] + 0 end  -- "0" (no penalty) is usual
+  local ok, before, retry, reset_now, reset_hit, value, px
   local banned = 0
-  if t.ban > 0 then
-    if bans[t.ban] == nil then
-      local v = redis.call('GET', KEYS[t.ban])
-      bans[t.ban] = 0
-      if v and tonumber(v) > now then bans[t.ban] = tonumber(v) - now end
+  if ban > 0 then
+    if values == nil then values = redis.call('MGET', unpack(keys)) end
+    if bans == nil then bans = {} end
+    local left = bans[ban]
+    if left == nil then
+      local v = values[ban]
+      left = 0
+      if v and tonumber(v) > now then left = tonumber(v) - now end
+      bans[ban] = left
     end
-    if bans[t.ban] > 0 then banned = 1 end
+    if left > 0 then
+      banned = 1
+      -- A cost above the limit stays "never" under a ban: waiting it out would not admit it.
+      local wait = left
+      if cost > limit then wait = -1 end
+      ok, before, retry, reset_now, reset_hit = false, 0, wait, left, left
+    end
   end
   if banned == 1 then
-    local left = bans[t.ban]
-    -- A cost above the limit stays "never" under a ban: waiting it out would not admit it.
-    local wait = left
-    if t.cost > t.limit then wait = -1 end
-    ok, before, retry, reset_now, reset_hit = false, 0, wait, left, left
-  elseif t.algo == 'fw' then
-    ok, before, retry, reset_now, reset_hit, t.s1, t.s2, t.s3 =
-      fw_check(t.key, t.limit, t.period, t.cost, t.cal, now)
-  elseif t.algo == 'sw' then
-    ok, before, retry, reset_now, reset_hit, t.s1, t.s2, t.s3 =
-      sw_check(t.key, t.limit, t.period, t.cost, now)
-  elseif t.algo == 'gc' then
-    ok, before, retry, reset_now, reset_hit, t.s1 = gc_check(t.key, t.limit, t.period, t.cost, now_us)
+    value = false
+  elseif algo == 'sl' then
+    if sl_check == nil then sl_check, sl_commit = sliding_log() end
+    local ahead
+    ok, before, retry, reset_now, reset_hit, ahead = sl_check(keys[i], limit, period, cost, at, now)
+    if ahead then tied = true end
+    value = false
   else
-    ok, before, retry, reset_now, reset_hit =
-      sl_check(t.key, t.limit, t.period, t.cost, at, now, sl_memo)
+    local v
+    if values ~= nil then
+      v = values[i]
+    elseif n == 1 then
+      v = redis.call('GET', keys[1])  -- the one key: a plain GET is a little cheaper
+    else
+      values = redis.call('MGET', unpack(keys))
+      v = values[i]
+    end
+    if algo == 'gc' then
+      if gc_check == nil then gc_check = gcra() end
+      ok, before, retry, reset_now, reset_hit, value, px = gc_check(v, limit, period, cost, now_us)
+    elseif algo == 'fw' then
+      if fw_check == nil then fw_check = fixed_window() end
+      ok, before, retry, reset_now, reset_hit, value, px =
+        fw_check(v, limit, period, cost, argv[b + 7], now, own_clock)
+    else
+      if sw_check == nil then sw_check = sliding_window() end
+      ok, before, retry, reset_now, reset_hit, value, px =
+        sw_check(v, limit, period, cost, now, own_clock)
+    end
   end
-  t.ok, t.before, t.retry, t.reset_now, t.reset_hit, t.banned =
-    ok, before, retry, reset_now, reset_hit, banned
+  local k = 5 * i - 4  -- tier i's five reply values are reply[k + 1] .. reply[k + 5]
+  local j = 4 * i - 4
+  reply[k + 1] = ok and 1 or 0
+  reply[k + 3] = retry
+  reply[k + 5] = banned
+  if hit then
+    reply[k + 2] = before - cost
+    reply[k + 4] = reset_hit
+    other[j + 1] = before
+    other[j + 2] = reset_now
+    other[j + 3] = value
+    other[j + 4] = px
+  else
+    reply[k + 2] = before
+    reply[k + 4] = reset_now
+  end
   if not ok then all_ok = false end
-end
-if not all_ok then sl_joint_retry(tiers, at) end
-
--- Remaining and reset describe the state after this call: after the hit if it was recorded.
-for i = 1, n do
-  local t = tiers[i]
-  local remaining, reset = t.before, t.reset_now
-  if all_ok and op ~= 'P' then
-    remaining = t.before - t.cost
-    reset = t.reset_hit
-  end
-  reply[#reply + 1] = t.ok and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = t.retry
-  reply[#reply + 1] = reset
-  reply[#reply + 1] = t.banned
-end
-
-if op == 'P' then
-  if all_ok then reply[1] = 1 end
-  return reply
 end
 
 if all_ok then
-  -- Phase 2: every tier admits, so record the hit in each.
-  local longest, logged = {}, {}
-  for i = 1, n do
-    local t = tiers[i]
-    if t.algo == 'sl' and (longest[t.key] or 0) < t.period then longest[t.key] = t.period end
-  end
-  for i = 1, n do
-    local t = tiers[i]
-    if t.algo == 'fw' then fw_commit(t.key, now, t.s1, t.s2, t.s3)
-    elseif t.algo == 'sw' then sw_commit(t.key, now, t.s1, t.s2, t.s3, t.period)
-    elseif t.algo == 'gc' then gc_commit(t.key, now_us, t.s1)
-    elseif not logged[t.key] then
-      logged[t.key] = true
-      sl_commit(t.key, at, t.cost, token, longest[t.key], now, sl_memo[t.key])
+  if hit then
+    -- Phase 2: every tier admits, so record the hit in each.
+    for i = 1, n do
+      local j = 4 * i - 4
+      local value, px = other[j + 3], other[j + 4]
+      if not value then
+        sl_commit(keys[i], at, argv[7 * i + 2] + 0, token, now)
+      elseif px then
+        -- Numbers given to redis.call go through "%.17g" in Redis; "%d" here is cheaper.
+        -- (Not PSETEX: fakeredis rounds its expiry down to whole seconds.)
+        redis.call('SET', keys[i], value, 'PX', string.format('%d', px))
+      else
+        -- The key's TTL already ends where this write needs it (fixed_window.lua).
+        redis.call('SET', keys[i], value, 'KEEPTTL')
+      end
     end
   end
   reply[1] = 1
   return reply
 end
 
--- Refused: a refusal by a tier whose policy has a penalty starts that policy's ban.
-if op == 'H' then
+-- Refused: the reply describes the state as it stands.
+if hit then
   for i = 1, n do
-    local t = tiers[i]
-    if not t.ok and t.ban > 0 and bans[t.ban] == 0 and t.ban_end ~= '' then
-      local amount = tonumber(string.sub(t.ban_end, 2))
+    local k, j = 5 * i - 4, 4 * i - 4
+    reply[k + 2] = other[j + 1]
+    reply[k + 4] = other[j + 2]
+  end
+end
+
+if tied then
+  -- Bookings ahead tie the retries of one log's tiers together (sliding_log.lua); with none,
+  -- each tier's own retry stands.
+  local tiers = {}
+  for i = 1, n do
+    local b, k = 7 * i - 2, 5 * i - 4
+    if argv[b + 1] == 'sl' and reply[k + 5] == 0 then
+      tiers[#tiers + 1] = {
+        i = i, key = keys[i], ok = reply[k + 1] == 1, retry = reply[k + 3],
+        limit = tonumber(argv[b + 2]), period = tonumber(argv[b + 3]),
+        cost = tonumber(argv[b + 4]),
+      }
+    end
+  end
+  sliding_log_ahead().joint_retry(tiers, at)
+  for _, t in ipairs(tiers) do reply[5 * t.i - 1] = t.retry end
+end
+
+-- A refusal by a tier whose policy has a penalty starts that policy's ban.
+if op == 'H' and bans ~= nil then
+  for i = 1, n do
+    local b, k = 7 * i - 2, 5 * i - 4
+    local ban, ban_end = tonumber(argv[b + 5]), argv[b + 6]
+    if reply[k + 1] == 0 and ban > 0 and bans[ban] == 0 and ban_end ~= '' then
+      local amount = tonumber(string.sub(ban_end, 2))
       local stop = amount
-      if string.sub(t.ban_end, 1, 1) == 'd' then stop = now + amount end
+      if string.sub(ban_end, 1, 1) == 'd' then stop = now + amount end
       if stop > now then
-        redis.call('SET', KEYS[t.ban], stop, 'PX', stop - now)
-        bans[t.ban] = stop - now
+        redis.call('SET', keys[ban], stop, 'PX', stop - now)
+        bans[ban] = stop - now
       end
     end
   end
   for i = 1, n do
-    local t = tiers[i]
-    if t.ban > 0 and bans[t.ban] > 0 then
-      local base = 1 + (i - 1) * 5
-      reply[base + 1] = 0
-      reply[base + 2] = 0
+    local ban, k = tonumber(argv[7 * i + 3]), 5 * i - 4
+    if ban > 0 and bans[ban] > 0 then
+      reply[k + 1] = 0
+      reply[k + 2] = 0
       -- A cost above the limit stays "never": waiting out the ban would not admit it.
-      if t.retry ~= -1 then reply[base + 3] = bans[t.ban] end
-      reply[base + 4] = bans[t.ban]
-      reply[base + 5] = 1
+      if reply[k + 3] ~= -1 then reply[k + 3] = bans[ban] end
+      reply[k + 4] = bans[ban]
+      reply[k + 5] = 1
     end
   end
 end
