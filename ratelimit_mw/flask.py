@@ -31,12 +31,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from flask import Blueprint, Flask, Response, g
+from flask import Blueprint, Flask, Response
+from flask import g as _g
 from flask import request as _request_proxy
 from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
 
 from ratelimit_mw._errors import ConfigurationError
-from ratelimit_mw._http import ErrorPolicy, MiddlewareCore, Rule
+from ratelimit_mw._http import ErrorPolicy, MiddlewareCore, Rule, Selection
 from ratelimit_mw.decision import Decision
 from ratelimit_mw.headers import retry_after_seconds, too_many_requests_body, unavailable_body
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
@@ -53,7 +54,6 @@ from ratelimit_mw.routing import (
 )
 from ratelimit_mw.routing import exempt as _exempt
 from ratelimit_mw.wsgi import (
-    ADMIT,
     DECISION_KEY,
     REFUSE,
     UNAVAILABLE,
@@ -122,7 +122,7 @@ def _blueprint_name(bp: Blueprint) -> str:
 class _AppState:
     """Everything one app needs per request, built by init_app and kept in app.extensions."""
 
-    __slots__ = ("app", "core", "gate", "on_blocked", "routes")
+    __slots__ = ("app", "core", "gate", "on_blocked", "routes", "selections")
 
     def __init__(self, app: Flask, core: MiddlewareCore, limiter: Limiter,
                  on_blocked: Callable[[Any, Decision], Any] | None) -> None:
@@ -133,6 +133,11 @@ class _AppState:
         # endpoint -> what applies to it (limits, EXEMPT or None). Filled on first use, not
         # at init_app: decorators written above @app.route run after the view is registered.
         self.routes: dict[str, object] = {}
+        # endpoint (None: no route matched) -> its Selection, when no path rule makes the
+        # policies depend on the path as well.
+        self.selections: dict[str | None, Selection | None] | None = (
+            None if core.rules else {}
+        )
 
     # -- route metadata --------------------------------------------------------------------
     def route_for(self, endpoint: str, request: Any) -> object:
@@ -174,31 +179,45 @@ class _AppState:
         return getattr(bp, ATTRIBUTE)
 
     # -- the request hooks -----------------------------------------------------------------
-    def before_request(self) -> Any:
-        request = _request_proxy._get_current_object()  # type: ignore[attr-defined]
-        endpoint = request.endpoint
+    def _selection(self, endpoint: str | None, request: Any) -> Selection | None:
+        """What applies to this request; without path rules, once per endpoint."""
+        selections = self.selections
+        if selections is not None:
+            try:
+                return selections[endpoint]
+            except KeyError:
+                pass
         # No endpoint: no route matched (404, 405) and the defaults apply.
         route = None if endpoint is None else self.route_for(endpoint, request)
+        selection = self.core.select(request.method, request.path, route)
+        if selections is not None:
+            # Bounded by the app's endpoints; stable because route_for is cached too.
+            selections[endpoint] = selection
+        return selection
+
+    def before_request(self) -> Any:
+        request = _request_proxy._get_current_object()  # type: ignore[attr-defined]
         environ = request.environ
         rule = request.url_rule
         if rule is not None:
             environ[ROUTE_SCOPE_KEY] = rule.rule
-        core = self.core
-        selection = core.select(request.method, request.path, route)
+        selection = self._selection(request.endpoint, request)
         if selection is None:
-            verdict, decision, checks = ADMIT, None, None
-        else:
-            verdict, decision, checks = self.gate.consult(selection, request)
-        # Always there for the view: None unless the limiter decided.
-        environ[DECISION_KEY] = g.ratelimit = decision
-        if decision is None or selection is None:
+            # Always there for the view: None unless the limiter decided.
+            environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
+            return None
+        gate = self.gate
+        verdict, decision, checks = gate.consult(selection, request)
+        environ[DECISION_KEY] = _g._get_current_object().ratelimit = decision
+        core = self.core
+        if decision is None:
             if verdict == UNAVAILABLE:
-                headers = self.gate.unavailable_headers()
+                headers = gate.unavailable_headers()
                 environ[_PENDING] = (headers, True, None)
                 raise BackendUnavailable(core.cooldown_seconds(), headers)
             return None
         if verdict == REFUSE:
-            headers = self.gate.refusal_headers(decision, selection)
+            headers = gate.refusal_headers(decision, selection)
             environ[_PENDING] = (headers, True, None)
             if self.on_blocked is not None:
                 try:
@@ -209,13 +228,14 @@ class _AppState:
             raise RateLimited(decision, headers)
         refund = checks if core.count_when is not None and decision.allowed else None
         if core.headers:
-            environ[_PENDING] = (self.gate.served_headers(decision, selection), False, refund)
+            environ[_PENDING] = (gate.served_headers(decision, selection), False, refund)
         elif refund is not None:
             environ[_PENDING] = (None, False, refund)
         return None
 
     def after_request(self, response: Response) -> Response:
-        pending = _request_proxy.environ.pop(_PENDING, None)
+        request = _request_proxy._get_current_object()  # type: ignore[attr-defined]
+        pending = request.environ.pop(_PENDING, None)
         if pending is None:
             return response
         headers, fill_only, refund = pending
@@ -226,7 +246,10 @@ class _AppState:
                     if name not in target:
                         target[name] = value
             else:
-                target.extend(headers)
+                # add() one by one: extend() first works out what kind of mapping it got.
+                add = target.add
+                for name, value in headers:
+                    add(name, value)
         if refund is not None and self.core.should_refund(response.status_code):
             # After the response has gone out: the client does not wait for the round trip.
             gate = self.gate

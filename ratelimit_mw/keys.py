@@ -44,7 +44,13 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
-from ratelimit_mw._client_ip import TrustedProxies, check_ipv6_prefix, ip_key, resolve_client
+from ratelimit_mw._client_ip import (
+    IPAddress,
+    TrustedProxies,
+    check_ipv6_prefix,
+    ip_key,
+    resolve_client,
+)
 from ratelimit_mw._errors import ConfigurationError
 
 __all__ = [
@@ -86,13 +92,23 @@ def _joined(values: list[str]) -> str | None:
 # --- client_ip ---------------------------------------------------------------------------
 
 
+# Peers remembered per client_ip() without trusted proxies, and the longest peer text kept
+# (an address with a zone id; longer text is rejected by the parser anyway).
+_PEER_CACHE_SIZE = 4096
+_MAX_PEER_CHARS = 64
+
+
 class _ClientIP:
-    __slots__ = ("_ipv6_prefix", "_spec", "_trusted")
+    __slots__ = ("_by_peer", "_ipv6_prefix", "_spec", "_trusted")
 
     def __init__(self, trusted_proxies: Sequence[str] | int | None, ipv6_prefix: int) -> None:
         self._spec = trusted_proxies
         self._trusted = None if trusted_proxies is None else TrustedProxies(trusted_proxies)
         self._ipv6_prefix = check_ipv6_prefix(ipv6_prefix)
+        # Without trusted proxies the key is a pure function of the peer text, and parsing
+        # and formatting an address costs more than the rest of the key function: remember
+        # the keys of recent peers (bounded, dropped whole when full, like the path caches).
+        self._by_peer: dict[str, str] = {}
 
     def __call__(self, request: Any) -> str:
         forwarded: str | None = None
@@ -103,20 +119,37 @@ class _ClientIP:
             # ASGI says [host, port] or None; read the scope rather than request.client so a
             # malformed value from an odd server cannot raise here.
             peer = client[0] if isinstance(client, (tuple, list)) and client else None
-            if self._trusted is not None:
-                headers = request.headers
-                forwarded = _joined(headers.getlist("forwarded"))
-                if forwarded is None:
-                    x_forwarded_for = _joined(headers.getlist("x-forwarded-for"))
+            if self._trusted is None:
+                return self._peer_key(peer)
+            headers = request.headers
+            forwarded = _joined(headers.getlist("forwarded"))
+            if forwarded is None:
+                x_forwarded_for = _joined(headers.getlist("x-forwarded-for"))
         else:
             environ = request.environ
             peer = environ.get("REMOTE_ADDR")
-            if self._trusted is not None:
-                # The WSGI server has already joined repeated header lines.
-                forwarded = environ.get("HTTP_FORWARDED")
-                if forwarded is None:
-                    x_forwarded_for = environ.get("HTTP_X_FORWARDED_FOR")
-        addr = resolve_client(peer, forwarded, x_forwarded_for, self._trusted)
+            if self._trusted is None:
+                return self._peer_key(peer)
+            # The WSGI server has already joined repeated header lines.
+            forwarded = environ.get("HTTP_FORWARDED")
+            if forwarded is None:
+                x_forwarded_for = environ.get("HTTP_X_FORWARDED_FOR")
+        return self._key(resolve_client(peer, forwarded, x_forwarded_for, self._trusted))
+
+    def _peer_key(self, peer: object) -> str:
+        """The key when the peer is the client (no trusted proxies), cached per peer text."""
+        if type(peer) is not str or len(peer) > _MAX_PEER_CHARS:
+            return self._key(resolve_client(peer, None, None, None))  # type: ignore[arg-type]
+        cache = self._by_peer
+        found = cache.get(peer)
+        if found is None:
+            found = self._key(resolve_client(peer, None, None, None))
+            if len(cache) >= _PEER_CACHE_SIZE:
+                cache.clear()
+            cache[peer] = found
+        return found
+
+    def _key(self, addr: IPAddress | None) -> str:
         if addr is None:
             # No usable address (Unix socket, a test client's "testclient", garbage). Such
             # requests are still limited, together as one bucket: returning None would exempt

@@ -169,6 +169,53 @@ def _missing(present: Iterable[tuple[str, str]], extra: Headers) -> Headers:
     return [item for item in extra if item[0].lower() not in names]
 
 
+class _DeferredRequest(Request):
+    """The werkzeug ``Request`` the middleware hands key functions and hooks, parsed on first use.
+
+    Most key functions read only ``environ`` (``keys.client_ip()`` does), and parsing the rest
+    (server, path, query string, the headers view) would cost about as much as the key
+    function itself on every request. The attributes werkzeug's ``Request.__init__`` sets are
+    filled in when one of them is first read; apart from when that work happens, this is a
+    ``Request`` like any other.
+    """
+
+    def __init__(self, environ: dict[str, Any]) -> None:  # parsing waits for _Parsed
+        self.environ = environ
+        # What Request(environ) does at once: werkzeug helpers find the request here.
+        environ["werkzeug.request"] = self
+
+    def _parse(self) -> None:
+        own = dict(self.__dict__)  # whatever the app set on the request before it was parsed
+        Request.__init__(self, own["environ"], populate_request=False)
+        self.__dict__.update(own)
+
+
+class _Parsed:
+    """One attribute of `_DeferredRequest`: reading it parses the request.
+
+    A non-data descriptor, so that once parsing has put the value in the instance's
+    ``__dict__`` reads no longer come here. Not ``__getattr__``: that would turn every
+    ``hasattr`` miss (keys.py's ASGI-or-WSGI test) into a raised exception.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, request: _DeferredRequest | None, owner: type | None = None) -> Any:
+        if request is None:
+            return self
+        request._parse()
+        return request.__dict__[self.name]
+
+
+# What Request.__init__ sets on the instance (environ is there from the start).
+for _name in set(vars(Request({}, populate_request=False))) - {"environ"}:
+    setattr(_DeferredRequest, _name, _Parsed(_name))
+del _name
+
+
 class _Refunding:
     """The app's body iterable; when the server closes it, refund if the status says so.
 
@@ -259,35 +306,56 @@ class RateLimitMiddleware:
         )
         self.gate = SyncGate(self.core, require_sync_limiter(limiter, "RateLimitMiddleware"))
         self.on_blocked = on_blocked
+        # Without path rules the same policies (the defaults) apply to every request: select
+        # them once instead of decoding the path and looking them up per request.
+        self._per_path = bool(self.core.rules)
+        self._fixed = None if self._per_path else self.core.select("GET", "/", None)
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, {self.gate.limiter!r})"
 
     def __call__(self, environ: dict[str, Any],
                  start_response: StartResponse) -> Iterable[bytes]:
+        core = self.core
+        # Always present for the app: None unless the limiter decided.
+        environ[DECISION_KEY] = None
+        selection = self._select(environ) if self._per_path else self._fixed
+        if selection is None:
+            return self.app(environ, start_response)
+        request = _DeferredRequest(environ)
+        verdict, decision, checks = self.gate.consult(selection, request)
+        environ[DECISION_KEY] = decision
+        if decision is None:
+            if verdict == UNAVAILABLE:
+                return self._unavailable(start_response)
+            return self.app(environ, start_response)
+        if verdict == REFUSE:
+            return self._refuse(request, decision, selection, start_response)
+        refund = core.count_when is not None and decision.allowed
+        if not core.headers:
+            if not refund:
+                return self.app(environ, start_response)
+            return self._serve_refunding(environ, start_response, None, checks)
+        extra = self.gate.served_headers(decision, selection)
+        if refund:
+            return self._serve_refunding(environ, start_response, extra, checks)
+
+        def start(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
+            # A new list: the app may reuse its own header list for every response.
+            return start_response(status_line, headers + extra, exc_info)
+
+        return self.app(environ, start)
+
+    def _select(self, environ: dict[str, Any]) -> Selection | None:
         path: str = environ.get("PATH_INFO") or "/"
         if not path.isascii():
             # PEP 3333 hands over the raw bytes as latin-1; rules are written in Unicode.
             path = path.encode("latin-1", "replace").decode("utf-8", "replace")
-        core = self.core
-        # Always present for the app: None unless the limiter decided.
-        environ[DECISION_KEY] = None
-        selection = core.select(environ.get("REQUEST_METHOD", "GET"), path, None)
-        if selection is None:
-            return self.app(environ, start_response)
-        request = Request(environ)
-        verdict, decision, checks = self.gate.consult(selection, request)
-        environ[DECISION_KEY] = decision
-        if verdict == REFUSE and decision is not None:
-            return self._refuse(request, decision, selection, start_response)
-        if verdict == UNAVAILABLE:
-            return self._unavailable(start_response)
-        if decision is None:
-            return self.app(environ, start_response)
-        extra = self.gate.served_headers(decision, selection) if core.headers else None
-        refund = core.count_when is not None and decision.allowed
-        if extra is None and not refund:
-            return self.app(environ, start_response)
+        return self.core.select(environ.get("REQUEST_METHOD", "GET"), path, None)
+
+    def _serve_refunding(self, environ: dict[str, Any], start_response: StartResponse,
+                         extra: Headers | None, checks: list[Check]) -> Iterable[bytes]:
+        """Serve an admitted request whose hit count_when may give back after the response."""
         status: list[str] = []
 
         def start(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
@@ -297,13 +365,11 @@ class RateLimitMiddleware:
                 headers = headers + extra
             return start_response(status_line, headers, exc_info)
 
-        if not refund:
-            return self.app(environ, start)
         try:
             body = self.app(environ, start)
         except BaseException:
             # The app raised before answering: the server's answer will be a 500.
-            if core.should_refund(500):
+            if self.core.should_refund(500):
                 self.gate.refund(checks)
             raise
         return _Refunding(body, status, self.gate, checks)
