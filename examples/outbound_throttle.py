@@ -8,7 +8,7 @@ throttle per host. ``AsyncRateLimitTransport`` does the same for ``httpx.AsyncCl
 
     pip install 'ratelimit_mw[httpx]'
     python examples/outbound_throttle.py                # threads of one process, in memory
-    RATELIMIT_REDIS_URL=redis://localhost:6379/0 python examples/outbound_throttle.py   # run it twice
+    RATELIMIT_REDIS_URL=redis://localhost:6379/0 python examples/outbound_throttle.py  # twice
 
 The "provider" here is an ``httpx.MockTransport`` that records when each call arrives.
 """

@@ -8,6 +8,7 @@ and ~60 s when SYNs are dropped; a rate limiter must never hold a request that l
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from typing import Any
 
@@ -38,9 +39,11 @@ except ImportError:  # pragma: no cover - exercised only without hiredis
 _FAILURES: tuple[type[BaseException], ...] = (OSError, TimeoutError)
 if redis is not None:
     _FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
-if _pipeline is not None:
+try:
     import hiredis
-
+except ImportError:  # pragma: no cover - hiredis is the optional [hiredis] extra
+    hiredis = None  # type: ignore[assignment]
+if _pipeline is not None and hiredis is not None:
     _FAILURES = (*_FAILURES, hiredis.HiredisError)
 
 SAFE_DEFAULTS: dict[str, Any] = {
@@ -141,6 +144,7 @@ class RedisBackend:
         if not self.is_cluster and _direct(client):
             self._pool = getattr(client, "connection_pool", None)
         self._connect_lock = threading.Lock()
+        self._local = threading.local()
 
     @classmethod
     def from_url(cls, url: str, **redis_kwargs: Any) -> RedisBackend:
@@ -184,24 +188,44 @@ class RedisBackend:
                 self._script = client.register_script(SOURCE)
                 self.client = client
 
+    def _connection(self) -> Any:
+        """This thread's own connection, made from the client's pool settings.
+
+        Taking a pooled connection and giving it back costs more than the script itself in
+        redis-py 8 (deprecation and observability hooks, an event, a poll syscall); a thread
+        runs one call at a time, so it keeps one connection of its own (a new one after a
+        fork). Threads are bounded by the server, and so are these connections.
+        """
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            pool = self._pool
+            conn = pool.connection_class(**pool.connection_kwargs)
+            local.conn, local.pid = conn, os.getpid()
+        return conn
+
     def _evalsha(self, call: ScriptCall) -> list[int]:
-        pool = self._pool
-        conn = pool.get_connection()
-        try:
-            packed = conn.pack_command("EVALSHA", SHA1, len(call.keys), *call.keys, *call.args)
+        conn = self._connection()
+        command = ("EVALSHA", SHA1, len(call.keys), *call.keys, *call.args)
+        if hiredis is not None:
+            packed = [hiredis.pack_command(command)]  # type: ignore[arg-type]
+        else:
+            packed = conn.pack_command(*command)
 
-            def attempt() -> list[int]:
-                conn.send_packed_command(packed)
-                return conn.read_response()  # type: ignore[no-any-return]
+        def attempt() -> list[int]:
+            conn.send_packed_command(packed, check_health=False)
+            return conn.read_response()  # type: ignore[no-any-return]
 
-            # The client's own retry policy (one immediate retry on a dropped connection when
-            # built by from_url); a failed attempt drops the connection so that a late reply
-            # can never be read as the answer to the next call.
-            return conn.retry.call_with_retry(attempt, lambda _: conn.disconnect())  # type: ignore[no-any-return]
-        finally:
-            pool.release(conn)
+        # The client's own retry policy (one immediate retry on a dropped connection when
+        # built by from_url); a failed attempt drops the connection so that a late reply can
+        # never be read as the answer to the next call. An error reply (NOSCRIPT, OOM) has
+        # been read whole and leaves the connection in order.
+        return conn.retry.call_with_retry(attempt, lambda _: conn.disconnect())  # type: ignore[no-any-return]
 
     def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.disconnect()
         self.client.close()
 
 
