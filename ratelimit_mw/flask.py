@@ -225,7 +225,12 @@ class _AppState:
                 except Exception as exc:
                     core.log_failure("ratelimit_mw on_blocked failed; answering the JSON 429",
                                      exc)
-            raise RateLimited(decision, headers)
+            refusal = RateLimited(decision, headers)
+            if self.app._find_error_handler(refusal, request.blueprints) is None:
+                # No @app.errorhandler(429): answer directly. Raising would cost Flask's whole
+                # exception path for every request of a flood, to render the same response.
+                return Response(refusal.get_body(), 429, refusal.get_headers())
+            raise refusal
         refund = checks if core.count_when is not None and decision.allowed else None
         if core.headers:
             environ[_PENDING] = (gate.served_headers(decision, selection), False, refund)

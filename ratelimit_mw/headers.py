@@ -13,6 +13,7 @@ request was admitted and the Retry-After value when it was refused.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -96,13 +97,27 @@ def rate_limit_headers(decision: Decision, policy_header: PolicyHeader,
 
 def too_many_requests_body(decision: Decision) -> bytes:
     """The default 429 body: ``{"detail": ..., "retry_after": N}``."""
-    detail = "Too Many Requests"
     if decision.retry_after == math.inf:
-        detail = "Too Many Requests: this request costs more than the limit allows"
+        kind = "never"
     elif decision.banned:
-        detail = "Too Many Requests: temporarily banned after exceeding the limit"
+        kind = "banned"
+    else:
+        kind = ""
+    return _body(kind, retry_after_seconds(decision))
+
+
+_DETAILS = {
+    "": "Too Many Requests",
+    "never": "Too Many Requests: this request costs more than the limit allows",
+    "banned": "Too Many Requests: temporarily banned after exceeding the limit",
+}
+
+
+@functools.lru_cache(maxsize=1024)
+def _body(kind: str, retry_after: int) -> bytes:
+    # A flood refused for the same number of seconds gets the same bytes: render them once.
     return json.dumps(
-        {"detail": detail, "retry_after": retry_after_seconds(decision)}, separators=(",", ":")
+        {"detail": _DETAILS[kind], "retry_after": retry_after}, separators=(",", ":")
     ).encode()
 
 
