@@ -361,6 +361,16 @@ class MiddlewareCore:
         return max(1, int(self.breaker.cooldown + 0.999))
 
 
+def validate_on_blocked(on_blocked: Any, example: str) -> Any:
+    """`on_blocked` is None or a callable (request, decision) -> response; checked at start-up."""
+    if on_blocked is not None and not callable(on_blocked):
+        raise ConfigurationError(
+            f"on_blocked must be a callable (request, decision) -> response, got "
+            f"{on_blocked!r}; e.g. on_blocked={example}"
+        )
+    return on_blocked
+
+
 _FALLBACK_KEY = _keys.client_ip()
 
 

@@ -26,7 +26,13 @@ from starlette.requests import Request
 
 from ratelimit_mw._asgi_routes import RouteResolver, needs_route, route_path, routes_of
 from ratelimit_mw._errors import BackendError, ConfigurationError
-from ratelimit_mw._http import ErrorPolicy, MiddlewareCore, Rule, Selection
+from ratelimit_mw._http import (
+    ErrorPolicy,
+    MiddlewareCore,
+    Rule,
+    Selection,
+    validate_on_blocked,
+)
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import Check
 from ratelimit_mw.decision import Decision
@@ -213,13 +219,9 @@ class RateLimitMiddleware:
             count_when=count_when,
             backend_cooldown=backend_cooldown,
         )
-        if on_blocked is not None and not callable(on_blocked):
-            raise ConfigurationError(
-                f"on_blocked must be a callable (request, decision) -> response, got "
-                f"{on_blocked!r}; e.g. on_blocked=lambda request, decision: "
-                "PlainTextResponse('slow down', status_code=429)"
-            )
-        self.on_blocked = on_blocked
+        self.on_blocked = validate_on_blocked(
+            on_blocked, "lambda request, decision: PlainTextResponse('slow down', status_code=429)"
+        )
         self._gate = Gate(self.core, self.limiter,
                           _validate_timeout("backend_timeout", backend_timeout))
         # Route resolution: keyed on the app this middleware wraps when its route tree can be

@@ -37,7 +37,13 @@ from flask import request as _request_proxy
 from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
 
 from ratelimit_mw._errors import ConfigurationError
-from ratelimit_mw._http import ErrorPolicy, MiddlewareCore, Rule, Selection
+from ratelimit_mw._http import (
+    ErrorPolicy,
+    MiddlewareCore,
+    Rule,
+    Selection,
+    validate_on_blocked,
+)
 from ratelimit_mw.decision import Decision
 from ratelimit_mw.headers import retry_after_seconds, too_many_requests_body, unavailable_body
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
@@ -292,11 +298,7 @@ class RateLimit:
     ) -> None:
         if limiter is not None:
             require_sync_limiter(limiter, "RateLimit")
-        if on_blocked is not None and not callable(on_blocked):
-            raise ConfigurationError(
-                f"on_blocked must be a callable (request, decision) -> response, got "
-                f"{on_blocked!r}"
-            )
+        validate_on_blocked(on_blocked, "lambda request, decision: ('slow down', 429)")
         self.limiter = limiter
         self.on_blocked = on_blocked
         self._options: dict[str, Any] = {

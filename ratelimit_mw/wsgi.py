@@ -29,7 +29,13 @@ from types import TracebackType
 from typing import Any, TypeAlias
 
 from ratelimit_mw._errors import BackendError, ConfigurationError
-from ratelimit_mw._http import ErrorPolicy, MiddlewareCore, Rule, Selection
+from ratelimit_mw._http import (
+    ErrorPolicy,
+    MiddlewareCore,
+    Rule,
+    Selection,
+    validate_on_blocked,
+)
 from ratelimit_mw.core import Check
 from ratelimit_mw.decision import Decision
 from ratelimit_mw.headers import too_many_requests_body, unavailable_body
@@ -293,11 +299,9 @@ class RateLimitMiddleware:
                 f"RateLimitMiddleware wraps a WSGI application, got {app!r}; e.g. "
                 "app.wsgi_app = RateLimitMiddleware(app.wsgi_app, limiter)"
             )
-        if on_blocked is not None and not callable(on_blocked):
-            raise ConfigurationError(
-                f"on_blocked must be a callable (request, decision) -> WSGI app such as a "
-                f"werkzeug Response, got {on_blocked!r}"
-            )
+        validate_on_blocked(
+            on_blocked, "lambda request, decision: Response('slow down', status=429)"
+        )
         self.app = app
         self.core = MiddlewareCore(
             default=default, rules=rules, key=key, on_backend_error=on_backend_error,
