@@ -1,8 +1,10 @@
--- fixed-window: one counter per window; windows aligned to the epoch, or to the calendar
--- boundaries the client computed for a time zone ("b0,b1,b2,b3" in ms, ascending).
+-- fixed-window: one counter per window; windows aligned to the epoch, or, for the whole-day
+-- tiers of a policy with a time zone, to local midnight by the zone's UTC-offset schedule
+-- (core/wire.py): "o0,t1,o1,t2,o2,..." in ms, offset o0 until the instant t1, then o1 until t2,
+-- and so on. Redis's clock picks the window in both cases.
 -- KEYS: the tier's key, value "<window start ms>:<count>" (the start makes a stale value
 --       harmless, so expiry is only garbage collection).
--- ARGV (per tier, read by main.lua): limit, period ms, cost, calendar boundaries or "".
+-- ARGV (per tier, read by main.lua): limit, period ms, cost, the schedule or "".
 -- Reply (to main.lua): fixed_window() builds check and refund. main.lua calls it only when a
 --       call has a fixed-window tier: a script run creates a closure for each function it
 --       defines, so calls of other algorithms never pay for these. check(value, ...) takes the
@@ -12,16 +14,40 @@
 --       refund(key, ...) gives a hit back.
 
 local function fixed_window()
+  local DAY = 86400000
+
+  -- The first instant whose local date is local day `day` (days since 1970-01-01) or later:
+  -- local midnight, or the end of a gap that skips it. `s` is the parsed schedule; in the
+  -- segment of offset s[k] (from s[k - 1], up to s[k + 1]) local time is utc + s[k].
+  local function day_start(s, day)
+    local m = day * DAY
+    local k = 1
+    while true do
+      local t, stop = m - s[k], s[k + 1]
+      if stop == nil or t < stop then
+        if k > 1 and t < s[k - 1] then t = s[k - 1] end
+        return t
+      end
+      k = k + 2
+    end
+  end
+
   local function window(period, cal, now)
     if cal ~= '' then
-      local prev
-      for b in string.gmatch(cal, '[^,]+') do
-        b = tonumber(b)
-        if prev and prev <= now and now < b then return prev, b end
-        prev = b
-      end
+      local s = {}
+      for v in string.gmatch(cal, '[^,]+') do s[#s + 1] = v + 0 end
+      local k = 1
+      while s[k + 1] ~= nil and s[k + 1] <= now do k = k + 2 end
+      local days = period / DAY
+      local origin = 0  -- 1970-01-01; weeks start on Monday 1969-12-29
+      if days % 7 == 0 then origin = -3 end
+      local day = math.floor((now + s[k]) / DAY)
+      day = day - (day - origin) % days
+      local start, stop = day_start(s, day), day_start(s, day + days)
+      -- A clock set back over midnight can leave the local date behind a day already begun.
+      if stop <= now then start, stop = stop, day_start(s, day + 2 * days) end
+      return start, stop
     end
-    -- No calendar, or the clocks disagree by more than the boundaries cover: stay epoch aligned.
     local start = now - (now % period)
     return start, start + period
   end
@@ -65,5 +91,12 @@ local function fixed_window()
     end
   end
 
-  return check, refund
+  -- For the client's deny cache (main.lua): ms from now during which this tier's numbers stay
+  -- as they are (the count holds to the window's end; retry and reset count down).
+  local function stable(period, cal, now)
+    local _, stop = window(period, cal, now)
+    return stop - now
+  end
+
+  return check, refund, stable
 end

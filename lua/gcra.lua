@@ -11,14 +11,19 @@
 local function gcra()
   -- Every time difference below is >= 0 (a TAT is never behind the clock), so its ms value,
   -- rounded up, is math.ceil(us / 1000).
-  local function check(v, limit, period, cost, now_us)
+  -- The emission interval, the tolerance, and how far the TAT stored in `v` is ahead of now.
+  local function state(v, limit, period, now_us)
     local interval = math.ceil(period * 1000 / limit)
-    local tolerance = limit * interval
     local ahead = 0  -- TAT - now
     if v then
       local stored = tonumber(v)
       if stored and stored > now_us then ahead = stored - now_us end
     end
+    return interval, limit * interval, ahead
+  end
+
+  local function check(v, limit, period, cost, now_us)
+    local interval, tolerance, ahead = state(v, limit, period, now_us)
     local new_ahead = ahead + cost * interval
     local ok = new_ahead <= tolerance
     local before = math.floor((tolerance - ahead) / interval)
@@ -52,5 +57,21 @@ local function gcra()
     end
   end
 
-  return check, refund
+  -- For the client's deny cache (main.lua): in microseconds from now, how long the remaining
+  -- this tier reports stays as it is (to the next emission step; -1: no TAT ahead, so until a
+  -- write), then the exact retry (-1: never) and reset that its reply rounds up to ms.
+  local function stable(v, limit, period, cost, now_us)
+    local interval, tolerance, ahead = state(v, limit, period, now_us)
+    local retry = 0
+    if cost > limit then
+      retry = -1
+    elseif ahead + cost * interval > tolerance then
+      retry = ahead + cost * interval - tolerance
+    end
+    if ahead == 0 then return -1, retry, 0 end
+    local step = math.floor((tolerance - ahead) / interval) + 1
+    return ahead - tolerance + step * interval, retry, ahead
+  end
+
+  return check, refund, stable
 end

@@ -11,10 +11,14 @@
 --       [5] the number of tiers n
 --       then 7 values per tier: algorithm (fw, sl, sw, gc), limit, period ms, cost,
 --       ban key index in KEYS (0: no penalty), ban end ("" none, "d<ms>" a duration from the
---       refusal, "a<ms>" an absolute end), calendar boundaries ("" or "b0,b1,b2,b3" for fw)
+--       refusal, "a<ms>" an absolute end), a time zone's UTC-offset schedule for the whole-day
+--       tiers of a fixed-window policy with tz= ("" otherwise; see fixed_window.lua)
 -- Reply: integers only (Redis truncates Lua floats and stops a table at a nil):
 --       { all admitted 0/1, then per tier: admitted 0/1, remaining, retry ms (-1: never),
---         reset ms, banned 0/1 }
+--         reset ms, banned 0/1 }; a refused hit (H) appends three values per tier for the
+--         client's deny cache, in microseconds from now: how long every number of the reply
+--         stays as it is or counts down with the clock (0: do not reuse the reply; -1: until
+--         something writes), then the exact retry (-1: never) and reset that it rounds to ms.
 -- Phase 1 reads every tier; phase 2 writes only if every tier admits. A refused hit writes
 -- nothing but the ban of a policy with a penalty.
 --
@@ -38,6 +42,51 @@ local now = math.floor(now_us / 1000)
 local token = argv[3]
 local n = argv[5] + 0
 -- Tier i's seven values are argv[7 * i - 1] .. argv[7 * i + 5].
+
+local fw_check, sw_check, gc_check, sl_check, sl_commit  -- built on first use
+local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
+
+-- The common shape first: a hit on one tier without a penalty, admitted. It decides with the
+-- same check functions as the loop below, minus the loop's bookkeeping (the tables of a reply
+-- that may be refused, ban lookups): about a microsecond of Redis's time per call. A refusal
+-- goes on to the general path below with what was read here (`values`, the built checks), so
+-- it reads nothing twice but the sliding log's count.
+if n == 1 and op == 'H' and argv[10] == '0' then
+  local algo, key = argv[6], keys[1]
+  local limit, period, cost = argv[7] + 0, argv[8] + 0, argv[9] + 0
+  local ok, before, retry, reset_hit, value, px, _
+  if algo == 'sl' then
+    sl_check, sl_commit = sliding_log()
+    ok, before, retry, _, reset_hit = sl_check(key, limit, period, cost, now, now, true)
+    if ok then
+      sl_commit(key, now, cost, token, now)
+      return {1, 1, before - cost, retry, reset_hit, 0}
+    end
+  else
+    local v = redis.call('GET', key)
+    values = {v}
+    if algo == 'fw' then
+      fw_check = fixed_window()
+      ok, before, retry, _, reset_hit, value, px =
+        fw_check(v, limit, period, cost, argv[12], now, own_clock)
+    elseif algo == 'sw' then
+      sw_check = sliding_window()
+      ok, before, retry, _, reset_hit, value, px = sw_check(v, limit, period, cost, now, own_clock)
+    else
+      gc_check = gcra()
+      ok, before, retry, _, reset_hit, value, px = gc_check(v, limit, period, cost, now_us)
+    end
+    if ok then
+      -- As in phase 2 below.
+      if px then
+        redis.call('SET', key, value, 'PX', string.format('%d', px))
+      else
+        redis.call('SET', key, value, 'KEEPTTL')
+      end
+      return {1, 1, before - cost, retry, reset_hit, 0}
+    end
+  end
+end
 
 if op == 'X' then
   for i = 1, #keys do redis.call('DEL', keys[i]) end
@@ -94,9 +143,7 @@ end
 -- recorded (remaining and reset after it; a peek records nothing), and `other` keeps per tier
 -- what the reply says instead if it is not, then the value and PX a commit SETs (value false:
 -- a sliding log, whose commit writes itself; PX false: keep the key's TTL).
-local fw_check, sw_check, gc_check, sl_check, sl_commit  -- built on first use
 local tied = false  -- a sliding log has entries ahead of `at` (see the joint retry below)
-local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
 local bans    -- ban index -> ms left (0: none)
 -- Both tables are sized up front, for one tier or for up to three: a table grows by
 -- reallocating at 1, 2, 4, 8, ... slots, and Lua 5.1 has no table.new, but a constructor's nils
@@ -260,6 +307,47 @@ if op == 'H' and bans ~= nil then
       reply[k + 4] = bans[ban]
       reply[k + 5] = 1
     end
+  end
+end
+
+if op == 'H' then
+  -- What the deny cache needs to answer repeats of this refusal exactly (see the reply above).
+  -- Values in ms from `now` become exact microseconds with the clock's phase within its ms.
+  local phase = now_us - now * 1000
+  local function us(ms) if ms > 0 then return ms * 1000 - phase end return ms end
+  local w = 5 * n + 1
+  for i = 1, n do
+    local b, k = 7 * i - 2, 5 * i - 4
+    local algo, key = argv[b + 1], keys[i]
+    local limit, period, cost = argv[b + 2] + 0, argv[b + 3] + 0, argv[b + 4] + 0
+    local stable, retry, reset
+    if reply[k + 5] == 1 then
+      stable = us(reply[k + 4])  -- banned: every number holds until the ban ends
+    elseif reply[k + 1] == 0 and argv[b + 5] ~= '0' then
+      stable = 0  -- refused under a penalty that started no ban: a later hit may start one
+    elseif algo == 'sl' then
+      stable = 0  -- entries ahead (bookings) make the peak rise and fall
+      if not tied then
+        local _, _, sl_stable = sliding_log_upkeep()
+        stable = us(sl_stable(key, period, now))
+      end
+    elseif algo == 'fw' then
+      local _, _, fw_stable = fixed_window()
+      stable = us(fw_stable(period, argv[b + 7], now))
+    else
+      local v
+      if values ~= nil then v = values[i] else v = redis.call('GET', key) end
+      if algo == 'gc' then
+        local _, _, gc_stable = gcra()
+        stable, retry, reset = gc_stable(v, limit, period, cost, now_us)
+      else
+        local _, _, sw_stable = sliding_window()
+        stable = us(sw_stable(v, period, now))
+      end
+    end
+    if retry == nil then retry, reset = us(reply[k + 3]), us(reply[k + 4]) end
+    reply[w + 1], reply[w + 2], reply[w + 3] = stable, retry, reset
+    w = w + 3
   end
 end
 return reply

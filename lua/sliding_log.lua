@@ -114,7 +114,7 @@ local function sliding_log_ahead()
     joint_retry = joint_retry}
 end
 
--- Refund and cancel: built only for those operations.
+-- Refund, cancel and the deny cache's stability: built only for those operations.
 local function sliding_log_upkeep()
   -- After entries leave the log, keep it only as long as its newest entry needs (an empty
   -- sorted set is already gone).
@@ -149,7 +149,17 @@ local function sliding_log_upkeep()
     expire(key, longest, now)
   end
 
-  return refund, cancel
+  -- For the client's deny cache (main.lua), when no entry lies ahead of now: ms from now until
+  -- the oldest entry of the window (now - period, now] leaves it and the remaining grows (-1:
+  -- the window is empty, so until a write).
+  local function stable(key, period, now)
+    local oldest = redis.call('ZRANGEBYSCORE', key, string.format('(%d', now - period), '+inf',
+      'WITHSCORES', 'LIMIT', 0, 1)[2]
+    if not oldest then return -1 end
+    return tonumber(oldest) + period - now
+  end
+
+  return refund, cancel, stable
 end
 
 -- Check and commit: built when a call has a sliding-log tier.
@@ -160,28 +170,48 @@ local function sliding_log()
   local logs = {}
   local ahead  -- sliding_log_ahead(), built on first need
 
-  local function check(key, limit, period, cost, at, now)
+  local function newest_of(key)
+    local newest = redis.call('ZREVRANGE', key, '0', '0', 'WITHSCORES')[2]
+    if newest then return tonumber(newest) end
+    return nil
+  end
+
+  -- lazy: the caller uses reset_now only if this tier refuses (main.lua's one-tier path).
+  -- Then, with nothing ahead of `at`, the newest entry is not needed: the reset after the hit
+  -- is at + period. One ZCOUNT of everything after `floor` answers an empty window alone, and
+  -- a second one counts what lies ahead: cheaper than a ZREVRANGE WITHSCORES and a ZCOUNT.
+  local function check(key, limit, period, cost, at, now, lazy)
     local floor = at - period
     local log = logs[key]
     if log == nil then
-      local newest = redis.call('ZREVRANGE', key, '0', '0', 'WITHSCORES')[2]
-      if newest then newest = tonumber(newest) end
-      local later = 0
-      if newest and newest > at then
-        later = redis.call('ZCOUNT', key, string.format('(%d', at), '+inf')
+      -- known: whether `newest` is read (false only for a lazy call with nothing ahead; then
+      -- `seen` is the window's count).
+      local newest, later, known, seen = nil, 0, true, 0
+      if lazy then
+        seen = redis.call('ZCOUNT', key, string.format('(%d', floor), '+inf')
+        if seen > 0 then later = redis.call('ZCOUNT', key, string.format('(%d', at), '+inf') end
+        if later > 0 then newest = newest_of(key) else known = false end
+      else
+        newest = newest_of(key)
+        if newest and newest > at then
+          later = redis.call('ZCOUNT', key, string.format('(%d', at), '+inf')
+        end
       end
-      log = {later = later, newest = newest, longest = period, done = false}
+      log = {later = later, newest = newest, known = known, seen = seen, longest = period,
+        done = false}
       logs[key] = log
     elseif log.longest < period then
       log.longest = period
     end
-    local later, newest = log.later, log.newest
+    local later = log.later
     local peak, ts
     if later > 0 then
       if ahead == nil then ahead = sliding_log_ahead() end
       ts = ahead.times(key, floor)
       peak = ahead.peak(ts, period, at)
-    elseif newest and newest > floor then
+    elseif not log.known then
+      peak = log.seen
+    elseif log.newest and log.newest > floor then
       peak = redis.call('ZCOUNT', key, string.format('(%d', floor), '+inf')
     else
       -- Nothing after `floor`: the window is empty, no need to ask.
@@ -190,8 +220,17 @@ local function sliding_log()
     local before = limit - peak
     if before < 0 then before = 0 end
     local ok = peak + cost <= limit
+    if not ok and not log.known then
+      -- A refusal replies with reset_now, which needs the newest entry after all.
+      log.newest = newest_of(key)
+      log.known = true
+    end
+    local newest = log.newest
     local reset_now, last = 0, at
-    if newest and newest > floor then
+    if not log.known then
+      -- Admitted, nothing ahead: the newest entry is at or before `at`; reset_now is unused.
+      reset_now = false
+    elseif newest and newest > floor then
       last = newest
       reset_now = last + period - now
       if last < at then last = at end

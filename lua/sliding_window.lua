@@ -77,5 +77,16 @@ local function sliding_window()
       2 * period - elapsed)
   end
 
-  return check, refund
+  -- For the client's deny cache (main.lua): ms from now during which this tier's numbers stay
+  -- as they are (retry and reset count down): to the window's end, or sooner to when the
+  -- fading weight of the previous window lets the estimate's floor, the remaining, grow.
+  local function stable(v, period, now)
+    local _, elapsed, _, prev = state(v, period, now)
+    -- ceil(prev * (period - elapsed) / period): the whole hits the previous window still takes
+    local weight = math.floor((prev * (period - elapsed) + period - 1) / period)
+    if weight < 1 then return period - elapsed end
+    return period - math.floor((weight - 1) * period / prev) - elapsed
+  end
+
+  return check, refund, stable
 end

@@ -6,13 +6,13 @@
 """
 
 from ratelimit_mw import keys
-from ratelimit_mw._errors import BackendError, ConfigurationError, RateLimitExceeded
 from ratelimit_mw.backends import AsyncRedisBackend, MemoryBackend, RedisBackend
-from ratelimit_mw.core import Check
-from ratelimit_mw.decision import Booking, Decision, TierState
+from ratelimit_mw.core.decision import Booking, Decision, TierState
+from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
+from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.policy import ALGORITHMS, Policy
+from ratelimit_mw.core.rates import Rate
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
-from ratelimit_mw.policy import ALGORITHMS, Policy
-from ratelimit_mw.rates import Rate
 
 __version__ = "0.1.0"
 

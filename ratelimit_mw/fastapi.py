@@ -31,22 +31,25 @@ on a whole router. With ``name=`` (or a ``Policy``) every endpoint using it shar
 # string annotations against.
 
 import json
-from collections.abc import Callable
+from typing import Any
 
-from fastapi import HTTPException, Request, Response
-
-from ratelimit_mw._asgi_routes import RouteResolver, needs_route, route_path
-from ratelimit_mw._errors import ConfigurationError
-from ratelimit_mw._http import Applied, ErrorPolicy, MiddlewareCore, Selection
-from ratelimit_mw.asgi import Fallback, Gate, _validate_timeout, require_async_limiter
-from ratelimit_mw.decision import Decision
-from ratelimit_mw.headers import too_many_requests_body, unavailable_body
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY
+from ratelimit_mw.core.decision import Decision
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path
+from ratelimit_mw.http.config import Config, build_config
+from ratelimit_mw.http.drive import async_timeout, check_async, require_async_limiter
+from ratelimit_mw.http.extras import require
+from ratelimit_mw.http.guard import Admit, Applied, Guard, Plan, Refuse, Selection
+from ratelimit_mw.http.routing import Cost, stable_module, validate_cost
+from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import AsyncLimiter
-from ratelimit_mw.policy import Policy
-from ratelimit_mw.routing import Cost, KeyFunc, validate_cost
 
-__all__ = ["RateLimitDependency", "RateLimitHTTPException", "rate_limit_exception_handler"]
+require("fastapi", "fastapi", "ratelimit_mw.fastapi")
+from fastapi import HTTPException, Request, Response  # noqa: E402
+
+__all__ = ["Config", "RateLimitDependency", "RateLimitHTTPException",
+           "rate_limit_exception_handler"]
 
 
 class RateLimitHTTPException(HTTPException):
@@ -75,31 +78,19 @@ async def rate_limit_exception_handler(request: Request, exc: Exception) -> Resp
 class RateLimitDependency:
     """``Depends(RateLimitDependency(limiter, "5/minute", key=..., cost=...))``.
 
-    Options as for the middleware: ``key`` (default ``keys.client_ip()``), ``cost`` (a whole
-    number or ``(request) -> int``), ``on_backend_error``, ``headers``, ``legacy_headers``,
-    ``mode``, ``on_refusal``, ``backend_timeout``, ``backend_cooldown``. ``name`` makes every
-    endpoint using this dependency share one quota. The dependency returns the Decision (or
-    None when the backend failed and the request was admitted) and leaves it in
-    ``request.state.ratelimit``.
+    ``key`` (default: the configuration's, ``keys.client_ip()``) and ``cost`` (a whole number
+    or ``(request) -> int``) belong to this limit; the other options are the middleware's
+    (``config=`` or keywords: ``on_backend_error``, ``headers``, ``legacy_headers``,
+    ``mode``, ``on_refusal``, ``exempt_when``, ``backend_timeout``, ``backend_cooldown``).
+    ``name`` makes every endpoint using this dependency share one quota. The dependency
+    returns the Decision (or None when the backend failed and the request was admitted) and
+    leaves it in ``request.state.ratelimit``.
     """
 
-    def __init__(
-        self,
-        limiter: AsyncLimiter,
-        rates: Policy | str,
-        *,
-        key: KeyFunc | None = None,
-        cost: Cost = 1,
-        name: str | None = None,
-        on_backend_error: ErrorPolicy = "allow",
-        headers: bool = True,
-        legacy_headers: bool = False,
-        mode: str = "enforce",
-        on_refusal: Callable[[Request, Decision], None] | None = None,
-        backend_timeout: float = 0.1,
-        backend_cooldown: float = 1.0,
-    ) -> None:
-        self.limiter = require_async_limiter(limiter)
+    def __init__(self, limiter: AsyncLimiter, rates: Policy | str, *,
+                 key: KeyFunc | None = None, cost: Cost = 1, name: str | None = None,
+                 config: Config | None = None, **options: Any) -> None:
+        self.limiter = require_async_limiter(limiter, "RateLimitDependency")
         if isinstance(rates, Policy):
             if name is not None:
                 raise ConfigurationError(
@@ -119,48 +110,40 @@ class RateLimitDependency:
         self.rates = rates
         probe = shared if shared is not None else Policy(str(rates))
         self.cost = validate_cost(cost, probe)
-        self.core = MiddlewareCore(
-            default=probe,
-            rules=None,
-            key=key,
-            on_backend_error=on_backend_error,
-            headers=headers,
-            legacy_headers=legacy_headers,
-            mode=mode,
-            on_refusal=on_refusal,
-            count_when=None,
-            backend_cooldown=backend_cooldown,
-        )
-        self._gate = Gate(self.core, self.limiter,
-                          _validate_timeout("backend_timeout", backend_timeout))
-        self._shared = None if shared is None else self._selection_of(shared)
+        self.config = build_config(config, options)
+        if self.config.count_when is not None or self.config.rule_list or self.config.defaults:
+            raise ConfigurationError(
+                "RateLimitDependency takes its limit as `rates`; count_when, rules and default "
+                "belong to the middleware (ratelimit_mw.asgi.RateLimitMiddleware)"
+            )
+        self.key = key or self.config.key_func
+        self.guard = Guard(self.config, self.limiter,
+                           timeout=async_timeout(self.limiter, self.config.backend_timeout))
+        self._shared = None if shared is None else self._selection_of(shared, shared.name)
         # endpoint id -> (endpoint, Selection); the endpoint is kept so its id stays its own.
         self._per_endpoint: dict[int, tuple[object, Selection]] = {}
-        self._resolver = RouteResolver(always=True) if needs_route(self.core.key) else None
+        self._resolver = RouteResolver(always=True) if needs_route(self.key) else None
 
     def __repr__(self) -> str:
         return f"RateLimitDependency({self.limiter!r}, {self.rates!r})"
 
-    def _selection_of(self, policy: Policy) -> Selection:
-        return Selection((Applied(policy, self.core.key, self.cost),))
+    def _selection_of(self, policy: Policy, label: str) -> Selection:
+        return Selection((Applied(policy, self.key, self.cost, label),))
 
     def _selection(self, endpoint: object) -> Selection:
         if self._shared is not None:
             return self._shared
         cached = self._per_endpoint.get(id(endpoint))
         if cached is None or cached[0] is not endpoint:
-            if endpoint is None:
-                name = f"depends:{self.rates}"
-            else:
-                module = getattr(endpoint, "__module__", "?")
-                name = f"{module}.{getattr(endpoint, '__qualname__', '?')}"
-            cached = (endpoint, self._selection_of(Policy(str(self.rates), name=name)))
+            label = "depends" if endpoint is None else getattr(endpoint, "__qualname__", "?")
+            counter = f"route {stable_module(endpoint)}.{label} {self.rates}"
+            cached = (endpoint, self._selection_of(Policy(str(self.rates), name=counter), label))
             self._per_endpoint[id(endpoint)] = cached
         return cached[1]
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:
         scope = request.scope
-        core = self.core
+        guard = self.guard
         if self._resolver is not None and ROUTE_SCOPE_KEY not in scope:
             # The middleware sets the template when it runs; without it, resolve it here,
             # relative to the app that routed the request.
@@ -168,32 +151,19 @@ class RateLimitDependency:
                                               route_path(scope))
             if resolved is not None and resolved[0] is not None:
                 scope[ROUTE_SCOPE_KEY] = resolved[0]
-        selection = self._selection(scope.get("endpoint"))
-        checks = core.checks(selection, request)
-        if not checks:
+        method: str = scope["method"]
+        preflight = method == "OPTIONS" and "access-control-request-method" in request.headers
+        plan: Plan | None = guard.plan(self._selection(scope.get("endpoint")), request, method,
+                                       preflight)
+        if plan is None:
             return None
-        outcome = await self._gate.check(checks, request)
-        if outcome is Fallback.ADMIT:
-            request.state.ratelimit = None
-            return None
-        if outcome is Fallback.DENY:
-            retry = core.cooldown_seconds()
-            raise RateLimitHTTPException(
-                503, unavailable_body(retry),
-                {"Retry-After": str(retry), "Cache-Control": "no-store"},
-            )
-        decision = outcome
+        verdict = await check_async(guard, self.limiter, plan, request)
+        decision = verdict.decision if isinstance(verdict, (Admit, Refuse)) else None
         request.state.ratelimit = decision
-        pairs = core.response_headers(decision, selection)
-        if not decision.allowed:
-            core.notify_refusal(request, decision)
-            if not core.shadow:
-                raise RateLimitHTTPException(
-                    429, too_many_requests_body(decision),
-                    {"Cache-Control": "no-store", **dict(pairs)}, decision,
-                )
-        if core.headers:
-            for header, value in pairs:
-                if decision.allowed or header != "Retry-After":
-                    response.headers.append(header, value)
-        return decision
+        if isinstance(verdict, Admit):
+            for header, value in verdict.headers or ():
+                response.headers.append(header, value)
+            return decision
+        raise RateLimitHTTPException(verdict.status, verdict.body,
+                                     {k: v for k, v in verdict.headers if k != "Content-Type"},
+                                     decision)

@@ -28,47 +28,35 @@ so one extension object serves any number of apps built by an app factory.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from flask import Blueprint, Flask, Response
-from flask import g as _g
-from flask import request as _request_proxy
-from werkzeug.exceptions import ServiceUnavailable, TooManyRequests
-
-from ratelimit_mw._errors import ConfigurationError
-from ratelimit_mw._http import (
-    ErrorPolicy,
-    MiddlewareCore,
-    Rule,
-    Selection,
-    validate_on_blocked,
-)
-from ratelimit_mw.decision import Decision
-from ratelimit_mw.headers import retry_after_seconds, too_many_requests_body, unavailable_body
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY
-from ratelimit_mw.limiter import Limiter
-from ratelimit_mw.policy import Policy
-from ratelimit_mw.routing import (
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.http.config import Config, build_config
+from ratelimit_mw.http.drive import check_sync, refund_sync, require_sync_limiter
+from ratelimit_mw.http.extras import require
+from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
+from ratelimit_mw.http.headers import Headers, retry_after_seconds
+from ratelimit_mw.http.routing import (
     ATTRIBUTE,
     EXEMPT,
     Cost,
-    KeyFunc,
     RouteLimit,
     limit_decorator,
     route_limits,
 )
-from ratelimit_mw.routing import exempt as _exempt
-from ratelimit_mw.wsgi import (
-    DECISION_KEY,
-    REFUSE,
-    UNAVAILABLE,
-    Headers,
-    SyncGate,
-    require_sync_limiter,
-)
+from ratelimit_mw.http.routing import exempt as _exempt
+from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
+from ratelimit_mw.limiter import Limiter
 
-__all__ = ["EXTENSION_KEY", "BackendUnavailable", "RateLimit", "RateLimited", "Rule"]
+require("flask", "flask", "ratelimit_mw.flask")
+from flask import Blueprint, Flask, Response  # noqa: E402
+from flask import g as _g  # noqa: E402
+from flask import request as _request_proxy  # noqa: E402
+from werkzeug.exceptions import ServiceUnavailable, TooManyRequests  # noqa: E402
+
+__all__ = ["EXTENSION_KEY", "BackendUnavailable", "Config", "RateLimit", "RateLimited", "Rule"]
 
 #: The extension's per-app state: ``app.extensions[EXTENSION_KEY]``.
 EXTENSION_KEY = "ratelimit_mw"
@@ -77,6 +65,10 @@ EXTENSION_KEY = "ratelimit_mw"
 # gaps (a refusal rendered by the app's own handler), and the checks to refund.
 _PENDING = "ratelimit_mw.pending"
 _JSON = ("Content-Type", "application/json")
+
+
+def _json_headers(headers: Headers) -> Headers:
+    return [_JSON, *(item for item in headers if item[0] != "Content-Type")]
 
 
 class RateLimited(TooManyRequests):
@@ -88,61 +80,59 @@ class RateLimited(TooManyRequests):
     ``{"detail": ..., "retry_after": N}``.
     """
 
-    def __init__(self, decision: Decision, headers: Headers) -> None:
-        super().__init__(retry_after=retry_after_seconds(decision))
-        self.decision = decision
-        self.ratelimit_headers = headers
+    def __init__(self, refusal: Refuse) -> None:
+        super().__init__(retry_after=retry_after_seconds(refusal.decision))
+        self.decision = refusal.decision
+        self.ratelimit_headers = refusal.headers
+        self._body = refusal.body.decode()
 
     def get_body(self, environ: Any = None, scope: Any = None) -> str:
-        return too_many_requests_body(self.decision).decode()
+        return self._body
 
     def get_headers(self, environ: Any = None, scope: Any = None) -> list[tuple[str, str]]:
-        return [_JSON, *self.ratelimit_headers]
+        return _json_headers(self.ratelimit_headers)
 
 
 class BackendUnavailable(ServiceUnavailable):
     """``on_backend_error`` refused a request while the store is down: a 503 that
     ``@app.errorhandler(503)`` can render; without a handler it is JSON with Retry-After."""
 
-    def __init__(self, retry_after: int, headers: Headers) -> None:
+    def __init__(self, retry_after: int, headers: Headers, body: bytes) -> None:
         super().__init__(retry_after=retry_after)
         self.ratelimit_headers = headers
-        self._body = unavailable_body(retry_after).decode()
+        self._body = body.decode()
 
     def get_body(self, environ: Any = None, scope: Any = None) -> str:
         return self._body
 
     def get_headers(self, environ: Any = None, scope: Any = None) -> list[tuple[str, str]]:
-        return [_JSON, *self.ratelimit_headers]
-
-
-def _generic_name(target: object) -> str:
-    # The policy name RouteLimit.bound_to gives a target that is not a function.
-    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', '?')}"
+        return _json_headers(self.ratelimit_headers)
 
 
 def _blueprint_name(bp: Blueprint) -> str:
-    return f"blueprint:{bp.import_name}.{bp.name}"
+    return f"blueprint {bp.name}"
 
 
 class _AppState:
     """Everything one app needs per request, built by init_app and kept in app.extensions."""
 
-    __slots__ = ("app", "core", "gate", "on_blocked", "routes", "selections")
+    __slots__ = ("app", "guard", "handles_429", "limiter", "routes", "selections")
 
-    def __init__(self, app: Flask, core: MiddlewareCore, limiter: Limiter,
-                 on_blocked: Callable[[Any, Decision], Any] | None) -> None:
+    def __init__(self, app: Flask, config: Config, limiter: Limiter) -> None:
         self.app = app
-        self.core = core
-        self.gate = SyncGate(core, limiter)
-        self.on_blocked = on_blocked
+        self.guard = Guard(config, limiter, timeout=None)
+        self.limiter = limiter
+        # blueprint chain -> whether an error handler answers a 429 there.
+        self.handles_429: dict[tuple[str, ...], bool] = {}
         # endpoint -> what applies to it (limits, EXEMPT or None). Filled on first use, not
         # at init_app: decorators written above @app.route run after the view is registered.
         self.routes: dict[str, object] = {}
-        # endpoint (None: no route matched) -> its Selection, when no path rule makes the
-        # policies depend on the path as well.
-        self.selections: dict[str | None, Selection | None] | None = (
-            None if core.rules else {}
+        # (endpoint, method) -> its Selection, when no path rule makes the policies depend on
+        # the path as well. The method matters to decorators with methods=; a matched
+        # endpoint only sees the methods its route allows, and no endpoint (404, 405) is
+        # cached under "" whatever the method, so the map stays bounded.
+        self.selections: dict[tuple[str | None, str], Selection | None] | None = (
+            None if config.rule_list else {}
         )
 
     # -- route metadata --------------------------------------------------------------------
@@ -172,12 +162,12 @@ class _AppState:
             return found
         # @limiter.limit(...) applied to a blueprint names its policy after the Blueprint
         # class; rename it after the blueprint, so that blueprints count apart.
-        generic = _generic_name(bp)
         limits: tuple[RouteLimit, ...] = found  # type: ignore[assignment]
         renamed = tuple(
             RouteLimit.make(item.rates, key=item.key, cost=item.cost,
-                            name=_blueprint_name(bp)).bound_to(bp)
-            if item.name == generic else item
+                            name=_blueprint_name(bp), methods=item.methods,
+                            exempt_when=item.exempt_when).bound_to(bp)
+            if item.name is None and isinstance(item.rates, str) else item
             for item in limits
         )
         if renamed != limits:
@@ -188,17 +178,18 @@ class _AppState:
     def _selection(self, endpoint: str | None, request: Any) -> Selection | None:
         """What applies to this request; without path rules, once per endpoint."""
         selections = self.selections
+        cache_key = (endpoint, request.method if endpoint is not None else "")
         if selections is not None:
             try:
-                return selections[endpoint]
+                return selections[cache_key]
             except KeyError:
                 pass
         # No endpoint: no route matched (404, 405) and the defaults apply.
         route = None if endpoint is None else self.route_for(endpoint, request)
-        selection = self.core.select(request.method, request.path, route)
+        selection = self.guard.select(request.method, request.path, route)
         if selections is not None:
             # Bounded by the app's endpoints; stable because route_for is cached too.
-            selections[endpoint] = selection
+            selections[cache_key] = selection
         return selection
 
     def before_request(self) -> Any:
@@ -212,44 +203,53 @@ class _AppState:
             # Always there for the view: None unless the limiter decided.
             environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
             return None
-        gate = self.gate
-        verdict, decision, checks = gate.consult(selection, request)
-        environ[DECISION_KEY] = _g._get_current_object().ratelimit = decision
-        core = self.core
-        if decision is None:
-            if verdict == UNAVAILABLE:
-                headers = gate.unavailable_headers()
-                environ[_PENDING] = (headers, True, None)
-                raise BackendUnavailable(core.cooldown_seconds(), headers)
+        guard = self.guard
+        method: str = request.method
+        preflight = method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
+        plan = guard.plan(selection, request, method, preflight)
+        if plan is None:
+            environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
             return None
-        if verdict == REFUSE:
-            headers = gate.refusal_headers(decision, selection)
-            environ[_PENDING] = (headers, True, None)
-            if self.on_blocked is not None:
-                try:
-                    return self.on_blocked(request, decision)
-                except Exception as exc:
-                    core.log_failure("ratelimit_mw on_blocked failed; answering the JSON 429",
-                                     exc)
-            refusal = RateLimited(decision, headers)
-            if self.app._find_error_handler(refusal, request.blueprints) is None:
-                # No @app.errorhandler(429): answer directly. Raising would cost Flask's whole
-                # exception path for every request of a flood, to render the same response.
-                return Response(refusal.get_body(), 429, refusal.get_headers())
-            raise refusal
-        refund = checks if core.count_when is not None and decision.allowed else None
-        if core.headers:
-            environ[_PENDING] = (gate.served_headers(decision, selection), False, refund)
-        elif refund is not None:
-            environ[_PENDING] = (None, False, refund)
-        return None
+        verdict = check_sync(guard, self.limiter, plan, request)
+        if isinstance(verdict, Admit):
+            environ[DECISION_KEY] = _g._get_current_object().ratelimit = verdict.decision
+            if verdict.headers or verdict.refund is not None:
+                environ[_PENDING] = (verdict.headers, False, verdict)
+            return None
+        if not isinstance(verdict, Refuse):
+            environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
+            environ[_PENDING] = (verdict.headers, True, None)
+            raise BackendUnavailable(guard.breaker.retry_after(), verdict.headers, verdict.body)
+        environ[DECISION_KEY] = _g._get_current_object().ratelimit = verdict.decision
+        environ[_PENDING] = (verdict.headers, True, None)
+        on_blocked = guard.config.on_blocked
+        if on_blocked is not None:
+            try:
+                return on_blocked(request, verdict.decision)
+            except Exception as exc:
+                guard.log_failure("ratelimit_mw on_blocked failed; answering the JSON 429", exc)
+        blueprints = tuple(request.blueprints)
+        handled = self.handles_429.get(blueprints)
+        if handled is None:
+            # Error handlers are set up before the first request (Flask refuses them after),
+            # so whether one answers a 429 is known per blueprint chain once asked.
+            probe = RateLimited(verdict)
+            handled = self.app._find_error_handler(probe, list(blueprints)) is not None
+            self.handles_429[blueprints] = handled
+        if not handled:
+            # No @app.errorhandler(429): answer directly. Raising would cost Flask's whole
+            # exception path for every request of a flood, to render the same response. It
+            # carries every rate-limit header already: nothing left for after_request.
+            del environ[_PENDING]
+            return Response(verdict.body, 429, _json_headers(verdict.headers))
+        raise RateLimited(verdict)
 
     def after_request(self, response: Response) -> Response:
         request = _request_proxy._get_current_object()  # type: ignore[attr-defined]
         pending = request.environ.pop(_PENDING, None)
         if pending is None:
             return response
-        headers, fill_only, refund = pending
+        headers, fill_only, admit = pending
         if headers:
             target = response.headers
             if fill_only:
@@ -261,10 +261,11 @@ class _AppState:
                 add = target.add
                 for name, value in headers:
                     add(name, value)
-        if refund is not None and self.core.should_refund(response.status_code):
+        if admit is not None and admit.refund is not None \
+                and self.guard.refund_due(response.status_code):
             # After the response has gone out: the client does not wait for the round trip.
-            gate = self.gate
-            response.call_on_close(lambda: gate.refund(refund))
+            guard, limiter, status = self.guard, self.limiter, response.status_code
+            response.call_on_close(lambda: refund_sync(guard, limiter, admit, status))
         return response
 
 
@@ -279,41 +280,15 @@ class RateLimit:
     ``flask.g.ratelimit`` and ``request.environ["ratelimit_mw.decision"]``.
     """
 
-    def __init__(
-        self,
-        app: Flask | None = None,
-        limiter: Limiter | None = None,
-        *,
-        default: Policy | str | Sequence[Policy | str] | None = None,
-        rules: Sequence[Rule] | Mapping[str, Policy | str] | None = None,
-        key: KeyFunc | None = None,
-        on_backend_error: ErrorPolicy = "allow",
-        headers: bool = True,
-        legacy_headers: bool = False,
-        mode: str = "enforce",
-        on_blocked: Callable[[Any, Decision], Any] | None = None,
-        on_refusal: Callable[[Any, Decision], None] | None = None,
-        count_when: Callable[[int], bool] | None = None,
-        backend_cooldown: float = 1.0,
-    ) -> None:
+    def __init__(self, app: Flask | None = None, limiter: Limiter | None = None, *,
+                 config: Config | None = None, **options: Any) -> None:
         if limiter is not None:
             require_sync_limiter(limiter, "RateLimit")
-        validate_on_blocked(on_blocked, "lambda request, decision: ('slow down', 429)")
         self.limiter = limiter
-        self.on_blocked = on_blocked
-        self._options: dict[str, Any] = {
-            "default": default, "rules": rules, "key": key,
-            "on_backend_error": on_backend_error, "headers": headers,
-            "legacy_headers": legacy_headers, "mode": mode, "on_refusal": on_refusal,
-            "count_when": count_when, "backend_cooldown": backend_cooldown,
-        }
-        # Validate now, so a typo fails where the extension is written, not at init_app.
-        self._core()
+        # Validated now, so a typo fails where the extension is written, not at init_app.
+        self.config = build_config(config, options)
         if app is not None:
             self.init_app(app)
-
-    def _core(self) -> MiddlewareCore:
-        return MiddlewareCore(**self._options)
 
     def init_app(self, app: Flask, *, limiter: Limiter | None = None) -> None:
         """Install on `app`; `limiter` overrides the extension's for this app (app factories
@@ -330,7 +305,7 @@ class RateLimit:
                 f"RateLimit is already installed on {app!r}; install one extension per app "
                 "and put every limit in it"
             )
-        state = _AppState(app, self._core(), limiter, self.on_blocked)
+        state = _AppState(app, self.config, limiter)
         app.extensions[EXTENSION_KEY] = state
         app.before_request(state.before_request)
         app.after_request(state.after_request)

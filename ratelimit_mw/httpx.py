@@ -19,20 +19,17 @@ httpx is an optional dependency: ``pip install 'ratelimit_mw[httpx]'``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeAlias
+from typing import Any, Generic, TypeAlias, TypeVar
 
-try:
-    import httpx
-except ImportError as exc:  # pragma: no cover - exercised in a subprocess without httpx
-    raise ImportError(
-        "ratelimit_mw.httpx needs httpx; install it with: pip install 'ratelimit_mw[httpx]'"
-    ) from exc
-
-from ratelimit_mw import core
-from ratelimit_mw._errors import BackendError, ConfigurationError
-from ratelimit_mw._http import _ThrottledLog
+from ratelimit_mw.core import plans
+from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.policy import Policy, as_policy
+from ratelimit_mw.http.extras import require
+from ratelimit_mw.http.log import ThrottledLog
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
-from ratelimit_mw.policy import Policy, as_policy
+
+require("httpx", "httpx", "ratelimit_mw.httpx")
+import httpx  # noqa: E402
 
 __all__ = ["AsyncRateLimitTransport", "RateLimitTransport", "host_key"]
 
@@ -86,7 +83,7 @@ class _Throttle:
             self._cost: RequestCost | None = cost
             self._fixed_cost = 1
         else:
-            core.validate_cost(cost)
+            plans.validate_cost(cost)
             self._cost = None
             self._fixed_cost = cost
         if timeout is not None and (
@@ -103,7 +100,7 @@ class _Throttle:
                 f"(BackendError), got {on_backend_error!r}"
             )
         self.allow_on_error = on_backend_error == "allow"
-        self.log_failure = _ThrottledLog()
+        self.log_failure = ThrottledLog()
 
     def identity(self, request: httpx.Request) -> str | None:
         identity = self._key(request)
@@ -118,7 +115,7 @@ class _Throttle:
         if self._cost is None:
             return self._fixed_cost
         cost = self._cost(request)
-        core.validate_cost(cost)
+        plans.validate_cost(cost)
         return cost
 
     def failed(self, exc: BackendError) -> None:
@@ -128,7 +125,42 @@ class _Throttle:
         self.log_failure("ratelimit_mw: the rate-limit backend failed; sending unthrottled", exc)
 
 
-class RateLimitTransport(httpx.BaseTransport):
+L = TypeVar("L", Limiter, AsyncLimiter)
+
+
+class _Throttled(Generic[L]):
+    """What both transports take and keep; the subclasses say which limiter and sender."""
+
+    _limiter_type: type[Limiter] | type[AsyncLimiter]
+    _sender: type[Any]  # the transport that sends when none is given
+    _hint: str
+
+    def __init__(
+        self,
+        limiter: L,
+        policy: Policy | str,
+        *,
+        key: str | RequestKey | None = None,
+        cost: int | RequestCost = 1,
+        timeout: float | None = None,
+        on_backend_error: str = "allow",
+        wrapped: Any = None,
+    ) -> None:
+        if not isinstance(limiter, self._limiter_type):
+            raise ConfigurationError(
+                f"{type(self).__name__} needs a {self._limiter_type.__name__}, got "
+                f"{limiter!r}; {self._hint}"
+            )
+        self.limiter: L = limiter
+        self._throttle = _Throttle(policy, key, cost, timeout, on_backend_error)
+        self.wrapped = wrapped if wrapped is not None else self._sender()
+
+    @property
+    def policy(self) -> Policy:
+        return self._throttle.policy
+
+
+class RateLimitTransport(_Throttled[Limiter], httpx.BaseTransport):
     """An httpx transport that waits for ``limiter.acquire`` before sending each request.
 
     - ``limiter``: a sync ``Limiter`` (share its Redis to share the quota across processes).
@@ -147,29 +179,10 @@ class RateLimitTransport(httpx.BaseTransport):
       transport).
     """
 
-    def __init__(
-        self,
-        limiter: Limiter,
-        policy: Policy | str,
-        *,
-        key: str | RequestKey | None = None,
-        cost: int | RequestCost = 1,
-        timeout: float | None = None,
-        on_backend_error: str = "allow",
-        wrapped: httpx.BaseTransport | None = None,
-    ) -> None:
-        if not isinstance(limiter, Limiter):
-            raise ConfigurationError(
-                f"RateLimitTransport needs a sync Limiter, got {limiter!r}; for "
-                "httpx.AsyncClient use AsyncRateLimitTransport(AsyncLimiter(...), ...)"
-            )
-        self.limiter = limiter
-        self._throttle = _Throttle(policy, key, cost, timeout, on_backend_error)
-        self.wrapped = wrapped if wrapped is not None else httpx.HTTPTransport()
-
-    @property
-    def policy(self) -> Policy:
-        return self._throttle.policy
+    _limiter_type = Limiter
+    _sender = httpx.HTTPTransport
+    wrapped: httpx.BaseTransport
+    _hint = "for httpx.AsyncClient use AsyncRateLimitTransport(AsyncLimiter(...), ...)"
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         throttle = self._throttle
@@ -186,36 +199,17 @@ class RateLimitTransport(httpx.BaseTransport):
         self.wrapped.close()
 
 
-class AsyncRateLimitTransport(httpx.AsyncBaseTransport):
+class AsyncRateLimitTransport(_Throttled[AsyncLimiter], httpx.AsyncBaseTransport):
     """The ``httpx.AsyncClient`` twin of `RateLimitTransport`, on an ``AsyncLimiter``.
 
     Waiting is ``asyncio.sleep``: the event loop keeps serving other tasks meanwhile.
     ``wrapped`` defaults to ``httpx.AsyncHTTPTransport()``.
     """
 
-    def __init__(
-        self,
-        limiter: AsyncLimiter,
-        policy: Policy | str,
-        *,
-        key: str | RequestKey | None = None,
-        cost: int | RequestCost = 1,
-        timeout: float | None = None,
-        on_backend_error: str = "allow",
-        wrapped: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        if not isinstance(limiter, AsyncLimiter):
-            raise ConfigurationError(
-                f"AsyncRateLimitTransport needs an AsyncLimiter, got {limiter!r}; for "
-                "httpx.Client use RateLimitTransport(Limiter(...), ...)"
-            )
-        self.limiter = limiter
-        self._throttle = _Throttle(policy, key, cost, timeout, on_backend_error)
-        self.wrapped = wrapped if wrapped is not None else httpx.AsyncHTTPTransport()
-
-    @property
-    def policy(self) -> Policy:
-        return self._throttle.policy
+    _limiter_type = AsyncLimiter
+    _sender = httpx.AsyncHTTPTransport
+    wrapped: httpx.AsyncBaseTransport
+    _hint = "for httpx.Client use RateLimitTransport(Limiter(...), ...)"
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         throttle = self._throttle

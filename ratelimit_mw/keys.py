@@ -13,6 +13,7 @@ usual cases::
     keys.header("X-Api-Key")                          # per API key (validated upstream!)
     keys.user()                                       # per authenticated user
     keys.compose(keys.user(), keys.route())           # per user per endpoint
+    keys.first(keys.header("X-User-Id"), keys.client_ip())   # the header, else the address
 
 Which one to use:
 
@@ -26,7 +27,7 @@ Which one to use:
   bucket for every request.
 * ``route()`` combined with another key (``compose``) to give each endpoint its own quota.
 
-Client-IP security model (details in ``ratelimit_mw._client_ip``): the socket peer is the
+Client-IP security model (details in ``ratelimit_mw.http.client_ip``): the socket peer is the
 client. ``Forwarded`` / ``X-Forwarded-For`` are read only when ``trusted_proxies`` is given,
 either as the proxies' networks or as the number of proxies in front of the app; the header is
 walked from the right, where trusted proxies append, and garbage falls back to the last
@@ -44,21 +45,23 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
-from ratelimit_mw._client_ip import (
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.http.client_ip import (
     IPAddress,
     TrustedProxies,
     check_ipv6_prefix,
     ip_key,
     resolve_client,
 )
-from ratelimit_mw._errors import ConfigurationError
 
 __all__ = [
     "ROUTE_SCOPE_KEY",
     "KeyFunc",
     "client_ip",
     "compose",
+    "first",
     "header",
+    "reads",
     "route",
     "user",
 ]
@@ -69,6 +72,23 @@ KeyFunc: TypeAlias = Callable[[Any], str | None]
 #: Where the middleware leaves the matched route template: ``scope[ROUTE_SCOPE_KEY]`` under
 #: ASGI, ``environ[ROUTE_SCOPE_KEY]`` under WSGI.
 ROUTE_SCOPE_KEY = "ratelimit_mw.route"
+
+#: What a key function may read, declared as its ``reads`` attribute: the socket peer
+#: ("client"), request headers ("headers"), the authenticated user ("user"), the route
+#: template ("route"). A callable that declares nothing may read anything (`ANYTHING`).
+ANYTHING = frozenset({"client", "headers", "user", "route"})
+
+
+def reads(key: object) -> frozenset[str]:
+    """What `key` declares it reads (`ANYTHING` for a callable that does not say).
+
+    The middleware resolves the route template for every request only when a key in use
+    reads "route"; write ``my_key.reads = frozenset({"headers"})`` on your own key function
+    to spare that work.
+    """
+    declared = getattr(key, "reads", None)
+    return declared if isinstance(declared, frozenset) else ANYTHING
+
 
 _UNKNOWN_IP = "ip:unknown"
 _UNMATCHED_ROUTE = "route:<unmatched>"
@@ -100,6 +120,7 @@ _MAX_PEER_CHARS = 64
 
 class _ClientIP:
     __slots__ = ("_by_peer", "_ipv6_prefix", "_spec", "_trusted")
+    reads = frozenset({"client", "headers"})
 
     def __init__(self, trusted_proxies: Sequence[str] | int | None, ipv6_prefix: int) -> None:
         self._spec = trusted_proxies
@@ -195,6 +216,7 @@ def client_ip(trusted_proxies: Sequence[str] | int | None = None, ipv6_prefix: i
 
 class _Header:
     __slots__ = ("_missing", "_name", "_prefix", "_required")
+    reads = frozenset({"headers"})
 
     def __init__(self, name: str, required: bool) -> None:
         if not isinstance(name, str) or not name or not set(name) <= _TCHARS:
@@ -273,7 +295,7 @@ def _default_user(request: Any) -> object:
 
 
 class _User:
-    __slots__ = ("_getter",)
+    __slots__ = ("_getter", "reads")
 
     def __init__(self, getter: Callable[[Any], object] | None) -> None:
         if getter is not None and not callable(getter):
@@ -282,6 +304,8 @@ class _User:
                 " write e.g. keys.user(lambda request: request.state.account_id)"
             )
         self._getter = getter
+        # A getter of the app's may read anything.
+        self.reads = frozenset({"user"}) if getter is None else ANYTHING
 
     def __call__(self, request: Any) -> str | None:
         getter = self._getter
@@ -324,6 +348,7 @@ def user(getter: Callable[[Any], object] | None = None) -> KeyFunc:
 
 class _Route:
     __slots__ = ()
+    reads = frozenset({"route"})
 
     def __call__(self, request: Any) -> str:
         if _is_asgi(request):
@@ -362,21 +387,23 @@ def route() -> KeyFunc:
 
 
 class _Compose:
-    __slots__ = ("_funcs",)
+    __slots__ = ("_funcs", "reads")
+    _word = "compose"
 
     def __init__(self, funcs: tuple[KeyFunc, ...]) -> None:
         if not funcs:
             raise ConfigurationError(
-                "compose needs at least one key function;"
-                " write e.g. keys.compose(keys.user(), keys.route())"
+                f"{self._word} needs at least one key function;"
+                f" write e.g. keys.{self._word}(keys.user(), keys.client_ip())"
             )
         for func in funcs:
             if not callable(func):
                 raise ConfigurationError(
-                    f"compose takes key functions, got {func!r};"
-                    " write e.g. keys.compose(keys.user(), keys.route())"
+                    f"{self._word} takes key functions, got {func!r};"
+                    f" write e.g. keys.{self._word}(keys.user(), keys.client_ip())"
                 )
         self._funcs = funcs
+        self.reads = frozenset().union(*map(reads, funcs))
 
     def __call__(self, request: Any) -> str | None:
         encoded = []
@@ -410,3 +437,38 @@ def compose(*funcs: KeyFunc) -> KeyFunc:
     For user ``ann`` on ``/items/{id}``: ``"8:user:ann|17:route:/items/{id}"``.
     """
     return _Compose(funcs)
+
+
+# --- first -------------------------------------------------------------------------------
+
+
+class _First(_Compose):
+    __slots__ = ()
+    _word = "first"
+
+    def __call__(self, request: Any) -> str | None:
+        for func in self._funcs:
+            found = func(request)
+            if found is not None:
+                return found
+        return None
+
+    def __repr__(self) -> str:
+        return f"keys.first({', '.join(repr(f) for f in self._funcs)})"
+
+
+def first(*funcs: KeyFunc) -> KeyFunc:
+    """The first identity any of `funcs` gives; ``None`` only if all of them give ``None``.
+
+    The usual fallback: per user id when the request names one, else per client address, so
+    that leaving the header out is not a way around the limit::
+
+        @limiter.limit("100/minute", key=keys.first(keys.header("X-User-Id"), keys.client_ip()))
+
+    The identities keep their own prefixes (``"h:x-user-id:42"``, ``"ip:203.0.113.9"``), so
+    a header value can never pose as an address.
+
+    >>> first(header("X-User-Id"), client_ip())
+    keys.first(keys.header('x-user-id'), keys.client_ip())
+    """
+    return _First(funcs)

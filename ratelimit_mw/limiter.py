@@ -1,6 +1,6 @@
 """Limiter and AsyncLimiter: thin shells that move a ScriptCall to a backend and back.
 
-Every decision is made by the pure core (`ratelimit_mw.core`); the shells add only the I/O
+Every decision is made by the pure core (`ratelimit_mw.core.plans`); the shells add only the I/O
 (a backend call, a sleep). The two share everything through `_Shared` and differ only in
 `run`/`await run` and `sleep`/`await asyncio.sleep`.
 """
@@ -14,32 +14,26 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-from ratelimit_mw import core
-from ratelimit_mw._deny_cache import DenyCache
-from ratelimit_mw._errors import ConfigurationError
+from ratelimit_mw.backends.base import AsyncBackend, SyncBackend
 from ratelimit_mw.backends.memory import MemoryBackend
-from ratelimit_mw.core import Check, ScriptCall
-from ratelimit_mw.decision import Booking, Decision
-from ratelimit_mw.policy import Policy, as_policy
-from ratelimit_mw.routing import RouteLimit, exempt, limit_decorator
+from ratelimit_mw.core import plans
+from ratelimit_mw.core.decision import Booking, Decision
+from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache
+from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.plans import Check, ScriptCall
+from ratelimit_mw.core.policy import Policy, as_policy
+from ratelimit_mw.core.wire import wire
+from ratelimit_mw.http.routing import RouteLimit, exempt, limit_decorator
+from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
+
+if TYPE_CHECKING:  # annotations only (they are strings at run time): no dependency on 3.10
+    from typing_extensions import Unpack
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
-
-
-class SyncBackend(Protocol):
-    is_cluster: bool
-
-    def run(self, call: ScriptCall) -> list[int]: ...
-
-
-class AsyncBackend(Protocol):
-    is_cluster: bool
-
-    async def arun(self, call: ScriptCall) -> list[int]: ...
 
 
 def _at_ms(at: _dt.datetime) -> int:
@@ -51,15 +45,44 @@ def _at_ms(at: _dt.datetime) -> int:
     return int(at.timestamp() * 1000)
 
 
+def _metrics_hook(metrics: Any) -> MetricsHook | None:
+    if metrics is not None and not callable(getattr(metrics, "observe", None)):
+        raise ConfigurationError(
+            f"metrics must have a method observe(event, policy, seconds), got {metrics!r}; "
+            "e.g. metrics=ratelimit_mw.metrics adapters, or any object with such a method"
+        )
+    return metrics  # type: ignore[no-any-return]
+
+
+class LimiterOptions(TypedDict, total=False):
+    """The keyword options Limiter and AsyncLimiter share (written once, typed for both)."""
+
+    clock: Callable[[], float] | None
+    deny_cache: int
+    deny_cache_max_age: float
+    metrics: MetricsHook | None
+
+
 class _Shared:
     """Configuration and call building shared by Limiter and AsyncLimiter."""
+
+    # The hit of one policy without penalty or calendar skips the generic machinery (see
+    # `_fast_call`); `_build` and `_decide` are the core's, each with its own shortcut. A
+    # subclass setting the plain ones (tests/test_fast_path.py) takes the generic path
+    # everywhere, which the differential test holds the fast one to.
+    _fast = True
+    _build = staticmethod(plans.build)
+    _decide = staticmethod(plans.decide)
 
     def __init__(
         self,
         backend: Any,
         prefix: str,
-        clock: Callable[[], float] | None,
-        deny_cache: int,
+        *,
+        clock: Callable[[], float] | None = None,
+        deny_cache: int = 10_000,
+        deny_cache_max_age: float = DEFAULT_MAX_AGE,
+        metrics: MetricsHook | None = None,
     ) -> None:
         if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
             raise ConfigurationError(
@@ -69,13 +92,15 @@ class _Shared:
         self.backend = backend
         self.prefix = prefix
         self.clock = clock
+        self.metrics = _metrics_hook(metrics)
         self._rng = random.Random()
         if isinstance(deny_cache, bool) or not isinstance(deny_cache, int) or deny_cache < 0:
             raise ConfigurationError(
                 f"deny_cache is the number of refusals remembered in process (0 turns it off), "
                 f"got {deny_cache!r}; e.g. deny_cache=10_000"
             )
-        self._deny = DenyCache(deny_cache) if deny_cache else None
+        deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
+        self._deny = deny if deny_cache else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -83,14 +108,17 @@ class _Shared:
     # -- decorators (metadata only; the middleware enforces) -----------------------------
     def limit(
         self,
-        rates: Policy | str,
+        rates: Policy | str | Callable[[Any], str | None],
         *,
         key: Callable[[Any], str | None] | None = None,
         cost: int | Callable[[Any], int] = 1,
         name: str | None = None,
+        methods: Sequence[str] | None = None,
+        exempt_when: Callable[[Any], bool] | None = None,
     ) -> Callable[[F], F]:
         """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint."""
-        return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name))
+        return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name,
+                                               methods=methods, exempt_when=exempt_when))
 
     def exempt(self, func: F) -> F:
         """Exempt one route from the middleware's default limits."""
@@ -108,9 +136,9 @@ class _Shared:
         now_us = self._now_us()
         groups: Sequence[Sequence[Check]] = [checks]
         if self.backend.is_cluster:
-            groups = core.group_by_slot(checks)
+            groups = plans.group_by_slot(checks)
         return [
-            core.build(op, group, self.prefix, now_us=now_us, at_ms=at_ms, token=token,
+            self._build(op, group, self.prefix, now_us=now_us, at_ms=at_ms, token=token,
                        clock_ms=self._clock_ms)
             for group in groups
         ]
@@ -118,64 +146,131 @@ class _Shared:
     def _monotonic(self) -> float:
         return time.monotonic() if self.clock is None else self.clock()
 
+    def _cache_now(self) -> int:
+        """The deny cache's clock in µs: the test clock (then exactly the `now` the store is
+        given), else a monotonic one (only differences matter: the store's answer is counted
+        down from the moment its call was sent, so it never outlives the store's own)."""
+        return time.monotonic_ns() // 1000 if self.clock is None else round(self.clock() * 1e6)
+
     def _first_step(self, checks: Sequence[Check]) -> Decision | ScriptCall | None:
-        """The common case of `check` without a plan: a refusal the deny cache still holds
-        (a Decision), or the one call that decides (a ScriptCall). None: follow the plan
-        (a cluster, where one request may need a call per slot)."""
-        if self.backend.is_cluster:
-            return None
+        """The common case of `check` without a plan: the store's answer, replayed by the
+        deny cache (a Decision), or the one call that decides (a ScriptCall). None: follow
+        the plan (a cluster, where one request may need a call per slot)."""
         deny = self._deny
         if deny is not None and len(deny):
-            cached = deny.lookup(checks, self._monotonic())
+            cached = deny.lookup(checks, self._cache_now())
             if cached is not None:
                 return cached
-        return core.build(core.HIT, checks, self.prefix, now_us=self._now_us(),
-                          clock_ms=self._clock_ms)
+        if self.backend.is_cluster:
+            return None
+        return self._build(plans.HIT, checks, self.prefix, now_us=self._now_us(),
+                           clock_ms=self._clock_ms)
 
-    def _after(self, checks: Sequence[Check], decision: Decision) -> Decision:
-        if self._deny is not None and not decision.allowed:
-            self._deny.remember(checks, decision, self._monotonic())
+    def _fast_call(self, policy: Policy | str, identity: str, cost: int) -> ScriptCall | None:
+        """The call of the common hit, built from what the policy precomputed, or None:
+        take `check`. Common: one policy object without penalty or calendar (its arguments
+        depend on the cost alone), valid arguments, one store (no cluster), no metrics hook,
+        and a deny cache holding nothing (so it has nothing to answer or forget)."""
+        if (type(cost) is not int or cost < 1 or not isinstance(policy, Policy)
+                or not isinstance(identity, str) or self.metrics is not None or not self._fast):
+            return None
+        form = wire(policy)
+        deny = self._deny
+        if not form.static or self.backend.is_cluster or (deny is not None and len(deny)):
+            return None
+        return plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
+                                  self._now_us(), form)
+
+    def _fast_decided(self, policy: Policy, identity: str, cost: int, call: ScriptCall,
+                      reply: list[int], sent: int) -> Decision:
+        """`_decided` for a `_fast_call`: an admitted hit leaves the (empty) deny cache as it
+        is, so its Check is built only for a refusal, which the cache records."""
+        if reply[0] != 1 and self._deny is not None:
+            self._deny.record((Check(policy, identity, cost),), call, reply, sent)
+        rates = policy.rates
+        if len(rates) == 1:
+            return plans.decode_one(policy, rates[0], identity, reply[0] == 1, reply, None)
+        return plans.decide(call, reply)
+
+    def _sent(self) -> int:
+        return 0 if self._deny is None else self._cache_now()
+
+    def _decided(self, checks: Sequence[Check], call: ScriptCall, reply: list[int],
+                 sent: int) -> Decision:
+        if self._deny is not None:
+            self._deny.record(checks, call, reply, sent)
+        return self._decide(call, reply)
+
+    def _check_plan(self, checks: Sequence[Check]) -> plans.Plan:
+        return plans.plan_check(checks, lambda: self._calls(plans.HIT, checks), self._deny,
+                               self._cache_now)
+
+    def _attempt(self, checks: Sequence[Check]) -> plans.Plan:
+        """`_check_plan`, reporting to the metrics hook when one is set."""
+        if self.metrics is None:
+            return (yield from self._check_plan(checks))
+        deny = self._deny
+        if deny is not None:
+            cached = deny.lookup(checks, self._cache_now())
+            if cached is not None:
+                self._report(checks, REFUSED, 0.0)
+                return cached
+        started = time.perf_counter()
+        try:
+            decision = yield from self._check_plan(checks)
+        except BackendError:
+            self._report(checks, BACKEND_ERROR, time.perf_counter() - started)
+            raise
+        self._report(checks, ADMITTED if decision.allowed else REFUSED,
+                     time.perf_counter() - started)
         return decision
 
-    def _check_plan(self, checks: Sequence[Check]) -> core.Plan:
-        return core.plan_check(checks, lambda: self._calls(core.HIT, checks), self._deny,
-                               self._monotonic)
+    def _report(self, checks: Sequence[Check], event: Event, seconds: float) -> None:
+        """One event per policy of the call (a refused call is refused under each)."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        names: list[str] = []
+        for check in checks:
+            name = check.policy.name
+            if name not in names:
+                names.append(name)
+                metrics.observe(event, name, seconds)
 
     def _acquire_plan(self, policy: Policy | str, identity: str, cost: int,
-                      timeout: float | None) -> core.Plan:
+                      timeout: float | None) -> plans.Plan:
         checks = (_check(policy, identity, cost),)
-        return core.plan_acquire(lambda: self._check_plan(checks), self._monotonic,
+        return plans.plan_acquire(lambda: self._attempt(checks), self._monotonic,
                                  timeout, self._rng)
 
     def _forget(self, checks: Sequence[Check]) -> None:
         if self._deny is not None:
-            for check in checks:
-                self._deny.forget(check.policy, check.identity)
+            self._deny.forget(checks)
 
     def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1) -> ScriptCall:
         check = _check(policy, identity, cost)
-        if op in (core.RESET, core.REFUND):
-            self._forget((check,))
-        return core.build(op, (check,), self.prefix, now_us=self._now_us(),
-                          clock_ms=self._clock_ms)
+        self._forget((check,))  # peek, reset, refund: the store is asked, never the cache
+        return self._build(op, (check,), self.prefix, now_us=self._now_us(),
+                           clock_ms=self._clock_ms)
 
     def _booking_call(self, policy: Policy | str, identity: str, at: _dt.datetime,
                       cost: int) -> ScriptCall:
         check = _check(policy, identity, cost)
-        if check.policy.code != "sl":
+        if check.policy.algorithm != "sliding-log":
             raise ConfigurationError(
                 f"reserve needs a sliding-log policy (it checks every window around the "
                 f"booked time), got algorithm={check.policy.algorithm!r}; write "
                 f'Policy("1/minute;5/hour;10/day", algorithm="sliding-log")'
             )
-        return core.build(core.BOOK, (check,), self.prefix, now_us=self._now_us(),
-                          at_ms=_at_ms(at), clock_ms=self._clock_ms)
+        self._forget((check,))
+        return self._build(plans.BOOK, (check,), self.prefix, now_us=self._now_us(),
+                           at_ms=_at_ms(at), clock_ms=self._clock_ms)
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:
         check = Check(booking.policy, booking.identity, booking.cost)
         self._forget((check,))
-        return core.build(core.CANCEL, (check,), self.prefix, now_us=self._now_us(),
-                          token=booking.token, clock_ms=self._clock_ms)
+        return self._build(plans.CANCEL, (check,), self.prefix, now_us=self._now_us(),
+                           token=booking.token, clock_ms=self._clock_ms)
 
 
 def _check(policy: Policy | str, identity: str, cost: int) -> Check:
@@ -183,7 +278,7 @@ def _check(policy: Policy | str, identity: str, cost: int) -> Check:
         raise ConfigurationError(
             f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
         )
-    core.validate_cost(cost)
+    plans.validate_cost(cost)
     return Check(policy if isinstance(policy, Policy) else _policy_from_text(policy), identity,
                  cost)
 
@@ -200,18 +295,14 @@ class Limiter(_Shared):
 
     ``clock`` (tests only) replaces Redis's clock with a callable returning seconds;
     ``sleep`` replaces ``time.sleep`` for ``acquire``; ``deny_cache`` is how many refusals
-    are remembered in process until their retry_after (0 turns the cache off).
+    are answered in process, exactly as the store would, for at most ``deny_cache_max_age``
+    seconds (0 turns the cache off); ``metrics`` is a hook with ``observe(event, policy,
+    seconds)`` (see `ratelimit_mw.metrics`).
     """
 
-    def __init__(
-        self,
-        backend: SyncBackend | None = None,
-        prefix: str = "rl",
-        *,
-        clock: Callable[[], float] | None = None,
-        sleep: Callable[[float], None] | None = None,
-        deny_cache: int = 10_000,
-    ) -> None:
+    def __init__(self, backend: SyncBackend | None = None, prefix: str = "rl", *,
+                 sleep: Callable[[float], None] | None = None,
+                 **options: Unpack[LimiterOptions]) -> None:
         if backend is None:
             backend = MemoryBackend()
         if not callable(getattr(backend, "run", None)):
@@ -219,85 +310,102 @@ class Limiter(_Shared):
                 f"Limiter needs a sync backend (MemoryBackend or RedisBackend), got {backend!r}; "
                 "for redis.asyncio use AsyncLimiter(AsyncRedisBackend(...))"
             )
-        super().__init__(backend, prefix, clock, deny_cache)
+        super().__init__(backend, prefix, **options)
         self._sleep = sleep or time.sleep
 
-    def _drive(self, plan: core.Plan) -> Decision:
+    def _drive(self, plan: plans.Plan) -> Decision:
         try:
             step = next(plan)
-        except StopIteration as done:  # answered without I/O (the deny cache)
-            return done.value  # type: ignore[no-any-return]
-        while True:
-            if isinstance(step, ScriptCall):
-                reply: list[int] | None = self.backend.run(step)
-            else:
-                self._sleep(step)
-                reply = None
-            try:
+            while True:
+                if isinstance(step, ScriptCall):
+                    try:
+                        reply: list[int] | None = self.backend.run(step)
+                    except BackendError as exc:  # the plan decides: retry (acquire) or raise
+                        step = plan.throw(exc)
+                        continue
+                else:
+                    self._sleep(step)
+                    reply = None
                 step = plan.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+        except StopIteration as done:  # also: answered without I/O (the deny cache)
+            return done.value  # type: ignore[no-any-return]
 
     def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing (what the middleware calls)."""
-        step = self._first_step(checks)
-        if isinstance(step, ScriptCall):
-            return self._after(checks, core.decide(step, self.backend.run(step)))
-        if step is not None:
-            return step
-        return self._drive(self._check_plan(checks))
+        if self.metrics is None:  # the common case, without a generator
+            step = self._first_step(checks)
+            if isinstance(step, ScriptCall):
+                sent = self._sent()
+                return self._decided(checks, step, self.backend.run(step), sent)
+            if step is not None:
+                return step
+        return self._drive(self._attempt(checks))
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
+        call = self._fast_call(policy, identity, cost)
+        if call is not None:
+            sent = self._sent()
+            return self._fast_decided(policy, identity, cost, call,  # type: ignore[arg-type]
+                                      self.backend.run(call), sent)
         return self.check((_check(policy, identity, cost),))
 
     def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
         self._forget(checks)
-        for call in self._calls(core.REFUND, checks):
+        for call in self._calls(plans.REFUND, checks):
             self.backend.run(call)
 
     def peek(self, policy: Policy | str, identity: str) -> Decision:
         """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""
-        call = self._single(core.PEEK, policy, identity)
-        return core.decide(call, self.backend.run(call))
+        call = self._single(plans.PEEK, policy, identity)
+        return self._decide(call, self.backend.run(call))
 
     def reset(self, policy: Policy | str, identity: str) -> None:
         """Forget every counter and any ban of this identity under this policy."""
-        self.backend.run(self._single(core.RESET, policy, identity))
+        self.backend.run(self._single(plans.RESET, policy, identity))
 
     def refund(self, policy: Policy | str, identity: str, cost: int = 1) -> None:
         """Give back an admitted hit of `cost` (e.g. a login that turned out to succeed)."""
-        self.backend.run(self._single(core.REFUND, policy, identity, cost))
+        self.backend.run(self._single(plans.REFUND, policy, identity, cost))
 
     def acquire(self, policy: Policy | str, identity: str, cost: int = 1,
                 timeout: float | None = None) -> Decision:
-        """Wait until a hit is admitted; RateLimitExceeded if it cannot be within `timeout`."""
+        """Wait until a hit is admitted; RateLimitExceeded if it cannot be within `timeout`.
+
+        Backend errors are retried with backoff while `timeout` leaves time, then raised as
+        BackendError (at once when no timeout is given)."""
         return self._drive(self._acquire_plan(policy, identity, cost, timeout))
 
     def reserve(self, policy: Policy | str, identity: str, at: _dt.datetime,
                 cost: int = 1) -> Decision:
         """Book `cost` at time `at` if every window containing `at` stays within its limit."""
         call = self._booking_call(policy, identity, at, cost)
-        return core.decide(call, self.backend.run(call))
+        return self._decide(call, self.backend.run(call))
 
     def cancel(self, booking: Booking) -> None:
         """Take back an admitted reservation (``decision.booking``)."""
         self.backend.run(self._cancel_call(booking))
 
+    def ping(self) -> dict[str, Any]:
+        """Ask the store whether it is there (a start-up check): the backend's own report.
+
+        Raises BackendError when it cannot answer."""
+        ping = _pinger(self.backend, "ping")
+        try:
+            return ping()  # type: ignore[no-any-return]
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise _ping_failed(exc) from exc
+
 
 class AsyncLimiter(_Shared):
     """The async twin of Limiter: the same methods, awaited."""
 
-    def __init__(
-        self,
-        backend: AsyncBackend | None = None,
-        prefix: str = "rl",
-        *,
-        clock: Callable[[], float] | None = None,
-        sleep: Callable[[float], Awaitable[None]] | None = None,
-        deny_cache: int = 10_000,
-    ) -> None:
+    def __init__(self, backend: AsyncBackend | None = None, prefix: str = "rl", *,
+                 sleep: Callable[[float], Awaitable[None]] | None = None,
+                 **options: Unpack[LimiterOptions]) -> None:
         if backend is None:
             backend = MemoryBackend()
         if not callable(getattr(backend, "arun", None)):
@@ -306,68 +414,104 @@ class AsyncLimiter(_Shared):
                 f"got {backend!r}; a sync redis.Redis would block the event loop: use "
                 "AsyncRedisBackend(redis.asyncio.Redis(...))"
             )
-        super().__init__(backend, prefix, clock, deny_cache)
+        super().__init__(backend, prefix, **options)
         self._sleep = sleep or asyncio.sleep
 
-    async def _drive(self, plan: core.Plan) -> Decision:
+    async def _drive(self, plan: plans.Plan) -> Decision:
         try:
             step = next(plan)
-        except StopIteration as done:  # answered without I/O (the deny cache)
-            return done.value  # type: ignore[no-any-return]
-        while True:
-            if isinstance(step, ScriptCall):
-                reply: list[int] | None = await self.backend.arun(step)
-            else:
-                await self._sleep(step)
-                reply = None
-            try:
+            while True:
+                if isinstance(step, ScriptCall):
+                    try:
+                        reply: list[int] | None = await self.backend.arun(step)
+                    except BackendError as exc:  # the plan decides: retry (acquire) or raise
+                        step = plan.throw(exc)
+                        continue
+                else:
+                    await self._sleep(step)
+                    reply = None
                 step = plan.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+        except StopIteration as done:  # also: answered without I/O (the deny cache)
+            return done.value  # type: ignore[no-any-return]
 
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing (what the middleware calls)."""
-        step = self._first_step(checks)
-        if isinstance(step, ScriptCall):
-            return self._after(checks, core.decide(step, await self.backend.arun(step)))
-        if step is not None:
-            return step
-        return await self._drive(self._check_plan(checks))
+        if self.metrics is None:  # the common case, without a generator
+            step = self._first_step(checks)
+            if isinstance(step, ScriptCall):
+                sent = self._sent()
+                return self._decided(checks, step, await self.backend.arun(step), sent)
+            if step is not None:
+                return step
+        return await self._drive(self._attempt(checks))
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
+        call = self._fast_call(policy, identity, cost)
+        if call is not None:
+            sent = self._sent()
+            return self._fast_decided(policy, identity, cost, call,  # type: ignore[arg-type]
+                                      await self.backend.arun(call), sent)
         return await self.check((_check(policy, identity, cost),))
 
     async def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
         self._forget(checks)
-        for call in self._calls(core.REFUND, checks):
+        for call in self._calls(plans.REFUND, checks):
             await self.backend.arun(call)
 
     async def peek(self, policy: Policy | str, identity: str) -> Decision:
         """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""
-        call = self._single(core.PEEK, policy, identity)
-        return core.decide(call, await self.backend.arun(call))
+        call = self._single(plans.PEEK, policy, identity)
+        return self._decide(call, await self.backend.arun(call))
 
     async def reset(self, policy: Policy | str, identity: str) -> None:
         """Forget every counter and any ban of this identity under this policy."""
-        await self.backend.arun(self._single(core.RESET, policy, identity))
+        await self.backend.arun(self._single(plans.RESET, policy, identity))
 
     async def refund(self, policy: Policy | str, identity: str, cost: int = 1) -> None:
         """Give back an admitted hit of `cost`."""
-        await self.backend.arun(self._single(core.REFUND, policy, identity, cost))
+        await self.backend.arun(self._single(plans.REFUND, policy, identity, cost))
 
     async def acquire(self, policy: Policy | str, identity: str, cost: int = 1,
                       timeout: float | None = None) -> Decision:
-        """Wait until a hit is admitted; RateLimitExceeded if it cannot be within `timeout`."""
+        """Wait until a hit is admitted; RateLimitExceeded if it cannot be within `timeout`.
+
+        Backend errors are retried with backoff while `timeout` leaves time, then raised as
+        BackendError (at once when no timeout is given)."""
         return await self._drive(self._acquire_plan(policy, identity, cost, timeout))
 
     async def reserve(self, policy: Policy | str, identity: str, at: _dt.datetime,
                       cost: int = 1) -> Decision:
         """Book `cost` at time `at` if every window containing `at` stays within its limit."""
         call = self._booking_call(policy, identity, at, cost)
-        return core.decide(call, await self.backend.arun(call))
+        return self._decide(call, await self.backend.arun(call))
 
     async def cancel(self, booking: Booking) -> None:
         """Take back an admitted reservation (``decision.booking``)."""
         await self.backend.arun(self._cancel_call(booking))
+
+    async def ping(self) -> dict[str, Any]:
+        """Ask the store whether it is there (a start-up check, e.g. in a lifespan handler):
+        the backend's own report. Raises BackendError when it cannot answer."""
+        aping = _pinger(self.backend, "aping")
+        try:
+            return await aping()  # type: ignore[no-any-return]
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise _ping_failed(exc) from exc
+
+
+def _pinger(backend: Any, method: str) -> Callable[[], Any]:
+    found = getattr(backend, method, None)
+    if not callable(found):
+        raise ConfigurationError(
+            f"{backend!r} has no {method}(), so the limiter cannot check it; use "
+            "MemoryBackend, RedisBackend or AsyncRedisBackend, or give yours that method"
+        )
+    return found  # type: ignore[no-any-return]
+
+
+def _ping_failed(exc: BaseException) -> BackendError:
+    return BackendError(f"the store did not answer a ping: {type(exc).__name__}: {exc}")

@@ -6,7 +6,11 @@ identical answers. State is per process: gunicorn or uvicorn with several worker
 
 Expiry is garbage collection only (as in the scripts, every value carries what makes it stale),
 so idle identities are forgotten: each written key is scheduled once in a heap by its expiry,
-and every call pops a bounded number of due entries.
+and every call — admitted or refused, any operation — pops due entries: at least 64, plus 16
+for every millisecond since the previous call. Reclaiming thus keeps pace with time rather
+than with traffic: a backend that is called seldom (in front of it a cache answers most
+refusals) still frees, on its next call, what expired meanwhile (up to 16,000 keys per idle
+second, a pause of a few ms), and a busy one spreads the work over its calls.
 
 It sits on the request path of every app run without Redis, so the common call — a hit or a
 peek of one to three tiers, no ban, no calendar — is kept lean: the tiers are read into plain
@@ -24,9 +28,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ratelimit_mw.core import ScriptCall
+from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.wire import calendar_window
 
 _SWEEP_PER_CALL = 64
+_SWEEP_PER_MS = 16
+_SWEEP_MAX_MS = 4_096  # at most ~65k entries in one call, however long the backend idled
 
 # One tier of ARGV, read once per call:
 #   algorithm, limit, period ms, cost, ban key index (1-based in KEYS, 0: none), ban end,
@@ -69,18 +76,25 @@ def _sl_spans(tiers: list[_Tier]) -> dict[str, int]:
 
 
 class _Log:
-    """A sorted set scored by time: (score, member) pairs kept in order, members indexed.
+    """A sorted set scored by time: parallel lists of scores and member names, kept in Redis's
+    order (by score, then by member), and the members indexed by name.
 
-    `scores` mirrors the scores of `entries`, index for index: the window counts bisect it,
-    and bisecting plain ints is twice as fast as bisecting (score, member) pairs.
-    """
+    Two flat lists rather than (score, member) pairs: the window counts bisect the scores, and
+    bisecting plain ints is twice as fast; a hit of a large cost adds its members without
+    building a tuple per member. Within one score the names are sorted, so a member is found
+    by bisecting its score's block."""
 
-    __slots__ = ("entries", "members", "scores")
+    __slots__ = ("members", "names", "scores")
 
     def __init__(self) -> None:
-        self.entries: list[tuple[int, str]] = []
         self.scores: list[int] = []
+        self.names: list[str] = []
         self.members: dict[str, int] = {}
+
+    @property
+    def entries(self) -> list[tuple[int, str]]:
+        """ZRANGE key 0 -1 WITHSCORES, as (score, member) pairs (for inspection)."""
+        return list(zip(self.scores, self.names, strict=True))
 
     def count_above(self, floor: int) -> int:
         """ZCOUNT key (floor +inf"""
@@ -94,31 +108,79 @@ class _Log:
     def times_above(self, floor: int) -> list[int]:
         return self.scores[bisect.bisect_right(self.scores, floor) :]
 
+    def _position(self, score: int, member: str) -> int:
+        """Where (score, member) is or would go."""
+        scores = self.scores
+        lo = bisect.bisect_left(scores, score)
+        hi = bisect.bisect_right(scores, score, lo)
+        return bisect.bisect_left(self.names, member, lo, hi)
+
     def add(self, score: int, member: str) -> None:
         if member in self.members:
             self.remove(member)
         self.members[member] = score
-        entry = (score, member)
-        entries = self.entries
-        if not entries or entries[-1] < entry:  # the common case: a hit at the newest time
-            entries.append(entry)
-            self.scores.append(score)
+        scores, names = self.scores, self.names
+        if not scores or scores[-1] < score or (scores[-1] == score and names[-1] < member):
+            scores.append(score)  # the common case: a hit at the newest time
+            names.append(member)
         else:
-            i = bisect.bisect_right(entries, entry)
-            entries.insert(i, entry)
-            self.scores.insert(i, score)
+            i = self._position(score, member)
+            scores.insert(i, score)
+            names.insert(i, member)
+
+    def add_many(self, score: int, members: list[str]) -> None:
+        """ZADD of many members at one score, in O(k log k + n) rather than k inserts.
+
+        Like Redis, entries of equal score are ordered by member (a refund without a token
+        takes the last ones), so the new members are sorted and merged into that block."""
+        known = self.members
+        again = [member for member in members if member in known]
+        if again:  # a token used twice (never in practice): ZADD moves those members
+            self.remove_many(again)
+        new = sorted(members)
+        known.update(dict.fromkeys(members, score))
+        scores, names = self.scores, self.names
+        if not scores or scores[-1] < score or (scores[-1] == score and names[-1] < new[0]):
+            scores += [score] * len(new)  # the common case: after everything logged
+            names += new
+            return
+        lo = bisect.bisect_left(scores, score)
+        hi = bisect.bisect_right(scores, score, lo)
+        block = names[lo:hi]
+        block += new
+        block.sort()  # two sorted runs: one linear merge
+        names[lo:hi] = block
+        scores[lo:hi] = [score] * len(block)
 
     def remove(self, member: str) -> None:
         score = self.members.pop(member, None)
         if score is not None:
-            i = bisect.bisect_left(self.entries, (score, member))
-            del self.entries[i]
+            i = self._position(score, member)
             del self.scores[i]
+            del self.names[i]
+
+    def remove_many(self, members: list[str]) -> None:
+        """ZREM of many members in one pass over the span of their scores."""
+        known = self.members
+        gone: dict[str, int] = {}
+        for member in members:
+            score = known.pop(member, None)
+            if score is not None:
+                gone[member] = score
+        if not gone:
+            return
+        scores, names = self.scores, self.names
+        lo = bisect.bisect_left(scores, min(gone.values()))
+        hi = bisect.bisect_right(scores, max(gone.values()), lo)
+        kept = [i for i in range(lo, hi) if names[i] not in gone]
+        names[lo:hi] = [names[i] for i in kept]
+        scores[lo:hi] = [scores[i] for i in kept]
 
     def remove_entries(self, start: int, stop: int) -> None:
-        for _, member in self.entries[start:stop]:
-            del self.members[member]
-        del self.entries[start:stop]
+        members = self.members
+        for member in self.names[start:stop]:
+            del members[member]
+        del self.names[start:stop]
         del self.scores[start:stop]
 
     def trim(self, upto: int) -> None:
@@ -185,12 +247,14 @@ class MemoryBackend:
     """In-process state; thread-safe, usable from sync and async code alike."""
 
     is_cluster = False
+    in_process = True
 
     def __init__(self) -> None:
         self._data: dict[str, Any] = {}
         self._expires: dict[str, int] = {}
         self._heap: list[tuple[int, str]] = []
         self._scheduled: set[str] = set()
+        self._called_at = 0  # the `now` (ms) of the last call: a sweep's budget grows with time
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -241,9 +305,10 @@ class MemoryBackend:
         self._data.pop(key, None)
         self._expires.pop(key, None)
 
-    def _sweep(self, now: int) -> None:
+    def _sweep(self, now: int, idle: int) -> None:
+        """Drop due entries: 64, plus 16 per ms the backend sat `idle` since its last call."""
         heap = self._heap
-        for _ in range(_SWEEP_PER_CALL):
+        for _ in range(_SWEEP_PER_CALL + _SWEEP_PER_MS * min(max(0, idle), _SWEEP_MAX_MS)):
             if not heap or heap[0][0] > now:
                 return
             _, key = heapq.heappop(heap)
@@ -260,12 +325,7 @@ class MemoryBackend:
     @staticmethod
     def _fw_window(period: int, cal: str, now: int) -> tuple[int, int]:
         if cal:
-            prev = None
-            for part in cal.split(","):
-                b = int(part)
-                if prev is not None and prev <= now < b:
-                    return prev, b
-                prev = b
+            return calendar_window(cal, period, now)
         start = now - now % period
         return start, start + period
 
@@ -284,6 +344,10 @@ class MemoryBackend:
         retry = -1 if cost > limit else (0 if ok else stop - now)
         return (ok, max(0, limit - count), retry, stop - now if count > 0 else 0, stop - now,
                 (start, count + cost))
+
+    def _fw_stable(self, period: int, cal: str, now: int) -> int:
+        """As fw stable: ms until the window ends."""
+        return self._fw_window(period, cal, now)[1] - now
 
     def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int) -> None:
         start, _ = self._fw_window(period, cal, now)
@@ -325,6 +389,14 @@ class MemoryBackend:
                 retry = period - elapsed + later
         return ok, before, retry, reset_now, 2 * period - elapsed, (start, curr + cost, prev)
 
+    def _sw_stable(self, key: str, period: int, now: int) -> int:
+        """As sw stable: ms until the window ends or the previous window's weight drops."""
+        _, elapsed, _, prev = self._sw_state(key, period, now)
+        weight = -(-prev * (period - elapsed) // period)
+        if weight < 1:
+            return period - elapsed
+        return period - (weight - 1) * period // prev - elapsed
+
     def _sw_refund(self, key: str, period: int, cost: int, now: int) -> None:
         start, elapsed, curr, prev = self._sw_state(key, period, now)
         if curr == 0 and prev == 0:
@@ -353,6 +425,22 @@ class MemoryBackend:
         before = max(0, (tolerance - (tat - now_us)) // interval)
         retry = -1 if cost > limit else (0 if ok else _gc_ms(new_tat - now_us - tolerance))
         return ok, before, retry, _gc_ms(tat - now_us), _gc_ms(new_tat - now_us), new_tat
+
+    def _gc_stable(self, key: str, limit: int, period: int, cost: int, now: int,
+                   now_us: int) -> tuple[int, int, int]:
+        """As gcra stable: µs to the next emission step (-1: none), exact retry and reset."""
+        interval = -(-period * 1000 // limit)
+        tolerance = limit * interval
+        ahead = self._gc_tat(key, now, now_us) - now_us
+        retry = 0
+        if cost > limit:
+            retry = -1
+        elif ahead + cost * interval > tolerance:
+            retry = ahead + cost * interval - tolerance
+        if ahead == 0:
+            return -1, retry, 0
+        step = (tolerance - ahead) // interval + 1
+        return ahead - tolerance + step * interval, retry, ahead
 
     def _gc_refund(self, key: str, limit: int, period: int, cost: int, now: int,
                    now_us: int) -> None:
@@ -401,11 +489,21 @@ class MemoryBackend:
                    longest: int, now: int) -> None:
         if log is None:
             log = _Log()
-        for j in range(1, cost + 1):
-            log.add(at, f"{token}:{j}")
+        if cost == 1:
+            log.add(at, token + ":1")
+        else:
+            log.add_many(at, [f"{token}:{j}" for j in range(1, cost + 1)])
         if log.scores[0] <= now - longest:  # something has left the longest window
             log.trim(now - longest)
         self._set(key, log, now, log.scores[-1] + longest - now)
+
+    def _sl_stable(self, key: str, period: int, now: int) -> int:
+        """As sl stable: ms until the oldest entry in (now - period, now] leaves (-1: none)."""
+        log: _Log | None = self._get(key, now)
+        if log is None:
+            return -1
+        i = bisect.bisect_right(log.scores, now - period)
+        return log.scores[i] + period - now if i < len(log.scores) else -1
 
     def _sl_expire(self, key: str, log: _Log, longest: int, now: int) -> None:
         if log.scores:
@@ -418,8 +516,7 @@ class MemoryBackend:
         if log is None:
             return
         if token:
-            for j in range(1, cost + 1):
-                log.remove(f"{token}:{j}")
+            log.remove_many([f"{token}:{j}" for j in range(1, cost + 1)])
         else:
             upto = bisect.bisect_right(log.scores, now)
             log.remove_entries(max(0, upto - cost), upto)
@@ -429,8 +526,7 @@ class MemoryBackend:
         log: _Log | None = self._get(key, now)
         if log is None:
             return
-        for j in range(1, cost + 1):
-            log.remove(f"{token}:{j}")
+        log.remove_many([f"{token}:{j}" for j in range(1, cost + 1)])
         self._sl_expire(key, log, longest, now)
 
     def _sl_joint_retry(self, tiers: list[_Tier], results: list[_Result],
@@ -468,7 +564,8 @@ class MemoryBackend:
         now = now_us // 1000
         heap = self._heap
         if heap and heap[0][0] <= now:  # O(1) when nothing is due
-            self._sweep(now)
+            self._sweep(now, now - self._called_at)
+        self._called_at = now
         n = argv[4]
         if type(n) is not int:
             n = int(n)
@@ -483,9 +580,12 @@ class MemoryBackend:
         # H, P, B (and, as main.lua, anything else): decide.
         at = max(int(argv[3]), now) if op == "B" else now
         if n == 1:
-            tier = _read_tier(argv, 5, keys[0])
-            if tier[4] == 0:  # no penalty: nothing but this tier to read or write
-                return self._decide_one(op, tier, token, at, now, now_us)
+            # _read_tier inlined for the call the core sends most (ints, no penalty: nothing
+            # but this tier to read or write); any other form takes the general path.
+            algo, limit, period, cost, ban, ban_end, cal = argv[5:12]
+            if ban == 0 and type(limit) is int and type(period) is int and type(cost) is int:
+                return self._decide_one(op, (algo, limit, period, cost, 0, ban_end, cal, keys[0]),
+                                        token, at, now, now_us)
         return self._decide(op, keys, _read_tiers(keys, argv, n), token, at, now, now_us)
 
     def _give_back(self, op: str, tiers: list[_Tier], token: str, now: int,
@@ -544,14 +644,29 @@ class MemoryBackend:
                     now_us: int) -> list[int]:
         """_decide for the common call: one tier and no penalty, so no ban to read or start,
         no joint retry, and its own answer is the call's."""
-        result = self._check(tier, at, now, now_us)
-        ok, before, retry, reset_now, reset_hit, _ = result
+        # _check and _store, inlined: a third of this call's time went to those two frames.
+        algo, limit, period, cost, _, _, cal, key = tier
+        if algo == "fw":
+            result = self._fw_check(key, limit, period, cost, cal, now)
+        elif algo == "sw":
+            result = self._sw_check(key, limit, period, cost, now)
+        elif algo == "gc":
+            result = self._gc_check(key, limit, period, cost, now, now_us)
+        else:
+            result = self._sl_check(key, limit, period, cost, at, now)
+        ok, before, retry, reset_now, reset_hit, state = result
         if not ok:
-            return [0, 0, before, retry, reset_now, 0]
+            reply = [0, 0, before, retry, reset_now, 0]
+            if op == "H":
+                self._stability([tier], [0], reply, now, now_us)
+            return reply
         if op == "P":
             return [1, 1, before, retry, reset_now, 0]
-        self._store(tier, result, tier[2], at, token, now)
-        return [1, 1, before - tier[3], retry, reset_hit, 0]
+        if algo == "sl":
+            self._sl_commit(key, state, at, cost, token, period, now)
+        else:
+            self._set(key, state, now, reset_hit + 1 if algo == "gc" else reset_hit)
+        return [1, 1, before - cost, retry, reset_hit, 0]
 
     def _decide(self, op: str, keys: Sequence[str], tiers: list[_Tier], token: str, at: int,
                 now: int, now_us: int) -> list[int]:
@@ -585,9 +700,50 @@ class MemoryBackend:
                 reply += (1 if ok else 0, before, retry, reset_now, banned[i])
         if record:
             self._commit(tiers, results, at, token, now)
-        elif op == "H" and not all_ok and bans:
-            self._start_bans(keys, tiers, results, bans, now, reply)
+        elif op == "H" and not all_ok:
+            if bans:
+                self._start_bans(keys, tiers, results, bans, now, reply)
+            self._stability(tiers, banned, reply, now, now_us)
         return reply
+
+    def _stability(self, tiers: list[_Tier], banned: list[int], reply: list[int], now: int,
+                   now_us: int) -> None:
+        """As main.lua for a refused hit: append, per tier, how long (µs) its numbers hold,
+        and its exact retry and reset in µs, for the client's deny cache. `banned`: the tiers
+        banned before this call (their logs were not read)."""
+        phase = now_us - now * 1000
+
+        def us(ms: int) -> int:
+            return ms * 1000 - phase if ms > 0 else ms
+
+        # As the script's `tied`: an unbanned sliding-log tier whose log has entries ahead.
+        tied = False
+        for i, (algo, *_, key) in enumerate(tiers):
+            if algo == "sl" and not banned[i]:
+                log: _Log | None = self._get(key, now)
+                if log is not None and log.scores and log.scores[-1] > now:
+                    tied = True
+        extra: list[int] = []
+        for i, (algo, limit, period, cost, ban, _, cal, key) in enumerate(tiers):
+            k = 5 * i
+            retry: int | None = None
+            reset = 0
+            if reply[k + 5] == 1:
+                stable = us(reply[k + 4])
+            elif reply[k + 1] == 0 and ban > 0:
+                stable = 0
+            elif algo == "sl":
+                stable = 0 if tied else us(self._sl_stable(key, period, now))
+            elif algo == "fw":
+                stable = us(self._fw_stable(period, cal, now))
+            elif algo == "gc":
+                stable, retry, reset = self._gc_stable(key, limit, period, cost, now, now_us)
+            else:
+                stable = us(self._sw_stable(key, period, now))
+            if retry is None:
+                retry, reset = us(reply[k + 3]), us(reply[k + 4])
+            extra += (stable, retry, reset)
+        reply += extra
 
     def _commit(self, tiers: list[_Tier], results: list[_Result], at: int, token: str,
                 now: int) -> None:
@@ -620,3 +776,12 @@ class MemoryBackend:
                 # A cost above the limit stays "never": waiting out the ban would not admit it.
                 retry = results[i][2]
                 reply[base : base + 5] = [0, 0, retry if retry == -1 else bans[ban], bans[ban], 1]
+
+    # -- the start-up check (``Limiter.ping``), the same answer as the Redis backends' -----
+    def ping(self) -> dict[str, Any]:
+        """Always reachable: this process. No script is loaded, so ``script_sha`` is empty."""
+        return {"backend": "memory", "version": None, "cluster": False, "nodes": 1,
+                "rtt_ms": 0.0, "script_sha": ""}
+
+    async def aping(self) -> dict[str, Any]:
+        return self.ping()

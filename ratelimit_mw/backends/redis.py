@@ -2,7 +2,13 @@
 
 ``from_url`` builds a client with defaults that keep an outage cheap. redis-py's own defaults
 (5 s socket timeouts, retries with backoff) make one call against a down Redis take ~4.4 s,
-and ~60 s when SYNs are dropped; a rate limiter must never hold a request that long.
+and ~60 s when SYNs are dropped; a rate limiter must never hold a request that long. The URL
+is checked first (urls.py); Sentinel clients come from sentinel.py. On asyncio, plain TCP
+clients, single node or cluster, are driven through pipelined connections of our own
+(pipeline.py, cluster.py); the rest through redis-py.
+
+``ping()`` / ``aping()`` are the start-up check: connect, load the script on every primary,
+report the server's version and one round trip, or raise BackendError.
 """
 
 from __future__ import annotations
@@ -10,41 +16,50 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from typing import Any
 
-from ratelimit_mw._errors import BackendError, ConfigurationError
-from ratelimit_mw._scripts import SHA1, SOURCE
-from ratelimit_mw.core import ScriptCall
+from ratelimit_mw.backends import urls
+from ratelimit_mw.backends.memory import MemoryBackend
+from ratelimit_mw.core import scripts
+from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.plans import ScriptCall
 
 try:
     import redis
     import redis.asyncio
+    import redis.asyncio.sentinel
     import redis.cluster
+    import redis.sentinel
     from redis.asyncio.retry import Retry as AsyncRetry
     from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import NoScriptError, RedisClusterException, RedisError
     from redis.retry import Retry
+
+    from ratelimit_mw.backends import sentinel as _sentinel
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
 
 try:  # the pipelined async path needs hiredis (the [hiredis] extra); without it, redis-py's
-    from ratelimit_mw.backends import _pipeline
+    from ratelimit_mw.backends import pipeline as _pipeline
+    from ratelimit_mw.backends.cluster import PipelinedCluster
 except ImportError:  # pragma: no cover - exercised only without hiredis
     _pipeline = None  # type: ignore[assignment]
+    PipelinedCluster = None  # type: ignore[assignment,misc]
 
 # The errors a backend call may raise: redis-py's own (RedisClusterException, e.g. "cannot
 # be connected", is not a RedisError), socket errors, and the builtin TimeoutError that
 # asyncio.timeout raises.
-_FAILURES: tuple[type[BaseException], ...] = (OSError, TimeoutError)
+STORE_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError)
 if redis is not None:
-    _FAILURES = (RedisError, RedisClusterException, OSError, TimeoutError)
+    STORE_ERRORS = (RedisError, RedisClusterException, OSError, TimeoutError)
 try:
     import hiredis
 except ImportError:  # pragma: no cover - hiredis is the optional [hiredis] extra
     hiredis = None  # type: ignore[assignment]
 if _pipeline is not None and hiredis is not None:
-    _FAILURES = (*_FAILURES, hiredis.HiredisError)
+    STORE_ERRORS = (*STORE_ERRORS, hiredis.HiredisError)
 
 SAFE_DEFAULTS: dict[str, Any] = {
     "socket_timeout": 0.1,
@@ -52,6 +67,12 @@ SAFE_DEFAULTS: dict[str, Any] = {
     "retry_on_timeout": False,
     "health_check_interval": 0,
 }
+
+
+_PLAIN_POOLS: tuple[type, ...] = ()
+if redis is not None:
+    _PLAIN_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool,
+                    redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
 
 
 def _require_redis() -> None:
@@ -70,16 +91,60 @@ def _safe_kwargs(overrides: dict[str, Any], *, asyncio: bool = False) -> dict[st
     return kwargs
 
 
-def _is_cluster_url(url: str) -> bool:
-    return url.startswith(("redis+cluster://", "rediss+cluster://"))
+def _client_kwargs(spec: urls.BackendURL, overrides: dict[str, Any], *,
+                   asyncio: bool = False) -> dict[str, Any]:
+    """Safe defaults, then the URL's options, then the caller's keyword arguments."""
+    options = {k: v for k, v in spec.options.items()
+               if k not in ("db", "sentinel_username", "sentinel_password")}
+    return _safe_kwargs({**options, **overrides}, asyncio=asyncio)
 
 
-def _plain_url(url: str) -> str:
-    return url.replace("+cluster://", "://", 1)
+def _label(client: Any, *, asyncio: bool) -> str:
+    pool = getattr(client, "connection_pool", None)
+    sentinel_pool = (redis.asyncio.sentinel.SentinelConnectionPool if asyncio
+                     else redis.sentinel.SentinelConnectionPool)
+    return "redis-sentinel" if isinstance(pool, sentinel_pool) else "redis"
 
 
-def _failure(exc: BaseException) -> BackendError:
+def _memory(redis_kwargs: dict[str, Any]) -> MemoryBackend:
+    if redis_kwargs:
+        raise ConfigurationError(
+            f"memory:// takes no client options, got {sorted(redis_kwargs)}; "
+            "write RedisBackend.from_url(\"memory://\") alone"
+        )
+    return MemoryBackend()
+
+
+def store_error(exc: BaseException) -> BackendError:
+    """One of `STORE_ERRORS` as the BackendError every caller of a backend handles."""
     return BackendError(f"Redis call failed: {type(exc).__name__}: {exc}")
+
+
+def ping_report(backend: str, *, version: str | None, nodes: int, rtt_s: float,
+                script_sha: str) -> dict[str, Any]:
+    """What ``ping()`` answers: which store, its version, its size and one round trip."""
+    return {
+        "backend": backend,
+        "version": version,
+        "cluster": backend == "redis-cluster",
+        "nodes": nodes,
+        "rtt_ms": round(rtt_s * 1000, 3),
+        "script_sha": script_sha,
+    }
+
+
+def _version(info: Any) -> str | None:
+    """The server's version from INFO: redis-py's parsed dict, or the raw text (hiredis)."""
+    if isinstance(info, bytes):
+        info = info.decode(errors="replace")
+    if isinstance(info, str):
+        info = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    version = info.get("redis_version") if isinstance(info, dict) else None
+    return None if version is None else str(version).strip()
+
+
+def _unreachable(client: Any, exc: BaseException) -> BackendError:
+    return BackendError(f"start-up check failed for {client!r}: {type(exc).__name__}: {exc}")
 
 
 def _blocking_pool(pool_class: Any, url: str, kwargs: dict[str, Any]) -> Any:
@@ -111,10 +176,17 @@ class _DeferredCluster:
 
 
 def _direct(client: Any) -> bool:
-    """Whether the client's pool can be driven directly (a plain pooled client)."""
+    """Whether the client's pool can be driven directly (a plain pooled client).
+
+    Only redis-py's own pool classes: a subclass may decide where a connection goes when it
+    connects (Sentinel's asks the sentinels for the primary in ``connect()``, which the
+    direct path's reconnect-on-send would bypass, reaching the connection's placeholder
+    address instead), so it keeps redis-py's full call path.
+    """
+    pool = getattr(client, "connection_pool", None)
     return (
         getattr(client, "connection", None) is None
-        and getattr(client, "connection_pool", None) is not None
+        and type(pool) in _PLAIN_POOLS
         and not getattr(client, "_single_connection_client", False)
     )
 
@@ -130,6 +202,8 @@ class RedisBackend:
     key.
     """
 
+    in_process = False
+
     def __init__(self, client: Any) -> None:
         _require_redis()
         if isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
@@ -139,7 +213,8 @@ class RedisBackend:
             )
         self.client = client
         self.is_cluster = isinstance(client, (redis.cluster.RedisCluster, _DeferredCluster))
-        self._script = client.register_script(SOURCE)
+        self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=False)
+        self._script = client.register_script(scripts.source())
         self._pool: Any = None
         if not self.is_cluster and _direct(client):
             self._pool = getattr(client, "connection_pool", None)
@@ -147,22 +222,33 @@ class RedisBackend:
         self._local = threading.local()
 
     @classmethod
-    def from_url(cls, url: str, **redis_kwargs: Any) -> RedisBackend:
-        """A backend on a new client with safe timeouts; ``redis+cluster://`` for a cluster."""
+    def from_url(cls, url: str, **redis_kwargs: Any) -> RedisBackend | MemoryBackend:
+        """A backend for `url` with safe timeouts (see ``urls.py`` for every form).
+
+        ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
+        ``redis+sentinel://host:26379,host:26379/service/db``, and ``memory://`` (a
+        MemoryBackend). A malformed URL or an unknown option is a ConfigurationError here.
+        """
+        spec = urls.parse(url)
+        if spec.kind == "memory":
+            return _memory(redis_kwargs)
         _require_redis()
-        kwargs = _safe_kwargs(redis_kwargs)
-        if _is_cluster_url(url):
-            plain = _plain_url(url)
+        kwargs = _client_kwargs(spec, redis_kwargs)
+        if spec.kind == "cluster":
+            plain = spec.client_url
             try:
                 return cls(redis.cluster.RedisCluster.from_url(plain, **kwargs))
-            except _FAILURES:
+            except STORE_ERRORS:
                 # The sync cluster client connects as it is built; an app must still start
                 # while the cluster is down (its failure policy covers the outage), so the
                 # client is built on the first call instead.
                 return cls(_DeferredCluster(lambda: redis.cluster.RedisCluster.from_url(
                     plain, **kwargs)))
+        if spec.kind == "sentinel":
+            return cls(_sentinel.client(spec, kwargs, asyncio=False))
+        kwargs.setdefault("db", spec.db)
         return cls(redis.Redis(connection_pool=_blocking_pool(redis.BlockingConnectionPool,
-                                                              url, kwargs)))
+                                                              spec.client_url, kwargs)))
 
     def __repr__(self) -> str:
         return f"RedisBackend({self.client!r})"
@@ -176,16 +262,16 @@ class RedisBackend:
             try:
                 return self._evalsha(call)
             except NoScriptError:
-                self.client.script_load(SOURCE)
+                self.client.script_load(scripts.source())
                 return self._evalsha(call)
-        except _FAILURES as exc:
-            raise _failure(exc) from exc
+        except STORE_ERRORS as exc:
+            raise store_error(exc) from exc
 
     def _build_deferred(self) -> None:
         with self._connect_lock:
             if self._script is None:
                 client = self.client.factory()
-                self._script = client.register_script(SOURCE)
+                self._script = client.register_script(scripts.source())
                 self.client = client
 
     def _connection(self) -> Any:
@@ -206,7 +292,7 @@ class RedisBackend:
 
     def _evalsha(self, call: ScriptCall) -> list[int]:
         conn = self._connection()
-        command = ("EVALSHA", SHA1, len(call.keys), *call.keys, *call.args)
+        command = ("EVALSHA", scripts.sha1(), len(call.keys), *call.keys, *call.args)
         if hiredis is not None:
             packed = [hiredis.pack_command(command)]  # type: ignore[arg-type]
         else:
@@ -222,6 +308,40 @@ class RedisBackend:
         # been read whole and leaves the connection in order.
         return conn.retry.call_with_retry(attempt, lambda _: conn.disconnect())  # type: ignore[no-any-return]
 
+    def ping(self) -> dict[str, Any]:
+        """Connect, load the script (on every primary of a cluster) and time one PING.
+
+        The start-up check: a wrong host, a refused password or a server that refuses
+        scripts raises BackendError here, at deploy time, instead of showing up later as a
+        failure policy applied to live traffic.
+        """
+        try:
+            if self._script is None:
+                self._build_deferred()
+            client: Any = self.client
+            if self.is_cluster:
+                primaries = client.get_primaries()
+                rtt = 0.0
+                for node in primaries:
+                    start = time.perf_counter()
+                    client.execute_command("PING", target_nodes=node)
+                    rtt = max(rtt, time.perf_counter() - start)
+                    client.execute_command("SCRIPT", "LOAD", scripts.source(), target_nodes=node)
+                info = client.execute_command("INFO", "server", target_nodes=primaries[0])
+                if isinstance(info, dict) and primaries[0].name in info:
+                    info = info[primaries[0].name]
+                return ping_report("redis-cluster", version=_version(info),
+                                   nodes=len(primaries), rtt_s=rtt, script_sha=scripts.sha1())
+            client.ping()  # connects: the round trip below is the network's alone
+            start = time.perf_counter()
+            client.ping()
+            rtt = time.perf_counter() - start
+            client.script_load(scripts.source())
+            return ping_report(self._label, version=_version(client.info("server")), nodes=1,
+                               rtt_s=rtt, script_sha=scripts.sha1())
+        except STORE_ERRORS as exc:
+            raise _unreachable(self.client, exc) from exc
+
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
         if conn is not None:
@@ -235,6 +355,8 @@ class AsyncRedisBackend:
     The client belongs to the event loop it was first used on.
     """
 
+    in_process = False
+
     def __init__(self, client: Any) -> None:
         _require_redis()
         if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
@@ -244,7 +366,8 @@ class AsyncRedisBackend:
             )
         self.client = client
         self.is_cluster = isinstance(client, redis.asyncio.RedisCluster)
-        self._script = client.register_script(SOURCE)
+        self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=True)
+        self._script = client.register_script(scripts.source())
         self._pool: Any = None
         if not self.is_cluster and _direct(client):
             self._pool = getattr(client, "connection_pool", None)
@@ -254,24 +377,33 @@ class AsyncRedisBackend:
         # calls are using. So a cluster client is initialized once, alone, first.
         self._ready = not self.is_cluster
         self._init_lock = asyncio.Lock()
-        # The fastest path: one pipelined connection per event loop (see _pipeline.py).
+        # The fastest path: one pipelined connection per event loop and node (pipeline.py,
+        # cluster.py); redis-py's own client only for what it cannot mirror (TLS, RESP3...).
         self._pipe: Any = None
-        if _pipeline is not None and not self.is_cluster and _pipeline.eligible(client):
-            self._pipe = _pipeline.PipelinedConnection(client)
+        if _pipeline is not None and _pipeline.eligible(client):
+            self._pipe = (PipelinedCluster.for_client(client) if self.is_cluster
+                          else _pipeline.PipelinedConnection.for_client(client))
 
     @classmethod
-    def from_url(cls, url: str, **redis_kwargs: Any) -> AsyncRedisBackend:
-        """A backend on a new asyncio client with safe timeouts."""
+    def from_url(cls, url: str, **redis_kwargs: Any) -> AsyncRedisBackend | MemoryBackend:
+        """A backend on a new asyncio client with safe timeouts; the URLs of
+        ``RedisBackend.from_url``."""
+        spec = urls.parse(url)
+        if spec.kind == "memory":
+            return _memory(redis_kwargs)
         _require_redis()
-        kwargs = _safe_kwargs(redis_kwargs, asyncio=True)
-        if _is_cluster_url(url):
-            if "retry_on_timeout" not in redis_kwargs:
+        kwargs = _client_kwargs(spec, redis_kwargs, asyncio=True)
+        if spec.kind == "cluster":
+            if "retry_on_timeout" not in redis_kwargs and "retry_on_timeout" not in spec.options:
                 # redis.asyncio.RedisCluster has no such argument (TypeError); the `retry`
                 # set above bounds its retries.
                 del kwargs["retry_on_timeout"]
-            return cls(redis.asyncio.RedisCluster.from_url(_plain_url(url), **kwargs))
+            return cls(redis.asyncio.RedisCluster.from_url(spec.client_url, **kwargs))
+        if spec.kind == "sentinel":
+            return cls(_sentinel.client(spec, kwargs, asyncio=True))
+        kwargs.setdefault("db", spec.db)
         return cls(redis.asyncio.Redis(connection_pool=_blocking_pool(
-            redis.asyncio.BlockingConnectionPool, url, kwargs)))
+            redis.asyncio.BlockingConnectionPool, spec.client_url, kwargs)))
 
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.client!r})"
@@ -287,10 +419,10 @@ class AsyncRedisBackend:
             try:
                 return await self._evalsha(call)
             except NoScriptError:
-                await self.client.script_load(SOURCE)
+                await self.client.script_load(scripts.source())
                 return await self._evalsha(call)
-        except _FAILURES as exc:
-            raise _failure(exc) from exc
+        except STORE_ERRORS as exc:
+            raise store_error(exc) from exc
 
     async def _initialize(self) -> None:
         async with self._init_lock:
@@ -302,7 +434,8 @@ class AsyncRedisBackend:
         pool = self._pool
         conn = await pool.get_connection()
         try:
-            packed = conn.pack_command("EVALSHA", SHA1, len(call.keys), *call.keys, *call.args)
+            packed = conn.pack_command("EVALSHA", scripts.sha1(), len(call.keys), *call.keys,
+                                       *call.args)
 
             async def attempt() -> list[int]:
                 await conn.send_packed_command(packed)
@@ -319,6 +452,51 @@ class AsyncRedisBackend:
             raise
         finally:
             await pool.release(conn)
+
+    async def aping(self) -> dict[str, Any]:
+        """The async twin of ``RedisBackend.ping``: connect, load the script, time a PING."""
+        try:
+            if isinstance(self._pipe, PipelinedCluster):
+                return await self._aping_pipelined_cluster(self._pipe)
+            client: Any = self.client
+            if self.is_cluster:
+                if not self._ready:
+                    await self._initialize()
+                primaries = client.get_primaries()
+                rtt = 0.0
+                for node in primaries:
+                    start = time.perf_counter()
+                    await client.execute_command("PING", target_nodes=node)
+                    rtt = max(rtt, time.perf_counter() - start)
+                    await client.execute_command("SCRIPT", "LOAD", scripts.source(),
+                                                 target_nodes=node)
+                info = await client.execute_command("INFO", "server", target_nodes=primaries[0])
+                return ping_report("redis-cluster", version=_version(info),
+                                   nodes=len(primaries), rtt_s=rtt, script_sha=scripts.sha1())
+            await client.ping()
+            start = time.perf_counter()
+            await client.ping()
+            rtt = time.perf_counter() - start
+            await client.script_load(scripts.source())
+            return ping_report(self._label, version=_version(await client.info("server")),
+                               nodes=1, rtt_s=rtt, script_sha=scripts.sha1())
+        except STORE_ERRORS as exc:
+            raise _unreachable(self.client, exc) from exc
+
+    @staticmethod
+    async def _aping_pipelined_cluster(cluster: Any) -> dict[str, Any]:
+        primaries = await cluster.primaries()
+        rtt = 0.0
+        for address in primaries:
+            connection = cluster.connection(address)
+            await connection.command("PING")  # connects: the round trip below is the network's
+            start = time.perf_counter()
+            await connection.command("PING")
+            rtt = max(rtt, time.perf_counter() - start)
+            await connection.command("SCRIPT", "LOAD", scripts.source())
+        info = await cluster.connection(primaries[0]).command("INFO", "server")
+        return ping_report("redis-cluster", version=_version(info), nodes=len(primaries),
+                           rtt_s=rtt, script_sha=scripts.sha1())
 
     async def aclose(self) -> None:
         if self._pipe is not None:

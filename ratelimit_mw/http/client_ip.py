@@ -50,7 +50,7 @@ from functools import lru_cache
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from typing import TypeAlias
 
-from ratelimit_mw._errors import ConfigurationError
+from ratelimit_mw.core.errors import ConfigurationError
 
 __all__ = [
     "MAX_ELEMENTS",
@@ -344,7 +344,11 @@ def _quote_count(text: str) -> int:
     """
     if "\\" not in text:
         return text.count('"')
-    count = 0
+    return sum(1 for _, c in _unescaped(text) if c == '"')
+
+
+def _unescaped(text: str) -> Iterator[tuple[int, str]]:
+    """(index, character) of `text`, skipping each backslash and the character it escapes."""
     i = 0
     n = len(text)
     while i < n:
@@ -352,10 +356,8 @@ def _quote_count(text: str) -> int:
         if c == "\\":
             i += 2
             continue
-        if c == '"':
-            count += 1
+        yield i, c
         i += 1
-    return count
 
 
 def _forwarded_elements(value: str) -> Iterator[str]:
@@ -395,19 +397,12 @@ def _split_pairs(element: str) -> Iterator[str]:
             return
     start = 0
     in_quote = False
-    i = 0
-    n = len(element)
-    while i < n:
-        c = element[i]
-        if c == "\\":
-            i += 2
-            continue
+    for i, c in _unescaped(element):
         if c == '"':
             in_quote = not in_quote
         elif c == ";" and not in_quote:
             yield element[start:i]
             start = i + 1
-        i += 1
     yield element[start:]
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ratelimit_mw import keys as _keys
-from ratelimit_mw.routing import ATTRIBUTE, EXEMPT
+from ratelimit_mw.http.routing import ATTRIBUTE, EXEMPT
 
 RouteMeta = Any  # tuple[RouteLimit, ...] | EXEMPT | None, as routing.route_limits gives it
 Resolved = tuple["str | None", RouteMeta]  # (template, metadata)
@@ -214,16 +214,8 @@ def _descend(route: Any, scope: dict[str, Any], child: Any, method: str, prefix:
 
 
 def needs_route(key: Callable[[Any], Any] | None) -> bool:
-    """May this key function read the route template? Unknown callables may."""
-    if key is None:
-        return False
-    if isinstance(key, (_keys._ClientIP, _keys._Header)):
-        return False
-    if isinstance(key, _keys._User):
-        return key._getter is not None
-    if isinstance(key, _keys._Compose):
-        return any(needs_route(func) for func in key._funcs)
-    return True
+    """May this key function read the route template? Undeclared callables may."""
+    return key is not None and "route" in _keys.reads(key)
 
 
 class RouteResolver:

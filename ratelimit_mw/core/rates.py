@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ratelimit_mw._errors import ConfigurationError
+from ratelimit_mw.core.errors import ConfigurationError
 
 _MS_PER_UNIT = {
     "millisecond": 1,
@@ -51,11 +51,18 @@ def unit_ms(word: str) -> int | None:
     return found
 
 
-_EXAMPLE = 'write it like "10/minute", "10 per minute", "5/30 seconds" or "1/minute;5/hour;10/day"'
+_EXAMPLE = (
+    'write it like "10/minute", "10 per minute", "5/30 seconds" or "1/minute;5/hour;10/day" '
+    '(tiers joined by ";", "," or "|")'
+)
 
 # Lua numbers are doubles: integers above 2**53 stop being exact, and the scripts multiply
 # limits by periods, so we refuse rates whose product could leave the exact range.
 _MAX_EXACT = 2**53
+# The RateLimit headers carry the limit as an RFC 9651 integer: at most 15 digits.
+MAX_LIMIT = 999_999_999_999_999
+# Tiers are joined by ";" (ours), "," or "|" (the spellings of `limits` and Flask-Limiter).
+_TIER_SEPARATORS = re.compile(r"[;,|]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,12 @@ class Rate:
                 f"a rate's period must be a whole number of milliseconds >= 1, "
                 f"got {self.period_ms!r}; {_EXAMPLE}"
             )
+        if self.limit > MAX_LIMIT:
+            raise ConfigurationError(
+                f"a rate's limit must be at most {MAX_LIMIT:,} (15 digits: the RateLimit "
+                f"headers cannot carry more), got {self.limit:,}; use a longer period, e.g. "
+                f'"1000000000/second" rather than "1000000000000000/millisecond"'
+            )
         if self.limit * self.period_ms >= _MAX_EXACT:
             raise ConfigurationError(
                 f"{self.limit} per {self.period_ms} ms is too large to count exactly; "
@@ -98,7 +111,7 @@ class Rate:
 
     @classmethod
     def parse(cls, text: str) -> Rate:
-        """Parse one rate such as "10/minute"; see `parse_rates` for ";"-joined tiers."""
+        """Parse one rate such as "10/minute"; see `parse_rates` for several tiers."""
         rates = parse_rates(text)
         if len(rates) != 1:
             raise ConfigurationError(
@@ -154,10 +167,11 @@ def _parse_one(part: str, whole: str) -> Rate:
 
 
 def parse_rates(text: str) -> tuple[Rate, ...]:
-    """Parse ";"-joined tiers ("1/minute;5/hour") into rates, in the order given."""
+    """Parse tiers joined by ";", "," or "|" ("1/minute;5/hour", "10/minute, 100/hour") into
+    rates, in the order given."""
     if not isinstance(text, str):
         raise ConfigurationError(f"a rate must be a string, got {type(text).__name__}; {_EXAMPLE}")
-    parts = [part for part in text.split(";") if part.strip()]
+    parts = [part for part in _TIER_SEPARATORS.split(text) if part.strip()]
     if not parts:
         raise ConfigurationError(f"empty rate {text!r}; {_EXAMPLE}")
     return tuple(_parse_one(part, text) for part in parts)

@@ -24,12 +24,25 @@ def _digest(text: str) -> str:
     return "#" + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-@functools.lru_cache(maxsize=65_536)
-def encode_identity(identity: str) -> str:
-    """The hash-tag body for an identity; cached because the same clients come back."""
+# Only identities of at most 64 characters are cached, so the cache holds at most
+# 16,384 x (a 64-character key, a 23-character digest, ~150 bytes of bookkeeping): ~5 MB however
+# clients choose their identities. Longer ones are hashed on every call (a few µs for 8 KB):
+# caching them would keep their whole text (65,536 of 8 KB: 530 MB).
+_CACHED_LENGTH = 64
+
+
+@functools.lru_cache(maxsize=16_384)
+def _encode_short(identity: str) -> str:
     if _SAFE.fullmatch(identity):
         return identity
     return _digest(identity)
+
+
+def encode_identity(identity: str) -> str:
+    """The hash-tag body for an identity; cached because the same clients come back."""
+    if len(identity) > _CACHED_LENGTH:
+        return _digest(identity)
+    return _encode_short(identity)
 
 
 def encode_segment(name: str) -> str:

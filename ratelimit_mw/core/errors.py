@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ratelimit_mw.decision import Decision
+    from ratelimit_mw.core.decision import Decision
 
 
 class ConfigurationError(ValueError):

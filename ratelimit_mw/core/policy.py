@@ -1,7 +1,7 @@
 """Policy: named tiers of rates under one algorithm, with an optional penalty and time zone.
 
-Everything a request needs from a policy is computed here, once: the algorithm's wire code,
-the key segment, the per-tier script arguments and the header fragments.
+A Policy holds what a user configures, validated; what it becomes on the wire (key segments,
+script arguments, ban and calendar arguments) is the core's business (`core.wire`).
 """
 
 from __future__ import annotations
@@ -9,29 +9,20 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from collections.abc import Callable, Sequence
-from typing import TypeAlias
+from typing import Literal, TypeAlias, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from ratelimit_mw._errors import ConfigurationError
-from ratelimit_mw._keyenc import encode_segment
-from ratelimit_mw.rates import Rate, parse_rates, unit_ms
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.rates import Rate, parse_rates, unit_ms
 
-ALGORITHMS = {
-    "fixed-window": "fw",
-    "sliding-log": "sl",
-    "sliding-window": "sw",
-    "gcra": "gc",
-}
-DEFAULT_ALGORITHM = "sliding-log"
+Algorithm: TypeAlias = Literal["fixed-window", "sliding-log", "sliding-window", "gcra"]
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+DEFAULT_ALGORITHM: Algorithm = "sliding-log"
 
 PenaltyEnd = Callable[[], _dt.datetime]
 Penalty: TypeAlias = int | float | str | _dt.timedelta | PenaltyEnd | None
 
-_DAY_MS = 86_400_000
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
-# 1970-01-01 was a Thursday; week-multiple calendar windows start on Mondays instead.
-_EPOCH_ORDINAL = _dt.date(1970, 1, 1).toordinal()
-_MONDAY_ORDINAL = _dt.date(1969, 12, 29).toordinal()
 
 
 def _penalty_ms(penalty: int | float | str | _dt.timedelta) -> int:
@@ -71,15 +62,12 @@ class Policy:
     """
 
     __slots__ = (
-        "_cal_cache",
+        "_wire",
         "algorithm",
-        "call_template",
-        "code",
         "name",
         "penalty",
         "penalty_ms",
         "rates",
-        "segment",
         "smallest_limit",
         "tz",
     )
@@ -87,7 +75,7 @@ class Policy:
     def __init__(
         self,
         rates: str | Rate | Sequence[Rate],
-        algorithm: str = DEFAULT_ALGORITHM,
+        algorithm: Algorithm = DEFAULT_ALGORITHM,
         name: str | None = None,
         penalty: Penalty = None,
         tz: str | None = None,
@@ -109,8 +97,8 @@ class Policy:
                 f"two tiers of {rates!r} share a period; keep the smaller limit, e.g. "
                 '"5/minute;100/hour"'
             )
-        code = ALGORITHMS.get(algorithm) if isinstance(algorithm, str) else None
-        if code is None:
+        # Checked at run time too: mypy catches a typo only where the caller is type-checked.
+        if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
             raise ConfigurationError(
                 f"unknown algorithm {algorithm!r}; choose one of "
                 + ", ".join(repr(a) for a in ALGORITHMS)
@@ -137,18 +125,16 @@ class Policy:
                 ) from exc
         self.rates: tuple[Rate, ...] = parsed
         self.smallest_limit: int = min(rate.limit for rate in parsed)
-        self.algorithm: str = algorithm
-        self.code: str = code
+        self.algorithm: Algorithm = algorithm
         self.name: str = name
         self.tz: ZoneInfo | None = zone
         self.penalty: Penalty = penalty
         self.penalty_ms: int = 0
         if penalty is not None and not callable(penalty):
             self.penalty_ms = _penalty_ms(penalty)
-        self.segment: str = encode_segment(name) + "." + code
-        self._cal_cache: dict[int, tuple[int, int, str]] = {}
-        # What the core precomputes for calls on this policy (ratelimit_mw.core._Template).
-        self.call_template: object = None
+        # Reserved for the core (core.wire): what this policy becomes on the wire, built on
+        # first use and kept here so that it lives exactly as long as the policy.
+        self._wire: object = None
 
     def __repr__(self) -> str:
         extra = ""
@@ -160,48 +146,6 @@ class Policy:
         return (
             f"Policy({rates!r}, algorithm={self.algorithm!r}, name={self.name!r}{extra})"
         )
-
-    def ban_end(self) -> str:
-        """The ban argument for a hit: "" (no penalty), "d<ms>" or "a<absolute ms>"."""
-        if self.penalty is None:
-            return ""
-        if self.penalty_ms:
-            return f"d{self.penalty_ms}"
-        end = self.penalty()  # type: ignore[operator]
-        if not isinstance(end, _dt.datetime) or end.tzinfo is None or end.utcoffset() is None:
-            raise ConfigurationError(
-                f"the penalty callable of {self.name!r} must return an aware datetime, got "
-                f"{end!r}; e.g. lambda: datetime.now(ZoneInfo('Asia/Shanghai')).replace(...)"
-            )
-        return f"a{int(end.timestamp() * 1000)}"
-
-    def calendar(self, tier: int, now_ms: int) -> str:
-        """Local-midnight boundaries around `now_ms` for a whole-day tier ("" otherwise).
-
-        The app's clock only chooses which four boundaries to send; the script picks the
-        window with Redis's clock. Cached until the app's clock leaves the current window.
-        """
-        zone = self.tz
-        period = self.rates[tier].period_ms
-        if zone is None or period % _DAY_MS:
-            return ""
-        cached = self._cal_cache.get(tier)
-        if cached is not None and cached[0] <= now_ms < cached[1]:
-            return cached[2]
-        days = period // _DAY_MS
-        today = _dt.datetime.fromtimestamp(now_ms / 1000, zone).date().toordinal()
-        origin = _MONDAY_ORDINAL if days % 7 == 0 else _EPOCH_ORDINAL
-        start = today - (today - origin) % days
-
-        def midnight(ordinal: int) -> int:
-            day = _dt.date.fromordinal(ordinal)
-            local = _dt.datetime(day.year, day.month, day.day, tzinfo=zone)
-            return int(local.timestamp() * 1000)
-
-        bounds = [midnight(start + k * days) for k in (-1, 0, 1, 2)]
-        text = ",".join(map(str, bounds))
-        self._cal_cache[tier] = (bounds[1], bounds[2], text)
-        return text
 
 
 def as_policy(value: Policy | str, *, name: str | None = None) -> Policy:

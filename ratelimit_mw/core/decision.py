@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from ratelimit_mw.policy import Policy
-    from ratelimit_mw.rates import Rate
+    from ratelimit_mw.core.policy import Policy
+    from ratelimit_mw.core.rates import Rate
 
 
 class TierState(NamedTuple):

@@ -18,8 +18,8 @@ import json
 import math
 from collections.abc import Sequence
 
-from ratelimit_mw.decision import Decision
-from ratelimit_mw.policy import Policy
+from ratelimit_mw.core.decision import Decision
+from ratelimit_mw.core.policy import Policy
 
 Headers = list[tuple[str, str]]
 
@@ -45,25 +45,32 @@ def _sf_string(text: str) -> str:
 class PolicyHeader:
     """The rendered ``RateLimit-Policy`` of one set of policies, and each tier's name.
 
-    Tier names are the rate's period ("minute", "30s"); when two applied policies have a tier
-    of the same period, the policy name prefixes them so that every name is unique.
+    Tier names are the rate's period ("minute", "30s"). When two applied policies have a tier
+    of the same period, each is prefixed by its policy's label, a short text a person reads
+    ("default", "POST /login", "report"): ``"POST /login minute"``. A policy given without a
+    label is labelled by its name.
     """
 
-    __slots__ = ("names", "value")
+    __slots__ = ("item", "names", "value")
 
-    def __init__(self, policies: Sequence[Policy]) -> None:
-        policies = list(dict.fromkeys(policies))  # one policy applied twice is listed once
-        periods = [rate.period_ms for policy in policies for rate in policy.rates]
+    def __init__(self, policies: Sequence[Policy | tuple[Policy, str]]) -> None:
+        labelled: dict[Policy, str] = {}
+        for item in policies:  # one policy applied twice is listed once
+            policy, label = item if isinstance(item, tuple) else (item, item.name)
+            labelled.setdefault(policy, label)
+        periods = [rate.period_ms for policy in labelled for rate in policy.rates]
         clash = len(set(periods)) != len(periods)
         self.names: dict[tuple[int, int], str] = {}
         items = []
-        for policy in policies:
+        for policy, label in labelled.items():
             for rate in policy.rates:
-                name = f"{policy.name}/{rate.name}" if clash else rate.name
+                name = f"{label} {rate.name}" if clash else rate.name
                 quoted = _sf_string(name)
                 self.names[(id(policy), rate.period_ms)] = quoted
                 items.append(f"{quoted};q={rate.limit};w={rate.period_seconds_ceil}")
         self.value = ", ".join(items)
+        # The header as the adapters add it: built once, shared by every response.
+        self.item = ("RateLimit-Policy", self.value)
 
     def ratelimit(self, decision: Decision) -> str:
         """The ``RateLimit`` value for the governing tier of `decision`."""
@@ -77,10 +84,7 @@ class PolicyHeader:
 def rate_limit_headers(decision: Decision, policy_header: PolicyHeader,
                        legacy: bool = False) -> Headers:
     """The headers for a response the limiter saw (admitted or refused)."""
-    headers: Headers = [
-        ("RateLimit-Policy", policy_header.value),
-        ("RateLimit", policy_header.ratelimit(decision)),
-    ]
+    headers: Headers = [policy_header.item, ("RateLimit", policy_header.ratelimit(decision))]
     if not decision.allowed:
         headers.append(("Retry-After", str(retry_after_seconds(decision))))
     if legacy:

@@ -1,0 +1,383 @@
+"""A pipelined Redis connection for the async hot path (single node, and each cluster node).
+
+redis.asyncio spends more CPU per awaited call than the rate limit check itself: a pool
+checkout and return with their hooks, a Python command packer, and an ``asyncio.wait_for``
+(a new Task) around every write. For one EVALSHA per request the physical floor is lower:
+one TCP connection per event loop and node, each call written at once (calls from concurrent
+requests pipeline on the wire, which Redis answers in order), replies parsed by hiredis in C
+and handed to the waiting futures in the same order. There is no pool, so no pool ceiling: a
+burst of any size is one queue on one socket (redis-py's cluster client raised
+MaxConnectionsError past 100 connections per node, which the middleware took for an outage).
+
+It is used only where it is exactly equivalent: a plain TCP ``redis.asyncio.Redis`` or
+``redis.asyncio.RedisCluster`` (RESP2, no TLS, no credential provider) with hiredis
+installed. The client's host, port, database, username, password, name and timeouts apply.
+Anything else goes through redis-py.
+
+Failure behaviour, which the middleware's failure policy builds on:
+- a call waits at most the client's ``socket_timeout``; a timed-out call drops the
+  connection (a hung Redis should not collect a queue), and the next call reconnects;
+- a connection error reconnects and retries once (as the safe ``from_url`` defaults do),
+  so a Redis restart costs at most the calls in flight at that moment;
+- a cancelled call (the middleware's own deadline) leaves the connection in order: its reply
+  is still read, and dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+from dataclasses import dataclass, replace
+from typing import Any
+
+import hiredis
+from redis.asyncio.connection import Connection as _PlainConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ratelimit_mw.core import scripts
+
+_EVALSHA = b"EVALSHA"
+
+
+@functools.cache
+def script_load() -> bytes:
+    """SCRIPT LOAD of the joined script, packed once at first use (the Lua is read lazily)."""
+    return hiredis.pack_command(("SCRIPT", "LOAD", scripts.source()))  # type: ignore[no-any-return,arg-type]
+
+
+ASKING = hiredis.pack_command(("ASKING",))
+
+
+def eligible(client: Any) -> bool:
+    """Whether `client` is a plain TCP RESP2 redis.asyncio client this connection can mirror.
+
+    A ``redis.asyncio.Redis`` keeps its settings in its pool, a ``RedisCluster`` on itself.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None:
+        connection_class, kwargs = pool.connection_class, pool.connection_kwargs
+    else:
+        kwargs = getattr(client, "connection_kwargs", None)
+        if not isinstance(kwargs, dict):
+            return False
+        connection_class = kwargs.get("connection_class")
+    return (connection_class is _PlainConnection and kwargs.get("credential_provider") is None
+            and kwargs.get("protocol") in (None, 2, "2"))
+
+
+def pack_evalsha(keys: list[str], args: list[Any]) -> bytes:
+    return hiredis.pack_command((_EVALSHA, scripts.sha1(), len(keys), *keys, *args))  # type: ignore[no-any-return]
+
+
+def raise_for_error(reply: Any) -> Any:
+    """The reply, or the redis-py exception an error reply stands for."""
+    if isinstance(reply, hiredis.ReplyError):
+        message = str(reply)
+        if message.startswith("NOSCRIPT"):
+            raise NoScriptError(message)
+        raise ResponseError(message)
+    return reply
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where and how to connect: one node's address and the client's credentials and timeouts."""
+
+    host: str = "localhost"
+    port: int = 6379
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    client_name: str | None = None
+    timeout: float | None = None
+    connect_timeout: float | None = None
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any], **where: Any) -> Settings:
+        """From redis-py connection kwargs (`where` gives a cluster node's host and port)."""
+        kwargs = {**kwargs, **where}
+        timeout = kwargs.get("socket_timeout")
+        return cls(
+            host=kwargs.get("host", "localhost"),
+            port=int(kwargs.get("port", 6379)),
+            db=int(kwargs.get("db", 0) or 0),
+            username=kwargs.get("username"),
+            password=kwargs.get("password"),
+            client_name=kwargs.get("client_name"),
+            timeout=timeout,
+            connect_timeout=kwargs.get("socket_connect_timeout") or timeout,
+        )
+
+    def at(self, host: str, port: int) -> Settings:
+        """The same credentials and timeouts, another node."""
+        return replace(self, host=host, port=port)
+
+
+class _Protocol(asyncio.Protocol):
+    """Commands out in one write per loop iteration; replies in, futures out, in order.
+
+    Auto-pipelining: every command sent during one iteration of the event loop (the checks
+    of all the requests that reached the limiter together) is buffered and written with ONE
+    ``transport.write`` at the start of the next iteration, so a burst costs one send system
+    call instead of one per check; Redis answers them in order, and each chunk of replies
+    is parsed in one pass (hiredis, in C), each handed to its future.
+
+    Deadlines: replies come back in order, so the oldest unanswered command tells whether
+    the server is answering. One timer per connection watches it (instead of one timer per
+    call): when the oldest has waited ``timeout``, the connection is given up and every
+    call on it fails with a timeout (a hung Redis should not collect a queue); the next
+    call reconnects.
+
+    A waiter of None stands for a reply that nobody reads (ASKING's, sent just before the
+    command it prefixes): it is consumed in its turn and dropped.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
+        self.loop = loop
+        self.timeout = timeout
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader()
+        self.waiters: collections.deque[asyncio.Future[Any] | None] = collections.deque()
+        self.deadlines: collections.deque[float] = collections.deque()  # one per waiter
+        self.pending: list[bytes] = []  # written at the next iteration of the loop
+        self.timer: asyncio.TimerHandle | None = None
+        self.lost: BaseException | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        waiters, deadlines = self.waiters, self.deadlines
+        while True:
+            reply = self.reader.gets()
+            if reply is False:
+                return
+            if not waiters:  # a reply nobody asked for: the stream cannot be trusted
+                self.close(RedisConnectionError("unexpected reply from Redis"))
+                return
+            waiter = waiters.popleft()
+            deadlines.popleft()
+            if waiter is not None and not waiter.done():  # a cancelled call's reply is dropped
+                waiter.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}")
+        self._fail_all(self.lost)
+
+    def close(self, reason: BaseException) -> None:
+        self.lost = reason
+        if self.transport is not None:
+            self.transport.close()
+        self._fail_all(reason)
+
+    def _fail_all(self, reason: BaseException) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.pending.clear()
+        self.deadlines.clear()
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if waiter is not None and not waiter.done():
+                waiter.set_exception(reason)
+
+    def send(self, packed: bytes, skipped: int = 0) -> asyncio.Future[Any]:
+        """Queue `packed` (`skipped` unread replies, then the one returned) for this
+        iteration's write."""
+        if self.lost is not None or self.transport is None:
+            raise self.lost or RedisConnectionError("not connected to Redis")
+        loop = self.loop
+        waiter = loop.create_future()
+        deadline = 0.0
+        if self.timeout is not None:
+            deadline = loop.time() + self.timeout
+            if self.timer is None:
+                self.timer = loop.call_at(deadline, self._watch)
+        for _ in range(skipped):
+            self.waiters.append(None)
+            self.deadlines.append(deadline)
+        self.waiters.append(waiter)
+        self.deadlines.append(deadline)
+        if not self.pending:
+            loop.call_soon(self._flush)
+        self.pending.append(packed)
+        return waiter
+
+    def _flush(self) -> None:
+        pending = self.pending
+        if not pending or self.transport is None or self.lost is not None:
+            return
+        self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        pending.clear()
+
+    def _watch(self) -> None:
+        """The deadline timer: give up on a server whose oldest reply is overdue."""
+        self.timer = None
+        if not self.deadlines:
+            return
+        oldest = self.deadlines[0]
+        if self.loop.time() >= oldest:
+            self.close(RedisTimeoutError("Timeout reading from Redis"))
+        else:
+            self.timer = self.loop.call_at(oldest, self._watch)
+
+
+def consume(task: asyncio.Task[Any]) -> None:
+    """Retrieve a shared task's outcome, so that a failure nobody awaited is not logged."""
+    if not task.cancelled():
+        task.exception()
+
+
+class PipelinedConnection:
+    """One pipelined connection per event loop to one Redis node."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._protocol: _Protocol | None = None
+        # The event loop the connection belongs to, and the task connecting it (shared).
+        self._bound: tuple[asyncio.AbstractEventLoop, asyncio.Task[_Protocol] | None] | None = None
+        self._script_loading: asyncio.Task[Any] | None = None
+
+    @classmethod
+    def for_client(cls, client: Any) -> PipelinedConnection:
+        return cls(Settings.from_kwargs(client.connection_pool.connection_kwargs))
+
+    async def evalsha(self, keys: list[str], args: list[Any]) -> Any:
+        """Run the script; NOSCRIPT loads it and runs it again."""
+        return raise_for_error(await self.run_script(pack_evalsha(keys, args)))
+
+    async def run_script(self, packed: bytes, skipped: int = 0) -> Any:
+        """Send a packed EVALSHA (after `skipped` unread commands such as ASKING); NOSCRIPT
+        loads the script and sends it again. An error reply is returned, not raised: a
+        cluster reads MOVED and ASK from it."""
+        reply = await self._call(packed, skipped)
+        if isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
+            await self._load_script()
+            reply = await self._call(packed, skipped)
+        return reply
+
+    async def _load_script(self) -> None:
+        """SCRIPT LOAD, once for all the calls that met NOSCRIPT together.
+
+        A burst against a server that lost its scripts (restarted, flushed) has every call
+        in flight answered NOSCRIPT at once: they share one load of the ~30 KB source
+        instead of each sending its own. A caller cancelled meanwhile leaves it running for
+        the others (shield).
+        """
+        loop = asyncio.get_running_loop()
+        loading = self._script_loading
+        if loading is None or loading.done() or loading.get_loop() is not loop:
+            loading = self._script_loading = loop.create_task(self._call(script_load()))
+            loading.add_done_callback(consume)
+        raise_for_error(await asyncio.shield(loading))
+
+    async def command(self, *args: Any) -> Any:
+        """Any other command (PING, INFO, CLUSTER SLOTS...); an error reply raises."""
+        return raise_for_error(await self._call(hiredis.pack_command(args)))
+
+    async def _call(self, packed: bytes, skipped: int = 0) -> Any:
+        try:
+            return await self._once(packed, skipped)
+        except (RedisConnectionError, OSError):
+            # One immediate retry on a dropped connection: a restarted Redis is reachable
+            # again at once, and the first call after it should not fail.
+            return await self._once(packed, skipped)
+
+    async def _once(self, packed: bytes, skipped: int) -> Any:
+        protocol = self._protocol
+        bound = self._bound
+        if protocol is None or protocol.lost is not None or bound is None or (
+                bound[0] is not asyncio.get_running_loop()):
+            protocol = await self._connect(asyncio.get_running_loop())
+        # The protocol's deadline timer bounds the wait (see _Protocol).
+        return await protocol.send(packed, skipped)
+
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        """The connection, opened by one task that every caller meanwhile awaits.
+
+        A burst that meets no connection (cold start, after a drop) waits for the same
+        connect and wakes up at once when it is done; a lock would wake its waiters one
+        per loop iteration, a hundred iterations for a hundred requests. A caller cancelled
+        meanwhile leaves the connect running for the others (shield).
+        """
+        bound = self._bound
+        if bound is None or bound[0] is not loop:
+            # A client belongs to one event loop; a new loop (a test runner's, a worker's)
+            # gets its own connection instead of failing.
+            self.close()
+            bound = None
+        task = None if bound is None else bound[1]
+        if task is None or task.done():
+            task = loop.create_task(self._open(loop))
+            task.add_done_callback(consume)
+            self._bound = (loop, task)
+        return await asyncio.shield(task)
+
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        settings = self.settings
+        try:
+            _, protocol = await asyncio.wait_for(
+                loop.create_connection(lambda: _Protocol(loop, settings.timeout),
+                                       settings.host, settings.port),
+                settings.connect_timeout,
+            )
+            try:
+                await self._handshake(protocol, loop)
+            except BaseException:
+                # Timed out, refused or cancelled half-way: never keep it half set up.
+                protocol.close(RedisConnectionError("connection set-up failed"))
+                raise
+        except asyncio.TimeoutError as exc:
+            raise RedisTimeoutError(
+                f"Timeout connecting to {settings.host}:{settings.port}") from exc
+        except OSError as exc:
+            raise RedisConnectionError(
+                f"Error connecting to {settings.host}:{settings.port}: {exc}"
+            ) from exc
+        self._protocol = protocol
+        return protocol
+
+    async def _handshake(self, protocol: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
+        """AUTH, SELECT, CLIENT SETNAME as configured, and SCRIPT LOAD, in one round trip.
+
+        Loading the script with every new connection costs the server a hash of the source
+        when it has the script already, and saves the NOSCRIPT round trip (and the load
+        after it) on a cold start or after a restart, when the first calls of a burst are
+        the ones closest to the middleware's deadline.
+        """
+        settings = self.settings
+        commands: list[tuple[Any, ...]] = []
+        if settings.password is not None:
+            if settings.username:
+                commands.append(("AUTH", settings.username, settings.password))
+            else:
+                commands.append(("AUTH", settings.password))
+        if settings.db:
+            commands.append(("SELECT", settings.db))
+        if settings.client_name:
+            commands.append(("CLIENT", "SETNAME", settings.client_name))
+        waiters = [protocol.send(hiredis.pack_command(command)) for command in commands]
+        waiters.append(protocol.send(script_load()))
+        replies = await asyncio.wait_for(asyncio.gather(*waiters), settings.connect_timeout)
+        for name, reply in zip([c[0] for c in commands] + ["SCRIPT LOAD"], replies,
+                               strict=True):
+            if isinstance(reply, hiredis.ReplyError):
+                protocol.close(RedisConnectionError(str(reply)))
+                raise RedisConnectionError(f"{name} failed: {reply}")
+
+    def close(self) -> None:
+        protocol, self._protocol = self._protocol, None
+        if protocol is None:
+            return
+        if self._bound is not None and self._bound[0].is_closed():
+            # Its loop is gone (asyncio.run returned): the transport can no longer be closed
+            # through it, and nothing can be waiting on it any more.
+            return
+        protocol.close(RedisConnectionError("connection closed"))
+
+    async def aclose(self) -> None:
+        self.close()

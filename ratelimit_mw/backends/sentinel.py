@@ -1,0 +1,70 @@
+"""Redis Sentinel: a client on the primary that the sentinels name, followed through failovers.
+
+redis-py's sentinel-managed connection asks the sentinels for the primary in ``connect()``,
+and turns a READONLY reply (the server it reached has been demoted) into a dropped
+connection. But redis-py 8 reconnects inside a command's retry through
+``connect_check_health``, which goes straight to the address the connection last had: the
+one retry meant to survive the failover reached the demoted primary again and failed, and
+one failed call opens the middleware's breaker for a whole cool-down. The connections here
+ask the sentinels on every connect, however it is reached, so that retry lands on the new
+primary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio.sentinel
+import redis.sentinel
+
+from ratelimit_mw.backends.urls import BackendURL
+
+# The client options that also apply to the connections to the sentinels themselves.
+_SHARED = ("socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry")
+
+
+class _Following(redis.sentinel.SentinelManagedConnection):
+    def _connect(self) -> Any:
+        if self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        return super()._connect()  # type: ignore[no-untyped-call]
+
+
+class _FollowingTLS(_Following, redis.sentinel.SentinelManagedSSLConnection):
+    pass
+
+
+class _AsyncFollowing(redis.asyncio.sentinel.SentinelManagedConnection):
+    async def _connect(self) -> None:
+        if self.connection_pool.is_master:
+            self.host, self.port = await self.connection_pool.get_master_address()
+        await super()._connect()  # type: ignore[no-untyped-call]
+
+
+class _AsyncFollowingTLS(_AsyncFollowing, redis.asyncio.sentinel.SentinelManagedSSLConnection):
+    pass
+
+
+def client(spec: BackendURL, kwargs: dict[str, Any], *, asyncio: bool) -> Any:
+    """A redis-py client (sync or asyncio) on the primary Sentinel names for `spec.service`.
+
+    `kwargs` are the client options (timeouts, retry...); the socket ones apply to the
+    sentinel connections too, with the URL's ``sentinel_username``/``sentinel_password``.
+    """
+    sentinel_kwargs = {k: kwargs[k] for k in _SHARED if k in kwargs}
+    if spec.tls:
+        sentinel_kwargs["ssl"] = True
+    for option in ("sentinel_username", "sentinel_password"):
+        if option in spec.options:
+            sentinel_kwargs[option.removeprefix("sentinel_")] = spec.options[option]
+    module: Any = redis.asyncio.sentinel if asyncio else redis.sentinel
+    connection_class: type
+    if asyncio:
+        connection_class = _AsyncFollowingTLS if spec.tls else _AsyncFollowing
+    else:
+        connection_class = _FollowingTLS if spec.tls else _Following
+    credentials = {k: v for k, v in (("username", spec.username), ("password", spec.password))
+                   if v is not None}
+    sentinel = module.Sentinel(list(spec.sentinels), sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(spec.service, db=spec.db, connection_class=connection_class,
+                               **{**credentials, **kwargs})

@@ -1,0 +1,280 @@
+"""Backend URLs, read and checked once, at configuration time (pure: no I/O, no redis-py).
+
+A mistake in a URL must stop the app at start-up with a message that shows what to write,
+never reach redis-py (whose ValueError names no fix) or be dropped silently (an unknown
+option such as ``?sockettimeout=1`` used to be ignored, leaving the default in force).
+
+- ``redis://[[user]:password@]host[:6379][/db]``: one Redis over TCP;
+- ``rediss://...``: the same over TLS;
+- ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``: one Redis on a Unix socket;
+- ``redis+cluster://host:port`` (``rediss+cluster://``): a Redis Cluster, found from one node;
+- ``redis+sentinel://[[user]:password@]host:26379[,host:26379...]/service[/db]``
+  (``rediss+sentinel://``): the primary that Redis Sentinel names for ``service``, followed
+  through failovers;
+- ``memory://``: this process's memory (no Redis).
+
+Query options (all schemes but ``memory://``): ``socket_timeout``, ``socket_connect_timeout``
+(seconds), ``max_connections``, ``health_check_interval``, ``socket_keepalive``,
+``retry_on_timeout``, ``client_name``, ``protocol`` and, over TLS, ``ssl_cert_reqs``,
+``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``. Single node
+also ``timeout`` (how long a burst waits for a free pooled connection) and ``db``;
+Sentinel also ``sentinel_username`` / ``sentinel_password`` (the sentinels' own
+credentials; the ones in the URL are the primary's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from ratelimit_mw.core.errors import ConfigurationError
+
+KINDS = {
+    "redis": "redis",
+    "rediss": "redis",
+    "unix": "redis",
+    "redis+cluster": "cluster",
+    "rediss+cluster": "cluster",
+    "redis+sentinel": "sentinel",
+    "rediss+sentinel": "sentinel",
+    "memory": "memory",
+}
+
+EXAMPLES = {
+    "redis": "redis://127.0.0.1:6379/0",
+    "rediss": "rediss://:password@redis.example.com:6380/0",
+    "unix": "unix:///var/run/redis/redis.sock?db=0",
+    "redis+cluster": "redis+cluster://10.0.0.1:7000",
+    "rediss+cluster": "rediss+cluster://10.0.0.1:7000",
+    "redis+sentinel": "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0",
+    "rediss+sentinel": "rediss+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0",
+    "memory": "memory://",
+}
+
+SENTINEL_PORT = 26379
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):  # also rejects NaN
+        raise ValueError(text)
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+# Option → (converter, what a valid value looks like).
+_CONVERT: dict[str, tuple[Callable[[str], Any], str]] = {
+    "socket_timeout": (_seconds, "a number of seconds, e.g. 0.1"),
+    "socket_connect_timeout": (_seconds, "a number of seconds, e.g. 0.1"),
+    "timeout": (_seconds, "a number of seconds, e.g. 0.1"),
+    "health_check_interval": (_count, "a whole number of seconds, e.g. 0"),
+    "max_connections": (_count, "a whole number, e.g. 100"),
+    "db": (_count, "a database number, e.g. 0"),
+    "protocol": (_count, "2 or 3"),
+    "socket_keepalive": (_bool, "true or false"),
+    "retry_on_timeout": (_bool, "true or false"),
+    "ssl_check_hostname": (_bool, "true or false"),
+    "client_name": (str, "a name"),
+    "ssl_cert_reqs": (str, "none, optional or required"),
+    "ssl_ca_certs": (str, "a file path"),
+    "ssl_certfile": (str, "a file path"),
+    "ssl_keyfile": (str, "a file path"),
+    "sentinel_username": (str, "a user name"),
+    "sentinel_password": (str, "a password"),
+}
+_COMMON = frozenset({"socket_timeout", "socket_connect_timeout", "health_check_interval",
+                     "max_connections", "socket_keepalive", "retry_on_timeout",
+                     "client_name", "protocol"})
+_TLS = frozenset({"ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile",
+                  "ssl_check_hostname"})
+_ALLOWED = {
+    "redis": _COMMON | {"timeout", "db"},
+    "cluster": _COMMON,
+    "sentinel": _COMMON | {"sentinel_username", "sentinel_password"},
+}
+
+
+@dataclass(frozen=True)
+class BackendURL:
+    """A checked backend URL.
+
+    ``client_url`` is what redis-py's ``from_url`` reads for the single-node and cluster
+    kinds (the ``+cluster`` and the query taken out); ``options`` are the query's options,
+    typed. Sentinel URLs are read here whole: ``sentinels``, ``service``, ``db`` and the
+    primary's credentials.
+    """
+
+    kind: str  # "redis" | "cluster" | "sentinel" | "memory"
+    scheme: str
+    client_url: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    sentinels: tuple[tuple[str, int], ...] = ()
+    service: str = ""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.scheme.startswith("rediss")
+
+
+def _fail(url: str, problem: str, scheme: str = "redis") -> ConfigurationError:
+    example = EXAMPLES.get(scheme, EXAMPLES["redis"])
+    return ConfigurationError(f"bad backend URL {_redact(url)!r}: {problem}; e.g. {example!r}")
+
+
+def _redact(url: str) -> str:
+    """The URL without its password: error messages end up in logs."""
+    head, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    userinfo, _, hosts = rest.partition("@")
+    user = userinfo.split(":", 1)[0]
+    return f"{head}://{user}:***@{hosts}"
+
+
+def parse(url: str) -> BackendURL:
+    """Check `url` and read it; ConfigurationError (with an example) when it is wrong."""
+    if not isinstance(url, str):
+        raise ConfigurationError(f"a backend URL is a string, got {type(url).__name__}; "
+                                 f"e.g. {EXAMPLES['redis']!r}")
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise _fail(url, "no scheme (redis://, rediss://, unix://, redis+cluster://, "
+                         "redis+sentinel:// or memory://)")
+    scheme = scheme.lower()
+    kind = KINDS.get(scheme)
+    if kind is None:
+        raise _fail(url, f"unknown scheme {scheme + '://'!r}; one of "
+                         + ", ".join(f"{s}://" for s in KINDS))
+    if kind == "memory":
+        if rest:
+            raise _fail(url, "memory:// takes no host, path or options", "memory")
+        return BackendURL(kind="memory", scheme=scheme)
+    body, _, query = rest.partition("?")
+    if "#" in query or "#" in body:
+        raise _fail(url, "a URL fragment ('#...') means nothing here; a '#' in a password "
+                         "is written %23", scheme)
+    options = _options(url, query, kind, scheme)
+    if kind == "sentinel":
+        return _sentinel(url, scheme, body, options)
+    return _single_or_cluster(url, scheme, kind, body, options)
+
+
+def _options(url: str, query: str, kind: str, scheme: str) -> dict[str, Any]:
+    allowed = _ALLOWED[kind] | (_TLS if scheme.startswith("rediss") else frozenset())
+    options: dict[str, Any] = {}
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError as exc:
+        raise _fail(url, f"the query string is not name=value pairs ({exc})", scheme) from exc
+    for name, text in pairs:
+        if name not in allowed:
+            known = ", ".join(sorted(allowed))
+            hint = " (TLS options need rediss://)" if name in _TLS else ""
+            raise _fail(url, f"unknown option {name!r}{hint}; known: {known}", scheme)
+        if name in options:
+            raise _fail(url, f"option {name!r} is given twice", scheme)
+        convert, looks_like = _CONVERT[name]
+        try:
+            options[name] = convert(text)
+        except ValueError as exc:
+            raise _fail(url, f"{name} must be {looks_like}, got {text!r}", scheme) from exc
+    return options
+
+
+def _db_from_path(url: str, path: str, scheme: str) -> int | None:
+    text = path.strip("/")
+    if not text:
+        return None
+    if not text.isdigit():
+        raise _fail(url, f"the path is the database number, got {text!r}", scheme)
+    return int(text)
+
+
+def _single_or_cluster(url: str, scheme: str, kind: str, body: str,
+                       options: dict[str, Any]) -> BackendURL:
+    plain = scheme.replace("+cluster", "")
+    if scheme == "unix":
+        path = body.rpartition("@")[2]
+        if not path.startswith("/") or path == "/":
+            raise _fail(url, "unix:// needs the socket's absolute path", scheme)
+        client_url = f"{plain}://{body}"
+        return BackendURL(kind=kind, scheme=scheme, client_url=client_url, options=options,
+                          db=options.get("db", 0))
+    parts = urlsplit(f"{plain}://{body}")
+    if not parts.hostname:
+        raise _fail(url, "no host", scheme)
+    if "," in parts.netloc:
+        raise _fail(url, "one start-up host only: the cluster's other nodes are discovered "
+                         "from it", scheme)
+    try:
+        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+    except ValueError as exc:
+        raise _fail(url, "the port must be a number from 1 to 65535", scheme) from exc
+    db = _db_from_path(url, parts.path, scheme)
+    if db is not None and "db" in options:
+        raise _fail(url, "the database is given twice (path and ?db=)", scheme)
+    if kind == "cluster" and db:
+        raise _fail(url, "a Redis Cluster has database 0 only", scheme)
+    db = db if db is not None else options.get("db", 0)
+    return BackendURL(kind=kind, scheme=scheme,
+                      client_url=f"{plain}://{parts.netloc}/{db}", options=options, db=db)
+
+
+def _address(url: str, text: str, scheme: str) -> tuple[str, int]:
+    parts = urlsplit(f"//{text}")
+    if not parts.hostname:
+        raise _fail(url, f"no host in the sentinel address {text!r}", scheme)
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise _fail(url, f"the port of the sentinel address {text!r} must be a number",
+                    scheme) from exc
+    return parts.hostname, port or SENTINEL_PORT
+
+
+def _sentinel(url: str, scheme: str, body: str, options: dict[str, Any]) -> BackendURL:
+    netloc, _, path = body.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username = unquote(user) or None
+        password = unquote(secret) if colon else None
+    if not hosts:
+        raise _fail(url, "no sentinel address", scheme)
+    sentinels = tuple(_address(url, part, scheme) for part in hosts.split(","))
+    segments = [s for s in path.split("/") if s]
+    if not segments:
+        raise _fail(url, "the path names the service Sentinel watches (the name after "
+                         "'sentinel monitor')", scheme)
+    if len(segments) > 2:
+        raise _fail(url, "the path is /service or /service/db", scheme)
+    db = 0
+    if len(segments) == 2:
+        if not segments[1].isdigit():
+            raise _fail(url, f"the database after the service must be a number, got "
+                             f"{segments[1]!r}", scheme)
+        db = int(segments[1])
+    return BackendURL(kind="sentinel", scheme=scheme, options=options, sentinels=sentinels,
+                      service=unquote(segments[0]), db=db, username=username,
+                      password=password)

@@ -1,0 +1,131 @@
+"""``ratelimit-mw`` (also ``python -m ratelimit_mw``): look at and lift limits from a shell.
+
+    ratelimit-mw inspect "5/minute;100/day" user:42 [--json]
+    ratelimit-mw reset myapp.limits:LOGIN ip:203.0.113.7
+    ratelimit-mw list [--policy P] [--limit N]
+    ratelimit-mw ping
+
+Exit codes: 0 done, 1 the store could not be reached, 2 bad input (the message says what to
+write instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from ratelimit_mw.cli import report
+from ratelimit_mw.cli.args import build_parser, positive_limit, resolve_policy
+from ratelimit_mw.cli.store import Store, redact
+from ratelimit_mw.core import plans, wire
+from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.identity import identity_head
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.limiter import Limiter
+
+Output = tuple[dict[str, Any], str]  # the --json object, and the text printed otherwise
+
+EXIT_OK, EXIT_STORE_DOWN, EXIT_BAD_INPUT = 0, 1, 2
+
+__all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_STORE_DOWN", "main"]
+
+
+def _ban_key(prefix: str, policy: Policy, identity: str) -> str:
+    # Read and cleared even when POLICY carries no penalty: the app's policy may, and a ban
+    # left in place would go on refusing after a reset.
+    return f"{identity_head(prefix, identity)}{wire.wire(policy).segment}:ban"
+
+
+def _identity(text: str) -> str:
+    if not text:
+        raise ConfigurationError('IDENTITY must not be empty; e.g. "user:42"')
+    return text
+
+
+def _inspect(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
+    policy = resolve_policy(args.policy, args.algorithm, args.name, args.tz)
+    identity = _identity(args.identity)
+    decision = limiter.peek(policy, identity)
+    raw = store.get(_ban_key(args.prefix, policy, identity))
+    ban_end = int(raw) if raw is not None and raw.isdigit() else None
+    data = report.inspect_report(policy, identity, decision, ban_end, store.time_ms())
+    return data, report.render_inspect(data)
+
+
+def _reset(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
+    policy = resolve_policy(args.policy, args.algorithm, args.name, args.tz)
+    identity = _identity(args.identity)
+    call = plans.build(plans.RESET, (plans.Check(policy, identity),), args.prefix)
+    ban = _ban_key(args.prefix, policy, identity)
+    keys = list(dict.fromkeys([*call.keys, ban]))  # tiers of a sliding log share one key
+    removed = store.existing(keys)
+    limiter.reset(policy, identity)
+    if ban not in call.keys:
+        store.delete([ban])
+    data = report.reset_report(policy, identity, removed)
+    return data, report.render_reset(data)
+
+
+def _list(store: Store, args: argparse.Namespace) -> Output:
+    limit = positive_limit(args.limit)
+    policy = None
+    if args.policy is not None:
+        policy = resolve_policy(args.policy, args.algorithm, args.name, args.tz)
+    elif args.algorithm is not None or args.name is not None or args.tz is not None:
+        raise ConfigurationError(
+            "--algorithm, --name and --tz shape --policy; give it too, e.g. "
+            'list --policy "5/minute" --algorithm gcra'
+        )
+    keys = store.scan(report.scan_pattern(args.prefix, policy))
+    data = report.list_report(args.prefix, keys, limit, policy)
+    return data, report.render_list(data)
+
+
+def _ping(store: Store) -> Output:
+    data = store.ping()
+    return data, report.render_ping(redact(store.url), data)
+
+
+def _run(args: argparse.Namespace) -> Output:
+    store = Store(args.url, args.timeout)
+    try:
+        # No deny cache: every answer comes from the store, as it stands now.
+        limiter = Limiter(store.backend, prefix=args.prefix, deny_cache=0)
+        if args.command == "inspect":
+            return _inspect(store, limiter, args)
+        if args.command == "reset":
+            return _reset(store, limiter, args)
+        if args.command == "list":
+            return _list(store, args)
+        return _ping(store)
+    finally:
+        store.close()
+
+
+def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
+         stderr: TextIO | None = None) -> int:
+    """Run one command; returns the exit code (the console script exits with it)."""
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # argparse has printed its usage message already
+        return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
+    try:
+        data, text = _run(args)
+    except ConfigurationError as exc:
+        print(f"ratelimit-mw: error: {exc}", file=err)
+        return EXIT_BAD_INPUT
+    except BackendError as exc:
+        # The underlying error says why in one line; the BackendError may also carry the
+        # client's long repr.
+        cause = exc.__cause__
+        reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        print(f"ratelimit-mw: cannot reach the store at {redact(args.url)}: {reason}", file=err)
+        return EXIT_STORE_DOWN
+    print(json.dumps(data, indent=2) if args.json else text, file=out)
+    return EXIT_OK

@@ -1,0 +1,516 @@
+"""The sans-I/O core: policies and identities in, one script call out; reply in, Decision out.
+
+Nothing here touches a socket or a clock. `Limiter` and `AsyncLimiter` feed it the time
+when a test asks for one, hand the call to a backend, and hand the reply back.
+
+Wire format (see lua/main.lua): KEYS are one key per tier (the tiers of a sliding-log policy
+share one log) followed by ban keys; ARGV is ``op, now_us, token, at_ms, n`` and seven values
+per tier. Replies are integers only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import random
+import secrets
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from ratelimit_mw.core.decision import Booking, Decision, TierState
+from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
+from ratelimit_mw.core.identity import encode_identity, identity_head
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.rates import Rate
+from ratelimit_mw.core.wire import Arg, Wire, ban_end, wire
+
+HIT = "H"
+PEEK = "P"
+REFUND = "R"
+RESET = "X"
+BOOK = "B"
+CANCEL = "C"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One policy applied to one identity in one call."""
+
+    policy: Policy
+    identity: str
+    cost: int = 1
+
+
+class ScriptCall(NamedTuple):
+    """What a backend runs: the keys and arguments of lua/main.lua, and how to read the reply.
+
+    A NamedTuple rather than a dataclass: one is built per request, and tuples build fastest.
+    """
+
+    keys: list[str]
+    args: list[Arg]
+    layout: tuple[tuple[Policy, str], ...]  # (policy, identity) per check, tiers in order
+    op: str
+    booking: Booking | None = None
+
+
+class _Tokens:
+    """Short, process-unique tokens for sliding-log members.
+
+    A random prefix per process (renewed after fork, so pre-forked workers never share one)
+    and a counter: far cheaper per call than uuid4, and unique across a fleet.
+    """
+
+    def __init__(self) -> None:
+        self._renew()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._renew)
+
+    def _renew(self) -> None:
+        self._prefix = secrets.token_urlsafe(6)
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
+
+
+_tokens = _Tokens()
+
+
+def new_token() -> str:
+    """A token unique to one call, for the members it adds to a sliding log."""
+    return _tokens.next()
+
+
+def validate_cost(cost: int) -> None:
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+        raise ConfigurationError(f"cost must be a whole number >= 1, got {cost!r}; e.g. cost=2")
+
+
+# NamedTuples built once per request skip their generated Python __new__ (a third of their
+# cost): the fields are given in order, exactly as the class declares them.
+_new = tuple.__new__
+
+
+def build(
+    op: str,
+    checks: Sequence[Check],
+    prefix: str,
+    *,
+    now_us: int | None = None,
+    at_ms: int | None = None,
+    token: str | None = None,
+    clock_ms: int | Callable[[], int] = 0,
+) -> ScriptCall:
+    """Build the one script call deciding every tier of every check.
+
+    ``clock_ms`` is the app's clock (or a callable reading it, called only when needed),
+    used only to choose which stretch of a ``tz=`` policy's UTC-offset schedule to send
+    (core.wire; the script picks the window by Redis's clock); ``now_us`` overrides Redis's
+    clock (tests, never production).
+
+    The common call (one check of a policy without penalty or calendar, no booking) is
+    `build_static`; everything else is `build_generic`, which gives the same call for it.
+    """
+    if len(checks) == 1 and at_ms is None and token is None:
+        check = checks[0]
+        form = wire(check.policy)
+        if form.static:
+            return build_static(op, check.policy, check.identity, check.cost, prefix, now_us,
+                                form)
+    return build_generic(op, checks, prefix, now_us=now_us, at_ms=at_ms, token=token,
+                         clock_ms=clock_ms)
+
+
+def build_static(op: str, policy: Policy, identity: str, cost: int, prefix: str,
+                 now_us: int | None, form: Wire) -> ScriptCall:
+    """`build_generic` of one check whose policy's arguments depend on the cost alone
+    (``form.static``), from what `Wire` precomputed: the keys are the identity's head and
+    the policy's suffixes, the arguments a fixed head and the cached tier arguments."""
+    head = f"{prefix}:{{{encode_identity(identity)}}}:"  # identity_head, one frame less
+    suffixes = form.suffixes
+    keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
+    args: list[Arg] = [
+        op,
+        "" if now_us is None else now_us,
+        new_token() if form.code == "sl" and op in (HIT, BOOK) else "",
+        "",
+        len(suffixes),
+    ]
+    if op == PEEK:
+        cost = 1
+    args += form.by_cost.get(cost) or form.static_args(cost)
+    return _new(ScriptCall, (keys, args, ((policy, identity),), op, None))
+
+
+def build_generic(op: str, checks: Sequence[Check], prefix: str, *, now_us: int | None = None,
+                  at_ms: int | None = None, token: str | None = None,
+                  clock_ms: int | Callable[[], int] = 0) -> ScriptCall:
+    """`build` for any call: several checks, penalties, calendars, bookings."""
+    keys: list[str] = []
+    tier_args: list[Arg] = []
+    layout: list[tuple[Policy, str]] = []
+    ban_keys: list[str] = []
+    seen: set[tuple[int, str]] = set()
+    uses_log = False
+    for check in checks:
+        policy = check.policy
+        identity = check.identity
+        if len(checks) > 1:
+            marker = (id(policy), identity)
+            if marker in seen:
+                # The same policy for the same identity twice (a rule and a default that are
+                # one object) must count once, not twice.
+                continue
+            seen.add(marker)
+        form = wire(policy)
+        head = identity_head(prefix, identity)
+        cost = 1 if op == PEEK else check.cost
+        if form.code == "sl":
+            uses_log = True
+        keys += [head + suffix for suffix in form.suffixes]
+        layout.append((policy, identity))
+        if form.static:
+            tier_args += form.static_args(cost)
+            continue
+        ban_index = 0
+        ban = ""
+        if policy.penalty is not None:
+            ban_keys.append(head + form.ban_suffix)
+            ban_index = -len(ban_keys)  # fixed up once the number of tier keys is known
+            if op == HIT:
+                ban = ban_end(policy)
+        if callable(clock_ms):
+            clock_ms = clock_ms()
+        tier_args += form.tier_args(cost, ban_index, ban, clock_ms)
+    n = len(keys)
+    if n == 0:
+        raise ConfigurationError("a limiter call needs at least one policy")
+    if ban_keys:
+        for i in range(4, len(tier_args), 7):
+            index = tier_args[i]
+            if isinstance(index, int) and index < 0:
+                tier_args[i] = n - index  # -k -> position n + k in KEYS (1-based)
+        keys += ban_keys
+    if token is None:
+        token = new_token() if uses_log and op in (HIT, BOOK) else ""
+    args: list[Arg] = [
+        op,
+        "" if now_us is None else now_us,
+        token,
+        "" if at_ms is None else at_ms,
+        n,
+    ]
+    args += tier_args
+    booking = None
+    if op == BOOK and at_ms is not None and len(checks) == 1:
+        check = checks[0]
+        booking = Booking(check.policy, check.identity, token, check.cost, at_ms)
+    return ScriptCall(keys, args, tuple(layout), op, booking)
+
+
+def _seconds(ms: int) -> float:
+    return math.inf if ms < 0 else ms / 1000
+
+
+def decide(call: ScriptCall, reply: Sequence[int]) -> Decision:
+    """Read the script's reply into a Decision."""
+    return _decode(call.layout, reply, call.booking)
+
+
+def decide_generic(call: ScriptCall, reply: Sequence[int]) -> Decision:
+    """`decide` without its one-tier shortcut (what the differential test compares it to)."""
+    return decode_generic(call.layout, reply, call.booking)
+
+
+def _decode(
+    layout: tuple[tuple[Policy, str], ...], reply: Sequence[int], booking: Booking | None
+) -> Decision:
+    allowed = reply[0] == 1
+    if len(layout) == 1:
+        policy, identity = layout[0]
+        rates = policy.rates
+        if len(rates) == 1:  # the common reply: one tier, which governs
+            return decode_one(policy, rates[0], identity, allowed, reply, booking)
+    return decode_generic(layout, reply, booking)
+
+
+def decode_one(policy: Policy, rate: Rate, identity: str, allowed: bool,
+                reply: Sequence[int], booking: Booking | None) -> Decision:
+    """`decode_generic` of a one-tier reply: that tier governs."""
+    remaining = reply[2]
+    if remaining < 0:
+        remaining = 0
+    tier_ok = reply[1] == 1
+    retry = 0.0 if tier_ok else _seconds(reply[3])
+    reset = reply[4] / 1000
+    banned = reply[5] == 1
+    state = _new(TierState, (policy, rate, identity, tier_ok, remaining, retry, reset, banned))
+    return _new(Decision, (allowed, rate.limit, remaining, 0.0 if allowed else retry,
+                           reset, policy, rate, identity, banned, (state,),
+                           booking if allowed else None))
+
+
+def decode_generic(
+    layout: tuple[tuple[Policy, str], ...], reply: Sequence[int], booking: Booking | None
+) -> Decision:
+    """Read any reply: every tier's state, and the governing one's numbers on top."""
+    allowed = reply[0] == 1
+    tiers: list[TierState] = []
+    governing: TierState | None = None
+    best_wait = -2.0
+    best_remaining = math.inf
+    best_reset = -1.0
+    base = 1
+    for policy, identity in layout:
+        for rate in policy.rates:
+            tier_ok = reply[base] == 1
+            remaining = reply[base + 1]
+            if remaining < 0:
+                remaining = 0
+            retry = 0.0 if tier_ok else _seconds(reply[base + 2])
+            reset = reply[base + 3] / 1000
+            state = _new(TierState, (policy, rate, identity, tier_ok, remaining, retry, reset,
+                                     reply[base + 4] == 1))
+            tiers.append(state)
+            base += 5
+            if not allowed:
+                if not tier_ok and retry > best_wait:
+                    governing, best_wait = state, retry
+            elif remaining < best_remaining or (
+                remaining == best_remaining and reset > best_reset
+            ):
+                governing, best_remaining, best_reset = state, remaining, reset
+    if governing is None:  # refused with every tier admitting: cannot happen, but never crash
+        governing = tiers[0]
+    return _new(Decision, (allowed, governing.rate.limit, governing.remaining,
+                           0.0 if allowed else governing.retry_after, governing.reset_after,
+                           governing.policy, governing.rate, governing.identity,
+                           governing.banned, tuple(tiers), booking if allowed else None))
+
+
+# A refused hit's reply carries, after the five values of each of its n tiers, three more per
+# tier (lua/main.lua): how long, in µs from the store's now, every number of the reply stays as
+# it is or counts down (0: never reuse; -1: until a write), and the exact µs of retry and reset.
+_EXTRA = 3
+
+
+def replay_window(reply: Sequence[int]) -> int | None:
+    """For how many µs after the store decided it a refused hit's reply can be replayed
+    exactly (see `replay`), or None: not at all. A reply without the stability values (a
+    backend that does not report them) is never replayed."""
+    if reply[0] != 0:
+        return None
+    n, rest = divmod(len(reply) - 1, 5 + _EXTRA)
+    if rest or n == 0:
+        return None
+    window: int | None = None
+    extra = 1 + 5 * n
+    for i in range(n):
+        stable, retry = reply[extra + _EXTRA * i], reply[extra + _EXTRA * i + 1]
+        if stable == 0:
+            return None
+        if stable > 0 and (window is None or stable < window):
+            window = stable
+        # A refusing tier's retry is when the hit may be admitted: the answer changes there.
+        if reply[1 + 5 * i] == 0 and retry > 0 and (window is None or retry < window):
+            window = retry
+    return -1 if window is None else window
+
+
+def replay(
+    layout: tuple[tuple[Policy, str], ...], reply: Sequence[int], elapsed_us: int
+) -> tuple[Decision, int]:
+    """The Decision the store would give for the same hit `elapsed_us` after it gave `reply`,
+    nothing having been written since, and until which elapsed µs that Decision stays the
+    same. While `replay_window` lasts, every number holds except retry and reset, which count
+    down with the same rounding up to ms as the store's."""
+    n = (len(reply) - 1) // (5 + _EXTRA)
+    now = list(reply[: 1 + 5 * n])
+    extra = 1 + 5 * n
+    same_until = 1 << 62
+    for i in range(n):
+        for slot in (1, 2):  # retry, reset
+            exact = reply[extra + _EXTRA * i + slot]
+            if exact > 0:
+                ms = -((elapsed_us - exact) // 1000)  # ceil((exact - elapsed) / 1000)
+                if ms < 0:
+                    ms = 0
+                now[2 + slot + 5 * i] = ms
+                # It stays `ms` while exact - elapsed > 1000 * (ms - 1).
+                changes = exact - 1000 * (ms - 1)
+                if changes < same_until:
+                    same_until = changes
+    return _decode(layout, now, None), same_until
+
+
+def group_by_slot(checks: Sequence[Check]) -> list[list[Check]]:
+    """Checks grouped by identity: on a cluster, each group is one slot and one call."""
+    groups: dict[str, list[Check]] = {}
+    for check in checks:
+        groups.setdefault(check.identity, []).append(check)
+    return list(groups.values())
+
+
+def refund_of(call: ScriptCall) -> ScriptCall:
+    """The call that gives back what `call` recorded (same keys, same costs)."""
+    args = list(call.args)
+    args[0] = REFUND
+    return ScriptCall(call.keys, args, call.layout, REFUND)
+
+
+def merge(decisions: Sequence[Decision]) -> Decision:
+    """One Decision from the per-slot decisions of a cluster call, by the governing rule."""
+    if len(decisions) == 1:
+        return decisions[0]
+    tiers = tuple(t for d in decisions for t in d.tiers)
+    refused = [d for d in decisions if not d.allowed]
+    if refused:
+        chosen = max(refused, key=lambda d: d.retry_after)
+        allowed = False
+    else:
+        chosen = min(decisions, key=lambda d: (d.remaining, -d.reset_after))
+        allowed = True
+    return Decision(
+        allowed=allowed,
+        limit=chosen.limit,
+        remaining=chosen.remaining,
+        retry_after=chosen.retry_after,
+        reset_after=chosen.reset_after,
+        policy=chosen.policy,
+        rate=chosen.rate,
+        identity=chosen.identity,
+        banned=chosen.banned,
+        tiers=tiers,
+    )
+
+
+# A plan yields what the shell must do — a ScriptCall to run (it sends back the reply) or a
+# float of seconds to sleep — and returns the Decision. The shells hold no logic beyond that.
+Plan = Generator["ScriptCall | float", Any, Decision]
+
+
+class DenyCacheLike(Protocol):
+    def lookup(self, checks: Sequence[Check], now_us: int) -> Decision | None: ...
+
+    def record(self, checks: Sequence[Check], call: ScriptCall, reply: Sequence[int],
+               sent_us: int) -> None: ...
+
+    def forget(self, checks: Sequence[Check]) -> None: ...
+
+
+def plan_hit(calls: Sequence[ScriptCall]) -> Plan:
+    """Run the calls in order; if one refuses, give back what the earlier ones admitted.
+
+    One call is the normal case (one atomic script). Several happen only on a Redis Cluster
+    when one request is limited under several identities, which live in different slots; the
+    compensation keeps "a refused request consumes nothing" as nearly as two slots allow.
+    """
+    decisions: list[Decision] = []
+    for call in calls:
+        reply: Sequence[int] = yield call
+        decision = decide(call, reply)
+        decisions.append(decision)
+        if not decision.allowed:
+            for earlier in calls[: len(decisions) - 1]:
+                yield refund_of(earlier)
+            break
+    return merge(decisions)
+
+
+def plan_check(
+    checks: Sequence[Check],
+    calls: Callable[[], list[ScriptCall]],
+    deny: DenyCacheLike | None,
+    now_us: Callable[[], int],
+) -> Plan:
+    """A hit of several checks: answered from the deny cache when it holds this very refusal,
+    otherwise by the backend. Only a refusal that one call decided is remembered: when a
+    request needs a call per cluster slot, a refusal may come from state that compensation is
+    about to undo, so the cache only forgets what it held for these checks."""
+    if deny is None:
+        return (yield from plan_hit(calls()))
+    cached = deny.lookup(checks, now_us())
+    if cached is not None:
+        return cached
+    built = calls()
+    if len(built) != 1:
+        try:
+            return (yield from plan_hit(built))
+        finally:
+            deny.forget(checks)
+    call = built[0]
+    sent = now_us()
+    reply: Sequence[int] = yield call
+    deny.record(checks, call, reply, sent)
+    return decide(call, reply)
+
+
+def acquire_wait(
+    decision: Decision, waited: float, timeout: float | None, rng: random.Random
+) -> float | None:
+    """How long `acquire` sleeps before trying again, or None to give up now.
+
+    The wait is the decision's retry_after plus up to 10% (at most 50 ms) of jitter, so that a
+    fleet refused together does not retry in lockstep.
+    """
+    retry = decision.retry_after
+    if retry == math.inf:
+        return None
+    if timeout is not None and waited + retry > timeout:
+        return None
+    return retry + rng.uniform(0.0, min(0.05, retry * 0.1 + 0.001))
+
+
+# acquire rides out a backend outage within its timeout: the first retry after ~10 ms, each
+# next one twice as late, at most a second apart (a restart takes seconds; hammering a store
+# that is down helps nobody), each wait drawn from its upper half so a fleet spreads out.
+BACKOFF_FIRST = 0.01
+BACKOFF_CAP = 1.0
+
+
+def backoff_wait(failures: int, left: float | None, rng: random.Random) -> float | None:
+    """How long `acquire` sleeps after `failures` backend errors in a row, or None to give up
+    (no timeout given, or none of it left); never past the deadline."""
+    if left is None or left <= 0:
+        return None
+    delay = min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** min(failures - 1, 30))
+    return min(delay * rng.uniform(0.5, 1.0), left)
+
+
+def plan_acquire(
+    hit: Callable[[], Plan],
+    now: Callable[[], float],
+    timeout: float | None,
+    rng: random.Random,
+) -> Plan:
+    """Hit until admitted, sleeping retry_after (with jitter) between tries.
+
+    A backend error (the shell throws it into the plan) is retried with `backoff_wait` while
+    the timeout leaves time, then raised; without a timeout it is raised at once, since
+    waiting for quota must not turn into waiting forever for a store that is down.
+    """
+    if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+        raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
+    started = now()
+    failures = 0
+    while True:
+        try:
+            decision = yield from hit()
+        except BackendError:
+            failures += 1
+            left = None if timeout is None else timeout - (now() - started)
+            backoff = backoff_wait(failures, left, rng)
+            if backoff is None:
+                raise
+            yield backoff
+            continue
+        failures = 0
+        if decision.allowed:
+            return decision
+        wait = acquire_wait(decision, now() - started, timeout, rng)
+        if wait is None:
+            raise RateLimitExceeded(decision)
+        yield wait

@@ -1,0 +1,85 @@
+"""The circuit breaker in front of the backend: one probe per cool-down while it is down.
+
+Closed (the normal state), every request calls the backend. The first failure opens it for
+``cooldown`` seconds, during which no request calls the backend: each takes the failure policy
+at once. When the cool-down has passed, exactly ONE request is let through as a probe and the
+cool-down starts again at that moment, so however many requests are in flight, the backend
+sees one call per cool-down until a probe succeeds and closes the breaker. A probe that never
+reports back (its request was cancelled) costs one cool-down, never a stuck breaker.
+
+Log lines (logger ``ratelimit_mw``, the same for every adapter):
+
+- ``rate-limit backend failed (timed out after 100 ms); applying on_backend_error="allow",
+  probing it once every 1 s``  — once, when it opens;
+- ``rate-limit backend still failing (...)`` — at most every 10 s while probes fail;
+- ``rate-limit backend answers again after 3.2 s; limiting resumed`` — once, when it closes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from ratelimit_mw.http.log import ThrottledLog, logger
+
+
+class Breaker:
+    __slots__ = ("_clock", "_lock", "_opened_at", "_still", "cooldown", "open_until", "policy")
+
+    def __init__(self, cooldown: float, policy: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cooldown = cooldown
+        self.policy = policy  # what the log says is applied meanwhile
+        self.open_until = 0.0  # 0.0: closed
+        self._opened_at = 0.0
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._still = ThrottledLog()
+
+    @property
+    def is_open(self) -> bool:
+        return self.open_until != 0.0
+
+    def may_call(self) -> bool:
+        """Whether this request may call the backend (closed, or the cool-down's one probe)."""
+        if self.open_until == 0.0:
+            return True
+        with self._lock:
+            if self.open_until == 0.0:
+                return True
+            now = self._clock()
+            if now < self.open_until:
+                return False
+            self.open_until = now + self.cooldown  # this request is the probe
+            return True
+
+    def succeeded(self) -> None:
+        if self.open_until == 0.0:
+            return
+        with self._lock:
+            if self.open_until == 0.0:
+                return
+            self.open_until = 0.0
+            down = self._clock() - self._opened_at
+        logger.warning("ratelimit_mw: rate-limit backend answers again after %.1f s; "
+                       "limiting resumed", down)
+
+    def failed(self, reason: str) -> None:
+        with self._lock:
+            now = self._clock()
+            opening = self.open_until == 0.0
+            self.open_until = now + self.cooldown
+            if opening:
+                self._opened_at = now
+        if opening:
+            self._still.hold()
+            logger.warning("ratelimit_mw: rate-limit backend failed (%s); applying "
+                           "on_backend_error=%s, probing it once every %g s", reason,
+                           self.policy, self.cooldown)
+        else:
+            self._still(f"ratelimit_mw: rate-limit backend still failing ({reason})")
+
+    def retry_after(self) -> int:
+        """The Retry-After of a 503 while it is open: the cool-down in whole seconds."""
+        return max(1, int(self.cooldown + 0.999))

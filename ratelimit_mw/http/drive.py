@@ -1,0 +1,112 @@
+"""The guard's one I/O step, written once for a sync `Limiter` and once for an `AsyncLimiter`.
+
+Both take a `Plan` and return the verdict: the breaker decides whether the backend is called
+at all (closed, or the cool-down's single probe), any exception from the call becomes the
+failure policy, and the async half bounds the call by the guard's deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable
+from time import perf_counter
+from typing import Any, TypeVar
+
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Unavailable
+from ratelimit_mw.limiter import AsyncLimiter, Limiter
+
+Verdict = Admit | Refuse | Unavailable
+T = TypeVar("T")
+
+if sys.version_info >= (3, 11):
+
+    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
+        if seconds is None:
+            return await awaitable
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # pragma: no cover - exercised on Python 3.10 only
+
+    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
+        return await (awaitable if seconds is None else asyncio.wait_for(awaitable, seconds))
+
+
+def check_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verdict:
+    if not guard.may_call():
+        return guard.failed(request, plan, None)
+    # Timed only where an event reports it (a shadow refusal); a clock read costs otherwise.
+    start = perf_counter() if guard.shadow else 0.0
+    try:
+        decision = limiter.check(plan.checks)
+    except Exception as exc:  # anything from the backend call: never a 500
+        return guard.failed(request, plan, exc)
+    return guard.decided(request, plan, decision, start)
+
+
+async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: Any) -> Verdict:
+    if not guard.may_call():
+        return guard.failed(request, plan, None)
+    start = perf_counter() if guard.shadow else 0.0
+    try:
+        if guard.timeout is None:
+            decision = await limiter.check(plan.checks)
+        else:
+            decision = await bounded(limiter.check(plan.checks), guard.timeout)
+    except Exception as exc:  # "never a 500" covers whatever a backend raises
+        return guard.failed(request, plan, exc)
+    return guard.decided(request, plan, decision, start)
+
+
+def refund_sync(guard: Guard, limiter: Limiter, admit: Admit, status: int) -> None:
+    """After the response: give the hit back if its status says so; never raises.
+
+    Callers on the hot path test ``admit.refund is not None and guard.refund_due(status)``
+    first, so that a response that keeps its hit costs no call.
+    """
+    if admit.refund is None or not guard.refund_due(status) or not guard.may_refund():
+        return
+    try:
+        limiter.uncheck(admit.refund)
+    except Exception as exc:
+        guard.refund_failed(exc)
+
+
+async def refund_async(guard: Guard, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
+    if admit.refund is None or not guard.refund_due(status) or not guard.may_refund():
+        return
+    try:
+        await bounded(limiter.uncheck(admit.refund), guard.timeout)
+    except Exception as exc:
+        guard.refund_failed(exc)
+
+
+def async_timeout(limiter: Any, timeout: float) -> float | None:
+    """The deadline for calls on `limiter`: none for an in-process backend, which answers
+    without yielding to the loop (a deadline could not interrupt it and costs a timer)."""
+    return None if getattr(limiter.backend, "in_process", False) else timeout
+
+
+def require_sync_limiter(limiter: object, where: str) -> Limiter:
+    if not isinstance(limiter, Limiter):
+        hint = (
+            "an AsyncLimiter belongs to the ASGI middleware (ratelimit_mw.asgi)"
+            if isinstance(limiter, AsyncLimiter)
+            else "build one with Limiter(RedisBackend.from_url(url)) or Limiter() for memory"
+        )
+        raise ConfigurationError(f"{where} needs a sync Limiter, got {limiter!r}; {hint}")
+    return limiter
+
+
+def require_async_limiter(limiter: object, where: str) -> AsyncLimiter:
+    if isinstance(limiter, AsyncLimiter):
+        return limiter
+    hint = ("a sync Limiter would block the event loop; " if isinstance(limiter, Limiter)
+            else "")
+    raise ConfigurationError(
+        f"{where} needs an AsyncLimiter, got {limiter!r}; {hint}write "
+        "limiter=AsyncLimiter(AsyncRedisBackend.from_url(\"redis://localhost:6379/0\")) "
+        "or AsyncLimiter() for the in-process memory backend"
+    )

@@ -1,0 +1,474 @@
+"""The request guard: what to do with one HTTP request, decided without I/O.
+
+Every adapter (ASGI, WSGI, Flask, FastAPI) drives the same steps and only reads the request
+and renders the verdict in its own protocol::
+
+    selection = guard.select(method, path, route)    # which limits apply (cached per shape)
+    plan = guard.plan(selection, request, method, preflight)   # the Checks to send, or None
+    if guard.may_call():                              # the breaker: closed, or the one probe
+        try:    verdict = guard.decided(request, plan, limiter.check(plan.checks), seconds)
+        except Exception as exc:  verdict = guard.failed(request, plan, exc)
+    else:       verdict = guard.failed(request, plan, None)
+
+(`ratelimit_mw.http.drive` holds that loop once for sync and once for async limiters.) A
+verdict is `Admit` (headers to add, checks to give back if the response's status says so),
+`Refuse` (429: status, headers, body) or `Unavailable` (503). Nothing here raises for
+anything a client sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from time import perf_counter
+from typing import Any, NamedTuple
+
+from ratelimit_mw import keys as _keys
+from ratelimit_mw.core.decision import Decision
+from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.http.breaker import Breaker
+from ratelimit_mw.http.config import Config
+from ratelimit_mw.http.headers import (
+    Headers,
+    PolicyHeader,
+    rate_limit_headers,
+    too_many_requests_body,
+    unavailable_body,
+)
+from ratelimit_mw.http.log import ThrottledLog, describe, logger
+from ratelimit_mw.http.routing import (
+    EXEMPT,
+    Cost,
+    DynamicLimit,
+    Predicate,
+    RouteLimit,
+    call_cost,
+)
+from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.keys import KeyFunc
+from ratelimit_mw.metrics import BREAKER_OPEN, SHADOW_REFUSED
+
+#: Where the adapters leave the `Decision` in a WSGI ``environ`` (ASGI: ``scope["state"]``).
+DECISION_KEY = "ratelimit_mw.decision"
+
+_PATH_CACHE_SIZE = 4096
+# Methods a per-method default counts apart; anything else a client invents shares "OTHER",
+# so that a made-up method is not a fresh quota.
+_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+# The selections are cached per verb: these, and "OTHER" for the rest (a bounded cache).
+_VERBS = _METHODS | {"HEAD"}
+_NO_STORE = ("Cache-Control", "no-store")
+_JSON = ("Content-Type", "application/json")
+_FALLBACK_KEY = _keys.client_ip()
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """One policy applied to a request, with its key, cost, header label and conditions."""
+
+    policy: Policy | None  # None: chosen per request by `dynamic`
+    key: KeyFunc
+    cost: Cost
+    label: str
+    per_method: bool = False
+    exempt_when: Predicate | None = None
+    dynamic: DynamicLimit | None = None
+
+
+class Selection:
+    """The policies that apply to a request shape, with their header rendered once.
+
+    ``routed`` counts the leading items that come from the route's decorators; when every one
+    of their keys says None, ``fallback`` (the defaults and rules) applies instead, so a
+    decorated route is never left without a limit by a missing header.
+    """
+
+    __slots__ = ("applied", "dynamic", "fallback", "policy_header", "routed", "single")
+
+    def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
+                 fallback: Selection | None = None) -> None:
+        self.applied = applied
+        self.routed = routed
+        self.fallback = fallback
+        self.policy_header = PolicyHeader([(item.policy, item.label) for item in applied
+                                           if item.policy is not None])
+        self.dynamic = any(item.dynamic is not None for item in applied)
+        # The common shape (one fixed policy, a key, a whole-number cost, no per-request
+        # condition) planned without the generic loop: `Guard.plan` takes this item as is.
+        only = applied[0] if len(applied) == 1 else None
+        self.single: Applied | None = (
+            only if only is not None and not routed and only.policy is not None
+            and only.dynamic is None and only.exempt_when is None
+            and type(only.cost) is int else None
+        )
+
+
+class Plan(NamedTuple):
+    """What one request sends: its checks, and the selection they came from (for headers)."""
+
+    checks: list[Check]
+    selection: Selection
+
+
+class Admit(NamedTuple):
+    """Serve the request; add `headers`; give `refund` back if `Guard.refund_due(status)`."""
+
+    decision: Decision | None
+    headers: Headers | None
+    refund: list[Check] | None
+
+
+class Refuse(NamedTuple):
+    decision: Decision
+    status: int
+    headers: Headers
+    body: bytes
+
+
+class Unavailable(NamedTuple):
+    status: int
+    headers: Headers
+    body: bytes
+
+
+PASS = Admit(None, None, None)
+
+
+def _fallback_identity(request: Any) -> str:
+    try:
+        return _FALLBACK_KEY(request) or "ip:unknown"
+    except Exception:
+        return "ip:unknown"
+
+
+class Guard:
+    """The validated configuration plus the state one app's middleware keeps (caches, breaker).
+
+    ``timeout`` is the deadline the async drivers put around a backend call (None for an
+    in-process backend, which a deadline could not interrupt); ``limiter`` is only read for
+    its metrics hook.
+    """
+
+    def __init__(self, config: Config, limiter: Any, *, timeout: float | None) -> None:
+        self.config = config
+        self.limiter = limiter
+        self.timeout = timeout
+        self.shadow = config.shadow
+        self.headers = config.headers
+        self.legacy = config.legacy_headers
+        self.count_when = config.count_when
+        # Responses whose status may give the hit back: count_when, or 405s not charged.
+        self.watch_status = config.count_when is not None or not config.charge_method_not_allowed
+        self.charge_preflight = config.charge_preflight
+        self.charge_405 = config.charge_method_not_allowed
+        self.exempt_when = config.exempt_when
+        policy = config.on_backend_error
+        self.breaker = Breaker(config.backend_cooldown,
+                               repr(policy) if isinstance(policy, str) else "<callable>")
+        self.log_failure = ThrottledLog()
+        key = config.key_func
+        self.defaults = tuple(
+            Applied(p, key, 1, "default" if len(config.defaults) == 1 else p.name,
+                    config.per_method)
+            for p in config.defaults
+        )
+        self.rules: tuple[Rule, ...] = config.rule_list
+        self._rule_cache: dict[tuple[str, str], tuple[Rule, ...]] = {}
+        self._selection_cache: dict[tuple[object, ...], Selection | None] = {}
+        self._dynamic_cache: dict[tuple[int, ...], Selection] = {}
+        retry = self.breaker.retry_after()
+        self.unavailable = Unavailable(
+            503, [_JSON, _NO_STORE, ("Retry-After", str(retry))], unavailable_body(retry)
+        )
+        # Handed to an on_backend_error callable while the breaker skips the backend.
+        self._cooling = BackendError(
+            "the rate-limit backend failed recently; not calling it during the cool-down"
+        )
+        if not self.defaults and not self.rules:
+            logger.info("ratelimit_mw middleware has no default and no rules: only decorated "
+                        "routes are limited")
+
+    @property
+    def keys_in_use(self) -> list[KeyFunc]:
+        return [self.config.key_func, *(rule.key for rule in self.rules if rule.key)]
+
+    # -- which limits apply ----------------------------------------------------------------
+    def _matching_rules(self, method: str, path: str) -> tuple[Rule, ...]:
+        if not self.rules:
+            return ()
+        cache_key = (method, path)
+        found = self._rule_cache.get(cache_key)
+        if found is None:
+            found = tuple(rule for rule in self.rules if rule.matches(method, path))
+            if len(self._rule_cache) >= _PATH_CACHE_SIZE:
+                # Paths are client text: a bounded cache, dropped whole when full.
+                self._rule_cache.clear()
+            self._rule_cache[cache_key] = found
+        return found
+
+    def select(self, method: str, path: str, route: object) -> Selection | None:
+        """The limits for one request; `route` is what its endpoint carries (or None).
+
+        A decorated route replaces the defaults with its own limits (those whose ``methods``
+        include the request's), an exempt route drops them, an undecorated route gets the
+        defaults; rules always add.
+        """
+        verb = method if method in _VERBS else "OTHER"
+        if self.rules:
+            rules = self._matching_rules(method, path)
+            cache_key: tuple[object, ...] = (id(route), verb, *map(id, rules))
+        else:
+            rules = ()
+            cache_key = (id(route), verb)
+        try:
+            return self._selection_cache[cache_key]
+        except KeyError:
+            pass
+        from_rules = tuple(
+            Applied(rule.policy, rule.key or self.config.key_func, rule.cost, rule.label,
+                    exempt_when=rule.exempt_when, dynamic=rule.dynamic)
+            for rule in rules
+        )
+        plain = from_rules if route == EXEMPT else self.defaults + from_rules
+        routed: tuple[Applied, ...] = ()
+        if isinstance(route, tuple):
+            limits: tuple[RouteLimit, ...] = route
+            routed = tuple(
+                Applied(limit.policy, limit.key or self.config.key_func, limit.cost,
+                        limit.label, exempt_when=limit.exempt_when, dynamic=limit.dynamic)
+                for limit in limits
+                if (limit.policy or limit.dynamic) is not None and limit.applies_to(method)
+            )
+        if routed:
+            fallback = Selection(plain) if plain else None
+            selection: Selection | None = Selection(routed + from_rules, len(routed), fallback)
+        else:
+            selection = Selection(plain) if plain else None
+        # The key holds ids of objects that live as long as the app (routes, rules).
+        self._selection_cache[cache_key] = selection
+        return selection
+
+    # -- the checks of one request ---------------------------------------------------------
+    def plan(self, selection: Selection, request: Any, method: str,
+             preflight: bool = False) -> Plan | None:
+        """Run the key functions and costs; None when nothing applies to this request."""
+        if preflight and not self.charge_preflight:
+            return None
+        if self.exempt_when is not None and self._exempt(self.exempt_when, request):
+            return None
+        single = selection.single
+        if single is not None:
+            return self._plan_single(single, selection, request, method)
+        return self._plan_generic(selection, request, method)
+
+    def _plan_single(self, item: Applied, selection: Selection, request: Any,
+                     method: str) -> Plan | None:
+        """`_plan_generic` for a `Selection.single` item: the same result, fewer steps
+        (held equal by tests/test_http_fast_path.py)."""
+        try:
+            identity = item.key(request)
+        except Exception as exc:
+            self.log_failure("ratelimit_mw key function raised; using the client IP", exc)
+            identity = _fallback_identity(request)
+        if identity is None:
+            return None
+        if type(identity) is not str:
+            identity = self._not_a_string(item, identity, request)
+        if item.per_method:
+            verb = "GET" if method == "HEAD" else (method if method in _METHODS else "OTHER")
+            identity = f"{verb} {identity}"
+        return Plan([Check(item.policy, identity, item.cost)],  # type: ignore[arg-type]
+                    selection)
+
+    def _plan_generic(self, selection: Selection, request: Any, method: str) -> Plan | None:
+        checks: list[Check] = []
+        chosen: list[Applied] | None = [] if selection.dynamic else None
+        routed = selection.routed
+        keyed = 0
+        for index, item in enumerate(selection.applied):
+            if item.exempt_when is not None and self._exempt(item.exempt_when, request):
+                keyed += index < routed  # exempted on purpose: no fallback
+                continue
+            policy = item.policy
+            if item.dynamic is not None:
+                policy = self._dynamic_policy(item.dynamic, request)
+                if policy is None:
+                    continue
+            try:
+                identity = item.key(request)
+            except Exception as exc:  # a key function's bug must not become a 500
+                self.log_failure("ratelimit_mw key function raised; using the client IP", exc)
+                identity = _fallback_identity(request)
+            if identity is None or policy is None:
+                continue
+            if type(identity) is not str:
+                identity = self._not_a_string(item, identity, request)
+            keyed += index < routed
+            if chosen is not None:
+                chosen.append(Applied(policy, item.key, item.cost, item.label))
+            if item.per_method:
+                verb = "GET" if method == "HEAD" else (method if method in _METHODS else "OTHER")
+                identity = f"{verb} {identity}"
+            cost = item.cost
+            if not isinstance(cost, int):
+                try:
+                    cost = call_cost(cost, request)
+                except ConfigurationError:
+                    raise  # the app's cost callable returns a non-int: its bug, said so
+                except Exception as exc:
+                    self.log_failure("ratelimit_mw cost function raised; counting 1", exc)
+                    cost = 1
+            checks.append(Check(policy, identity, cost))
+        if routed and not keyed and selection.fallback is not None:
+            fallback = selection.fallback
+            if fallback.single is not None:
+                return self._plan_single(fallback.single, fallback, request, method)
+            return self._plan_generic(fallback, request, method)
+        if not checks:
+            return None
+        if chosen is not None:
+            selection = self._chosen_selection(chosen)
+        return Plan(checks, selection)
+
+    def _dynamic_policy(self, dynamic: DynamicLimit, request: Any) -> Policy | None:
+        try:
+            return dynamic.policy_for(request)
+        except Exception as exc:  # raised, or returned text that is not a rate: never a 500
+            # The ConfigurationError of bad text names the callable and what to return; it
+            # is logged (throttled, not per request) like any failure of the app's hooks.
+            self.log_failure("ratelimit_mw dynamic limit failed; that limit is skipped", exc)
+            return None
+
+    def _chosen_selection(self, chosen: list[Applied]) -> Selection:
+        """The header of a request whose dynamic limits picked these policies, once per set."""
+        cache_key = tuple(id(item.policy) for item in chosen)
+        found = self._dynamic_cache.get(cache_key)
+        if found is None or [a.policy for a in found.applied] != [a.policy for a in chosen]:
+            found = Selection(tuple(chosen))
+            if len(self._dynamic_cache) >= _PATH_CACHE_SIZE:
+                self._dynamic_cache.clear()
+            self._dynamic_cache[cache_key] = found
+        return found
+
+    def _not_a_string(self, item: Applied, identity: object, request: Any) -> str:
+        # Anything else would fail in the limiter and trip the breaker, leaving every client
+        # unlimited for the cool-down.
+        self.log_failure("ratelimit_mw key function returned a non-string; using the client IP",
+                         TypeError(f"{item.key!r} returned {identity!r}"))
+        return _fallback_identity(request)
+
+    def _exempt(self, predicate: Callable[[Any], bool], request: Any) -> bool:
+        try:
+            return bool(predicate(request))
+        except Exception as exc:
+            self.log_failure("ratelimit_mw exempt_when raised; limiting the request", exc)
+            return False
+
+    # -- the backend's answer --------------------------------------------------------------
+    def may_call(self) -> bool:
+        return self.breaker.may_call()
+
+    def decided(self, request: Any, plan: Plan, decision: Decision,
+                started: float = 0.0) -> Admit | Refuse:
+        """The backend's answer; `started` is when the call began (perf_counter), in shadow
+        mode, for the latency a shadow refusal reports."""
+        self.breaker.succeeded()
+        selection = plan.selection
+        if decision.allowed:
+            # served_headers, less the Retry-After filter an admitted response never needs.
+            headers = rate_limit_headers(decision, selection.policy_header,
+                                         self.legacy) if self.headers else None
+            return Admit(decision, headers, plan.checks if self.watch_status else None)
+        self._notify_refusal(request, decision)
+        if self.shadow:
+            self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
+                                           if check.policy is decision.policy],
+                          perf_counter() - started if started else 0.0)
+            headers = self.served_headers(decision, selection) if self.headers else None
+            return Admit(decision, headers, None)
+        return Refuse(decision, 429, self.refusal_headers(decision, selection),
+                      too_many_requests_body(decision))
+
+    def failed(self, request: Any, plan: Plan, exc: BaseException | None) -> Admit | Unavailable:
+        """The failure policy; `exc` None: the breaker skipped the backend."""
+        if exc is None:
+            self._observe(BREAKER_OPEN, [check.policy.name for check in plan.checks], 0.0)
+            error: BaseException = self._cooling
+        else:
+            self.breaker.failed(describe(exc, self.timeout))
+            error = exc
+        return PASS if self._admit_on_error(request, error) else self.unavailable
+
+    def _admit_on_error(self, request: Any, exc: BaseException) -> bool:
+        policy = self.config.on_backend_error
+        if policy == "allow":
+            return True
+        if policy == "deny":
+            return False
+        try:
+            return bool(policy(request, exc))  # type: ignore[operator]
+        except Exception as hook_exc:
+            self.log_failure("ratelimit_mw on_backend_error callable raised; admitting",
+                             hook_exc)
+            return True
+
+    def _notify_refusal(self, request: Any, decision: Decision) -> None:
+        hook = self.config.on_refusal
+        if hook is None:
+            return
+        try:
+            hook(request, decision)
+        except Exception as exc:
+            self.log_failure("ratelimit_mw on_refusal hook raised", exc)
+
+    def _observe(self, event: Any, policies: list[str], seconds: float) -> None:
+        hook = getattr(self.limiter, "metrics", None)
+        if hook is None:
+            return
+        try:
+            for name in dict.fromkeys(policies):
+                hook.observe(event, name, seconds)
+        except Exception as exc:  # a metrics bug must not fail the request
+            self.log_failure("ratelimit_mw metrics hook raised", exc)
+
+    # -- after the response ----------------------------------------------------------------
+    def refund_due(self, status: int) -> bool:
+        """Whether an admitted response with this status gives its hit back."""
+        if status == 405 and not self.charge_405:
+            return True
+        if self.count_when is None:
+            return False
+        try:
+            return not self.count_when(status)
+        except Exception as exc:
+            self.log_failure("ratelimit_mw count_when raised; keeping the hit", exc)
+            return False
+
+    def may_refund(self) -> bool:
+        """Whether to try a refund now: not while the breaker skips a backend known down."""
+        if self.breaker.is_open:
+            self.log_failure("ratelimit_mw: backend cooling down; a hit that should have been "
+                             "given back stays counted")
+            return False
+        return True
+
+    def refund_failed(self, exc: BaseException) -> None:
+        self.breaker.failed(describe(exc, self.timeout))
+        self.log_failure("ratelimit_mw: could not give back a hit; it stays counted", exc)
+
+    # -- headers ---------------------------------------------------------------------------
+    def served_headers(self, decision: Decision, selection: Selection) -> Headers:
+        """Headers for a response the app serves (admitted, or refused in shadow mode)."""
+        headers = rate_limit_headers(decision, selection.policy_header, self.legacy)
+        if not decision.allowed:
+            # A shadow refusal was served: Retry-After would tell the client to back off
+            # from a response it just got.
+            headers = [item for item in headers if item[0] != "Retry-After"]
+        return headers
+
+    def refusal_headers(self, decision: Decision, selection: Selection) -> Headers:
+        """What every 429 carries: Retry-After, RateLimit, RateLimit-Policy, no caching."""
+        return [_NO_STORE, *rate_limit_headers(decision, selection.policy_header,
+                                               self.legacy)]

@@ -1,0 +1,228 @@
+"""Per-route limits: what `@limiter.limit(...)` and `@limiter.exempt` attach to an endpoint.
+
+Decorators only attach metadata to the function; the middleware finds the endpoint a request
+routes to and enforces. Applying the decorator above or below the framework's route decorator
+both work, because the frameworks register the function object itself.
+
+Counter names are stable however the app is started: a decorated ``report`` in ``app.py`` is
+``route app.report 5/minute`` under ``python app.py``, ``python -m app`` and
+``uvicorn pkg.app:app`` alike (the module's last dotted part, never ``__main__``). Give
+``name=`` to share a quota between routes, or to tell apart two modules of one name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeAlias, TypeVar
+
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.keys import KeyFunc
+
+F = TypeVar("F", bound=Callable[..., Any])
+Cost: TypeAlias = int | Callable[[Any], int]
+Predicate: TypeAlias = Callable[[Any], bool]
+
+ATTRIBUTE = "__ratelimit_mw__"
+EXEMPT = "exempt"
+
+
+def validate_key(key: object) -> KeyFunc | None:
+    if key is not None and not callable(key):
+        raise ConfigurationError(
+            f"key must be a key function, got {key!r}; e.g. key=keys.header('X-API-Key')"
+        )
+    return key
+
+
+def validate_predicate(name: str, value: object) -> Predicate | None:
+    if value is not None and not callable(value):
+        raise ConfigurationError(
+            f"{name} must be a callable (request) -> bool, e.g. {name}=lambda request: "
+            f"request.client.host == '127.0.0.1'; got {value!r}"
+        )
+    return value
+
+
+def validate_cost(cost: Cost, policy: Policy | None) -> Cost:
+    """A cost is a whole number >= 1 no larger than any limit, or a callable (request) -> int."""
+    if callable(cost):
+        return cost
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
+        raise ConfigurationError(
+            f"cost must be a whole number >= 1 or a callable, got {cost!r}; e.g. cost=2"
+        )
+    if policy is not None:
+        for rate in policy.rates:
+            if cost > rate.limit:
+                raise ConfigurationError(
+                    f"cost={cost} exceeds the limit of {rate} in {policy.name!r}: such a "
+                    "request could never be admitted"
+                )
+    return cost
+
+
+def call_cost(cost: Callable[[Any], int], request: Any) -> int:
+    """What a cost callable says for `request`: an int (at least 1), or ConfigurationError.
+
+    A float or any other type is the app's bug, reported as such rather than truncated; an
+    exception inside the callable (e.g. it parsed hostile input) propagates to the caller,
+    which counts 1.
+    """
+    value = cost(request)
+    if type(value) is not int:
+        raise ConfigurationError(
+            f"the cost callable {getattr(cost, '__qualname__', cost)!r} returned {value!r}; "
+            "a cost is a whole number (int), e.g. cost=lambda request: len(items) or "
+            "math.ceil(size / 1024)"
+        )
+    return max(1, value)
+
+
+_DYNAMIC_CACHE_SIZE = 1024
+
+
+class DynamicLimit:
+    """A limit whose rate is chosen per request: ``(request) -> rate text`` (or None).
+
+    Each distinct text is parsed once into a Policy named ``"<base> <text>"`` (so each rate
+    counts apart, as rules of different rates do), in a bounded map dropped whole when full.
+    None means no limit of this kind for the request. A text that is not a rate is the app's
+    bug: `ConfigurationError`, naming it.
+    """
+
+    __slots__ = ("_cache", "base", "func")
+
+    def __init__(self, func: Callable[[Any], str | None], base: str) -> None:
+        self.func = func
+        self.base = base
+        self._cache: dict[str, Policy] = {}
+
+    def policy_for(self, request: Any) -> Policy | None:
+        text = self.func(request)
+        if text is None:
+            return None
+        found = self._cache.get(text) if isinstance(text, str) else None
+        if found is None:
+            if not isinstance(text, str):
+                raise ConfigurationError(
+                    f"the dynamic limit {getattr(self.func, '__qualname__', self.func)!r} "
+                    f'returned {text!r}; it must return rate text such as "100/hour" or None'
+                )
+            found = Policy(text, name=f"{self.base} {text}")
+            if len(self._cache) >= _DYNAMIC_CACHE_SIZE:
+                self._cache.clear()
+            self._cache[text] = found
+        return found
+
+
+def stable_module(func: object) -> str:
+    """The module part of a counter name: the same under ``python app.py`` and uvicorn."""
+    module = getattr(func, "__module__", None) or "?"
+    if module == "__main__":
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and getattr(spec, "name", None):
+            module = spec.name
+        else:
+            path = getattr(main, "__file__", None) or "__main__"
+            module = os.path.splitext(os.path.basename(path))[0]
+    return str(module).rsplit(".", 1)[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class RouteLimit:
+    """One decorator's limit: policy, key (None: the middleware's), cost, methods, label."""
+
+    policy: Policy | None
+    rates: str | Policy | Callable[[Any], str | None]
+    key: KeyFunc | None
+    cost: Cost
+    name: str | None
+    methods: frozenset[str] | None = None
+    exempt_when: Predicate | None = None
+    label: str = "route"
+    dynamic: DynamicLimit | None = None
+
+    @classmethod
+    def make(cls, rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | None,
+             cost: Cost,
+             name: str | None, methods: Iterable[str] | None = None,
+             exempt_when: Predicate | None = None) -> RouteLimit:
+        validate_key(key)
+        validate_predicate("exempt_when", exempt_when)
+        policy: Policy | None = None
+        if isinstance(rates, Policy):
+            policy = rates
+        elif isinstance(rates, str):
+            Policy(rates)  # validate now: a typo must fail at import time, not on a request
+        elif not callable(rates):
+            raise ConfigurationError(
+                f'limit() takes a rate string such as "5/minute", a Policy or a callable '
+                f"(request) -> rate text, got {rates!r}"
+            )
+        verbs: frozenset[str] | None = None
+        if methods is not None:
+            if isinstance(methods, str):
+                raise ConfigurationError(
+                    f'methods takes a list, e.g. methods=["POST"], not the string {methods!r}'
+                )
+            verbs = frozenset(str(m).upper() for m in methods)
+            if "GET" in verbs:
+                verbs |= {"HEAD"}  # served by the GET handler
+        label = policy.name if policy is not None else (name or "route")
+        return cls(policy, rates, key, validate_cost(cost, policy), name, verbs, exempt_when,
+                   label)
+
+    def bound_to(self, target: object) -> RouteLimit:
+        """The limit with its policy named after the endpoint, so each route counts apart."""
+        if self.policy is not None or self.dynamic is not None:
+            return self
+        qualname = getattr(target, "__qualname__", None) or getattr(target, "name", "?")
+        label = str(self.name or qualname)
+        if not isinstance(self.rates, str):
+            base = self.name or f"route {stable_module(target)}.{qualname}"
+            dynamic = DynamicLimit(self.rates, base)  # type: ignore[arg-type]
+            return RouteLimit(None, self.rates, self.key, self.cost, self.name, self.methods,
+                              self.exempt_when, label, dynamic)
+        counter = self.name or f"route {stable_module(target)}.{qualname} {self.rates}"
+        policy = Policy(self.rates, name=counter)
+        return RouteLimit(policy, self.rates, self.key, validate_cost(self.cost, policy),
+                          self.name, self.methods, self.exempt_when, label)
+
+    def applies_to(self, method: str) -> bool:
+        return self.methods is None or method in self.methods
+
+
+def limit_decorator(route_limit: RouteLimit) -> Callable[[F], F]:
+    def decorate(func: F) -> F:
+        current = getattr(func, ATTRIBUTE, ())
+        if current == EXEMPT:
+            raise ConfigurationError(
+                f"{getattr(func, '__qualname__', func)!r} is both exempt and limited; keep one"
+            )
+        bound = route_limit.bound_to(func)
+        setattr(func, ATTRIBUTE, (*current, bound))
+        return func
+
+    return decorate
+
+
+def exempt(func: F) -> F:
+    if getattr(func, ATTRIBUTE, ()) not in ((), EXEMPT):
+        raise ConfigurationError(
+            f"{getattr(func, '__qualname__', func)!r} is both exempt and limited; keep one"
+        )
+    setattr(func, ATTRIBUTE, EXEMPT)
+    return func
+
+
+def route_limits(endpoint: Any) -> tuple[RouteLimit, ...] | str | None:
+    """What the endpoint carries: its limits, EXEMPT, or None (undecorated)."""
+    value = getattr(endpoint, ATTRIBUTE, None)
+    if value == EXEMPT or isinstance(value, tuple):
+        return value
+    return None
