@@ -105,26 +105,32 @@ class LocalCluster:
         raise RuntimeError(f"redis-server on port {port} not ready in time ({last})")
 
     def stop(self) -> None:
-        for port in self.started:
-            # No retries: the server hangs up as it exits, and redis-py's default retries
-            # with backoff would spend seconds reconnecting to it.
-            client = redis.Redis(port=port, socket_timeout=2, retry=Retry(NoBackoff(), 0))
-            try:
-                client.shutdown(nosave=True)
-            except redis.RedisError:
-                pass  # the server closes the connection as it exits: expected
-            finally:
-                client.close()
-        deadline = time.monotonic() + 5
-        for port in self.started:
-            pidfile = self._pidfile(port)
-            while pidfile.exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if pidfile.exists():  # still alive: end the process we started, by its own pid
-                with contextlib.suppress(ValueError, OSError):
-                    os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+        stop_servers(self.started, self.directory)
         self.started = []
-        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def stop_servers(ports: list[int], directory: Path) -> None:
+    """Shut down the redis-servers this test run started (pid files `redis-PORT.pid` in
+    `directory`), kill any that outlive five seconds, and remove the directory."""
+    for port in ports:
+        # No retries: the server hangs up as it exits, and redis-py's default retries
+        # with backoff would spend seconds reconnecting to it.
+        client = redis.Redis(port=port, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+        try:
+            client.shutdown(nosave=True)
+        except redis.RedisError:
+            pass  # the server closes the connection as it exits: expected
+        finally:
+            client.close()
+    deadline = time.monotonic() + 5
+    for port in ports:
+        pidfile = directory / f"redis-{port}.pid"
+        while pidfile.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if pidfile.exists():  # still alive: end the process we started, by its own pid
+            with contextlib.suppress(ValueError, OSError):
+                os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _cluster_ok(client: redis.Redis) -> bool:

@@ -2,7 +2,10 @@
 
 The Redis tests talk to the real server at 127.0.0.1:6379 (RATELIMIT_REDIS_URL overrides).
 Tests never flush the database: every test writes under its own prefix, so suites can run
-side by side on one server.
+side by side on one server. Every prefix a test run writes under is recorded (the `prefix`
+fixture, and every Limiter built in this process), and the run deletes their keys when it
+ends (see `housekeeping.py`): the fake clocks book days ahead, so keys would otherwise
+outlive the run by up to ten days.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from housekeeping import Housekeeper, SweepOutcome
 
 import ratelimit_mw as rl
+from ratelimit_mw.limiter import _Shared
 
 REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
+HOUSEKEEPER = Housekeeper(REDIS_URL)
 
 
 class FakeClock:
@@ -46,7 +52,65 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def prefix() -> str:
-    return "t" + uuid.uuid4().hex[:12]
+    value = "t" + uuid.uuid4().hex[:12]
+    HOUSEKEEPER.record(value)
+    return value
+
+
+@pytest.fixture
+def housekeeper() -> Housekeeper:
+    """The run's record of prefixes to sweep at the end."""
+    return HOUSEKEEPER
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _record_test_prefixes() -> Iterator[None]:
+    """Record what the run's keys will be named after, whoever writes them.
+
+    The prefix of every Limiter/AsyncLimiter this process builds on a store outside it, and
+    the start of every uuid4 it draws: tests make their own prefixes ("trel" + uuid, ...) and
+    hand them to servers and spawned workers, whose keys are swept too, without each test
+    file having to remember to.
+    """
+    original_init = _Shared.__init__
+    original_uuid4 = uuid.uuid4
+
+    def recording_init(self: _Shared, backend: object, prefix: str, *args: object,
+                       **kwargs: object) -> None:
+        original_init(self, backend, prefix, *args, **kwargs)  # type: ignore[arg-type]
+        if not getattr(backend, "in_process", False):
+            HOUSEKEEPER.record(prefix)
+
+    def recording_uuid4() -> uuid.UUID:
+        value = original_uuid4()
+        HOUSEKEEPER.record_uuid(value.hex)
+        return value
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_Shared, "__init__", recording_init)
+        patch.setattr(uuid, "uuid4", recording_uuid4)
+        yield
+
+
+_SWEEP: list[SweepOutcome] = []
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Delete every key under the prefixes this run used; fail the run if any survive.
+
+    Runs after every fixture is torn down (servers the tests started have stopped writing).
+    """
+    outcome = HOUSEKEEPER.sweep()
+    _SWEEP.append(outcome)
+    if not outcome.clean and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for outcome in _SWEEP:
+        if outcome.message:
+            terminalreporter.write_line(outcome.message, red=not outcome.clean,
+                                        bold=not outcome.clean)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratelimit_mw._client_ip import (
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.http.client_ip import (
     MAX_ELEMENTS,
     MAX_HEADER_CHARS,
     TrustedProxies,
@@ -22,7 +23,6 @@ from ratelimit_mw._client_ip import (
     ip_key,
     resolve_client,
 )
-from ratelimit_mw._errors import ConfigurationError
 
 NETS = ["10.0.0.0/8", "::1", "fd00::/8"]
 PROXY = "10.0.0.1"  # a trusted peer

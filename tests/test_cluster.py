@@ -19,7 +19,7 @@ import redis.cluster
 from redis.crc import key_slot
 
 import ratelimit_mw as rl
-from ratelimit_mw import core
+from ratelimit_mw.core import plans
 
 if TYPE_CHECKING:
     from conftest import StepClock
@@ -218,8 +218,8 @@ def test_one_call_per_identity_on_a_cluster(prefix: str) -> None:
     a = rl.Policy("1/second;5/minute", name="a", penalty=5)
     b = rl.Policy("2/second", name="b", algorithm="gcra")
     checks = [rl.Check(a, "x"), rl.Check(b, "y"), rl.Check(b, "x")]
-    groups = core.group_by_slot(checks)
+    groups = plans.group_by_slot(checks)
     for group in groups:
-        call = core.build(core.HIT, group, prefix)
+        call = plans.build(plans.HIT, group, prefix)
         assert len({key_slot(key.encode()) for key in call.keys}) == 1
     assert len(groups) == 2

@@ -5,17 +5,19 @@ from __future__ import annotations
 import math
 import os
 import random
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw import core
+from ratelimit_mw.core import plans
 
 NOW_US = 1_800_000_000_000_000
 
 
-def tier_args(call: core.ScriptCall) -> list[list[object]]:
+def tier_args(call: plans.ScriptCall) -> list[list[object]]:
     n = int(call.args[4])
     rest = call.args[5:]
     assert len(rest) == 7 * n
@@ -25,65 +27,77 @@ def tier_args(call: core.ScriptCall) -> list[list[object]]:
 # -- build ----------------------------------------------------------------------------------
 def test_a_hit_carries_op_now_token_and_seven_values_per_tier() -> None:
     policy = rl.Policy("2/second;5/minute", algorithm="gcra", name="api")
-    call = core.build(core.HIT, [core.Check(policy, "u", 3)], "rl", now_us=NOW_US)
-    assert call.op == core.HIT
-    assert call.args[:5] == [core.HIT, NOW_US, "", "", 2]
+    call = plans.build(plans.HIT, [plans.Check(policy, "u", 3)], "rl", now_us=NOW_US)
+    assert call.op == plans.HIT
+    assert call.args[:5] == [plans.HIT, NOW_US, "", "", 2]
     assert call.keys == ["rl:{u}:api.gc:1000", "rl:{u}:api.gc:60000"]
     assert tier_args(call) == [["gc", 2, 1000, 3, 0, "", ""], ["gc", 5, 60_000, 3, 0, "", ""]]
 
 
 def test_without_a_clock_the_script_reads_redis_time() -> None:
-    call = core.build(core.HIT, [core.Check(rl.Policy("1/second"), "u")], "rl")
+    call = plans.build(plans.HIT, [plans.Check(rl.Policy("1/second"), "u")], "rl")
     assert call.args[1] == ""
 
 
 def test_sliding_log_hits_carry_a_fresh_token_and_other_ops_none() -> None:
     log = rl.Policy("3/minute")
-    tokens = {core.build(core.HIT, [core.Check(log, "u")], "rl").args[2] for _ in range(100)}
+    tokens = {plans.build(plans.HIT, [plans.Check(log, "u")], "rl").args[2] for _ in range(100)}
     assert len(tokens) == 100 and "" not in tokens
-    assert core.build(core.PEEK, [core.Check(log, "u")], "rl").args[2] == ""
-    assert core.build(core.HIT, [core.Check(rl.Policy("3/minute", algorithm="gcra"), "u")],
+    assert plans.build(plans.PEEK, [plans.Check(log, "u")], "rl").args[2] == ""
+    assert plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute", algorithm="gcra"), "u")],
                       "rl").args[2] == ""
 
 
 def test_a_peek_asks_about_a_cost_of_one() -> None:
-    call = core.build(core.PEEK, [core.Check(rl.Policy("5/minute"), "u", 4)], "rl")
+    call = plans.build(plans.PEEK, [plans.Check(rl.Policy("5/minute"), "u", 4)], "rl")
     assert [t[3] for t in tier_args(call)] == [1]
 
 
 def test_ban_keys_follow_the_tier_keys_and_tiers_point_at_them() -> None:
     plain = rl.Policy("5/minute", name="plain")
     banned = rl.Policy("1/second;9/hour", name="b", penalty=30, algorithm="fixed-window")
-    call = core.build(core.HIT, [core.Check(plain, "u"), core.Check(banned, "v")], "rl",
+    call = plans.build(plans.HIT, [plans.Check(plain, "u"), plans.Check(banned, "v")], "rl",
                       now_us=NOW_US)
     assert call.keys == ["rl:{u}:plain.sl:log", "rl:{v}:b.fw:1000", "rl:{v}:b.fw:3600000",
                          "rl:{v}:b.fw:ban"]
     assert [t[4] for t in tier_args(call)] == [0, 4, 4]
     assert [t[5] for t in tier_args(call)] == ["", "d30000", "d30000"]
-    peek = core.build(core.PEEK, [core.Check(banned, "v")], "rl")
+    peek = plans.build(plans.PEEK, [plans.Check(banned, "v")], "rl")
     assert [t[4:6] for t in tier_args(peek)] == [[3, ""], [3, ""]]  # reads the ban, starts none
 
 
-def test_a_calendar_policy_sends_its_local_midnights() -> None:
+def test_a_calendar_policy_sends_its_zone_s_offset_schedule_for_day_tiers_only() -> None:
     policy = rl.Policy("5/hour;100/day", algorithm="fixed-window", tz="Asia/Shanghai")
     clock_ms = NOW_US // 1000
-    call = core.build(core.HIT, [core.Check(policy, "u")], "rl", clock_ms=clock_ms)
+    call = plans.build(plans.HIT, [plans.Check(policy, "u")], "rl", clock_ms=clock_ms)
     hour, day = tier_args(call)
     assert hour[6] == ""
-    assert day[6] == policy.calendar(1, clock_ms) and len(day[6].split(",")) == 4
+    assert day[6] == "28800000"  # UTC+8 all along: no boundary, no change of offset
+    plain = rl.Policy("100/day", algorithm="fixed-window")
+    assert tier_args(plans.build(plans.HIT, [plans.Check(plain, "u")], "rl"))[0][6] == ""
+
+
+def test_the_lua_source_is_read_at_first_use_not_at_import() -> None:
+    code = ("import ratelimit_mw, ratelimit_mw.backends.redis\n"
+            "from ratelimit_mw.core import scripts\n"
+            "assert scripts.source.cache_info().currsize == 0\n"
+            "assert scripts.sha1() == __import__('hashlib').sha1(scripts.source().encode())"
+            ".hexdigest()\n"
+            "assert scripts.source.cache_info().currsize == 1\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_same_policy_object_for_the_same_identity_counts_once() -> None:
     policy = rl.Policy("5/minute")
-    call = core.build(core.HIT, [core.Check(policy, "u"), core.Check(policy, "u"),
-                                 core.Check(policy, "w")], "rl")
+    call = plans.build(plans.HIT, [plans.Check(policy, "u"), plans.Check(policy, "u"),
+                                 plans.Check(policy, "w")], "rl")
     assert call.args[4] == 2
     assert call.keys == ["rl:{u}:5/minute.sl:log", "rl:{w}:5/minute.sl:log"]
 
 
 def test_a_booking_call_carries_the_time_and_remembers_its_token() -> None:
     policy = rl.Policy("1/minute")
-    call = core.build(core.BOOK, [core.Check(policy, "u", 2)], "rl", at_ms=1_900_000_000_000)
+    call = plans.build(plans.BOOK, [plans.Check(policy, "u", 2)], "rl", at_ms=1_900_000_000_000)
     assert call.args[3] == 1_900_000_000_000
     assert call.booking == rl.Booking(policy, "u", call.args[2], 2, 1_900_000_000_000)
     assert call.args[2]
@@ -91,24 +105,24 @@ def test_a_booking_call_carries_the_time_and_remembers_its_token() -> None:
 
 def test_building_nothing_is_a_configuration_error() -> None:
     with pytest.raises(rl.ConfigurationError):
-        core.build(core.HIT, [], "rl")
+        plans.build(plans.HIT, [], "rl")
 
 
 def test_tokens_are_unique_within_a_process_and_renewed_after_fork() -> None:
-    tokens = {core.new_token() for _ in range(10_000)}
+    tokens = {plans.new_token() for _ in range(10_000)}
     assert len(tokens) == 10_000
     if not hasattr(os, "fork"):
         pytest.skip("no fork here")
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
-        os.write(write, core.new_token().encode())
+        os.write(write, plans.new_token().encode())
         os._exit(0)
     os.waitpid(pid, 0)
     child = os.read(read, 100).decode()
     os.close(read)
     os.close(write)
-    parent = core.new_token()
+    parent = plans.new_token()
     assert child and child[:8] != parent[:8]
 
 
@@ -119,8 +133,8 @@ def _reply(allowed: int, *tiers: tuple[int, int, int, int, int]) -> list[int]:
 
 def test_decide_reads_an_admitted_reply_governed_by_the_least_remaining() -> None:
     policy = rl.Policy("5/minute;3/hour", algorithm="gcra")
-    call = core.build(core.HIT, [core.Check(policy, "u")], "rl")
-    decision = core.decide(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 2, 0, 1_200_000, 0)))
+    call = plans.build(plans.HIT, [plans.Check(policy, "u")], "rl")
+    decision = plans.decide(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 2, 0, 1_200_000, 0)))
     assert decision.allowed and bool(decision)
     assert (decision.limit, decision.remaining, decision.reset_after) == (3, 2, 1200.0)
     assert decision.rate == rl.Rate(3, 3_600_000) and decision.retry_after == 0.0
@@ -129,79 +143,79 @@ def test_decide_reads_an_admitted_reply_governed_by_the_least_remaining() -> Non
 
 def test_decide_on_equal_remaining_prefers_the_later_reset() -> None:
     policy = rl.Policy("5/minute;5/hour", algorithm="gcra")
-    call = core.build(core.HIT, [core.Check(policy, "u")], "rl")
-    decision = core.decide(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 4, 0, 720_000, 0)))
+    call = plans.build(plans.HIT, [plans.Check(policy, "u")], "rl")
+    decision = plans.decide(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 4, 0, 720_000, 0)))
     assert decision.rate == rl.Rate(5, 3_600_000)
 
 
 def test_decide_picks_the_refusing_tier_with_the_longest_wait() -> None:
     a = rl.Policy("1/second", name="a")
     b = rl.Policy("2/minute", name="b")
-    call = core.build(core.HIT, [core.Check(a, "u"), core.Check(b, "v")], "rl")
-    decision = core.decide(call, _reply(0, (0, 0, 400, 400, 0), (0, 0, 30_000, 59_000, 0)))
+    call = plans.build(plans.HIT, [plans.Check(a, "u"), plans.Check(b, "v")], "rl")
+    decision = plans.decide(call, _reply(0, (0, 0, 400, 400, 0), (0, 0, 30_000, 59_000, 0)))
     assert not decision.allowed and decision.policy is b and decision.identity == "v"
     assert decision.retry_after == 30.0 and decision.reset_after == 59.0
-    only_a = core.decide(call, _reply(0, (0, 0, 400, 400, 0), (1, 1, 0, 2_000, 0)))
+    only_a = plans.decide(call, _reply(0, (0, 0, 400, 400, 0), (1, 1, 0, 2_000, 0)))
     assert only_a.policy is a and only_a.retry_after == 0.4
 
 
 def test_decide_reads_never_as_infinity_and_clamps_remaining() -> None:
-    call = core.build(core.HIT, [core.Check(rl.Policy("3/minute"), "u", 9)], "rl")
-    decision = core.decide(call, _reply(0, (0, -2, -1, 0, 0)))
+    call = plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute"), "u", 9)], "rl")
+    decision = plans.decide(call, _reply(0, (0, -2, -1, 0, 0)))
     assert decision.retry_after == math.inf and decision.remaining == 0
 
 
 def test_decide_reports_a_ban() -> None:
-    call = core.build(core.HIT, [core.Check(rl.Policy("3/minute", penalty=60), "u")], "rl")
-    decision = core.decide(call, _reply(0, (0, 0, 60_000, 60_000, 1)))
+    call = plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute", penalty=60), "u")], "rl")
+    decision = plans.decide(call, _reply(0, (0, 0, 60_000, 60_000, 1)))
     assert decision.banned and decision.retry_after == 60.0
 
 
 # -- several slots (cluster) ----------------------------------------------------------------
 def test_checks_are_grouped_by_identity_in_first_seen_order() -> None:
     p, q = rl.Policy("1/second"), rl.Policy("2/second")
-    checks = [core.Check(p, "a"), core.Check(q, "b"), core.Check(q, "a")]
-    assert core.group_by_slot(checks) == [[checks[0], checks[2]], [checks[1]]]
+    checks = [plans.Check(p, "a"), plans.Check(q, "b"), plans.Check(q, "a")]
+    assert plans.group_by_slot(checks) == [[checks[0], checks[2]], [checks[1]]]
 
 
 def test_refund_of_a_call_keeps_its_keys_costs_and_token() -> None:
-    call = core.build(core.HIT, [core.Check(rl.Policy("3/minute"), "u", 2)], "rl",
+    call = plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute"), "u", 2)], "rl",
                       now_us=NOW_US)
-    refund = core.refund_of(call)
-    assert refund.op == core.REFUND and refund.args[0] == core.REFUND
+    refund = plans.refund_of(call)
+    assert refund.op == plans.REFUND and refund.args[0] == plans.REFUND
     assert refund.keys == call.keys and refund.args[1:] == call.args[1:]
 
 
-def _drive(plan: core.Plan, replies: Sequence[list[int]]) -> tuple[rl.Decision, list[str]]:
+def _drive(plan: plans.Plan, replies: Sequence[list[int]]) -> tuple[rl.Decision, list[str]]:
     """Feed replies to a plan; returns its decision and the ops it asked for."""
     asked: list[str] = []
     feed = iter(replies)
     step = next(plan)
     while True:
-        assert isinstance(step, core.ScriptCall)
+        assert isinstance(step, plans.ScriptCall)
         asked.append(step.op)
         try:
-            step = plan.send(next(feed) if step.op != core.REFUND else [1])
+            step = plan.send(next(feed) if step.op != plans.REFUND else [1])
         except StopIteration as done:
             return done.value, asked
 
 
 def test_a_refusal_in_a_later_slot_gives_back_the_earlier_slots() -> None:
     p = rl.Policy("5/minute", name="p")
-    calls = [core.build(core.HIT, [core.Check(p, identity)], "rl") for identity in "abc"]
-    decision, asked = _drive(core.plan_hit(calls),
+    calls = [plans.build(plans.HIT, [plans.Check(p, identity)], "rl") for identity in "abc"]
+    decision, asked = _drive(plans.plan_hit(calls),
                              [_reply(1, (1, 4, 0, 60_000, 0)), _reply(0, (0, 0, 9_000, 60_000, 0))])
-    assert asked == [core.HIT, core.HIT, core.REFUND]  # the third slot is never hit
+    assert asked == [plans.HIT, plans.HIT, plans.REFUND]  # the third slot is never hit
     assert not decision.allowed and decision.identity == "b" and decision.retry_after == 9.0
     assert len(decision.tiers) == 2
 
 
 def test_merged_slots_are_governed_like_tiers() -> None:
     p = rl.Policy("5/minute", name="p")
-    calls = [core.build(core.HIT, [core.Check(p, identity)], "rl") for identity in "ab"]
-    decision, asked = _drive(core.plan_hit(calls), [_reply(1, (1, 4, 0, 60_000, 0)),
+    calls = [plans.build(plans.HIT, [plans.Check(p, identity)], "rl") for identity in "ab"]
+    decision, asked = _drive(plans.plan_hit(calls), [_reply(1, (1, 4, 0, 60_000, 0)),
                                                     _reply(1, (1, 1, 0, 30_000, 0))])
-    assert asked == [core.HIT, core.HIT]
+    assert asked == [plans.HIT, plans.HIT]
     assert decision.allowed and decision.identity == "b" and decision.remaining == 1
 
 
@@ -213,7 +227,7 @@ def _refused(retry: float) -> rl.Decision:
 @pytest.mark.parametrize("retry", [0.001, 0.3, 5.0, 120.0])
 def test_acquire_waits_retry_after_plus_a_little_jitter(retry: float) -> None:
     rng = random.Random(1)
-    waits = [core.acquire_wait(_refused(retry), 0.0, None, rng) for _ in range(200)]
+    waits = [plans.acquire_wait(_refused(retry), 0.0, None, rng) for _ in range(200)]
     assert all(w is not None and retry <= w <= retry + min(0.05, retry * 0.1 + 0.001)
                for w in waits)
     assert len(set(waits)) > 1
@@ -221,14 +235,14 @@ def test_acquire_waits_retry_after_plus_a_little_jitter(retry: float) -> None:
 
 def test_acquire_gives_up_on_never_and_past_its_timeout() -> None:
     rng = random.Random(1)
-    assert core.acquire_wait(_refused(math.inf), 0.0, None, rng) is None
-    assert core.acquire_wait(_refused(3.0), 8.0, 10.0, rng) is None
-    assert core.acquire_wait(_refused(2.0), 8.0, 10.0, rng) is not None
+    assert plans.acquire_wait(_refused(math.inf), 0.0, None, rng) is None
+    assert plans.acquire_wait(_refused(3.0), 8.0, 10.0, rng) is None
+    assert plans.acquire_wait(_refused(2.0), 8.0, 10.0, rng) is not None
 
 
 @pytest.mark.parametrize("timeout", [-1, True])
 def test_acquire_rejects_a_bad_timeout(timeout: object) -> None:
-    plan = core.plan_acquire(lambda: core.plan_hit([]), lambda: 0.0, timeout,  # type: ignore[arg-type]
+    plan = plans.plan_acquire(lambda: plans.plan_hit([]), lambda: 0.0, timeout,  # type: ignore[arg-type]
                              random.Random())
     with pytest.raises(rl.ConfigurationError, match="timeout"):
         next(plan)

@@ -1,11 +1,15 @@
-"""MemoryBackend and the Lua script on the real Redis must give identical answers.
+"""MemoryBackend and the Lua script must give identical answers, on the real Redis and on
+fakeredis+lupa (the same script, no server needed).
 
 Hypothesis draws policies (every algorithm, one to three tiers, with and without a penalty,
-calendar days) and a sequence of operations: time advances, hits of several policies at once
-under several identities, peeks, refunds, resets, bookings and cancellations. Each operation
-is built ONCE (same keys, same explicit `now`, same token) and run on both backends; the raw
-replies must be equal, reply for reply. A fresh key prefix per example keeps the shared Redis
-clean, and the example's keys are deleted at its end.
+calendar days and weeks in zones with and without DST, with the app's clock up to 30 days
+off the script's) and a sequence of operations: time advances, hits of several policies at
+once under several identities, peeks, refunds, resets, bookings and cancellations, starting
+at an ordinary time or hours before a DST change. Each operation is built ONCE (same keys,
+same explicit `now`, same token) and run on both backends; the raw replies must be equal,
+reply for reply. On the real Redis a fresh key prefix per example keeps the shared server
+clean, and the example's keys are deleted at its end; fakeredis gets a fresh FakeServer per
+example (in fakeredis 2.40 a script that sets a global breaks every later script on its server).
 
 The scripts take the fake clock's `now`, but Redis expires keys by its own clock: a key written
 with a 1 ms TTL at a standing fake time would vanish between two calls, which never happens in
@@ -20,6 +24,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
+import fakeredis
 import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
@@ -27,10 +32,15 @@ from hypothesis import strategies as st
 from redis.exceptions import NoScriptError
 
 import ratelimit_mw as rl
-from ratelimit_mw import core
-from ratelimit_mw._scripts import SHA1, SOURCE
+from ratelimit_mw.core import plans, scripts
 
 START_MS = 1_800_000_000_000
+# Starts a few hours before DST changes: New York springs forward on 2027-03-14 at 07:00Z,
+# Paris falls back on 2027-10-31 at 01:00Z.
+STARTS_MS = [START_MS, 1_805_000_400_000, 1_824_933_600_000]
+# How far the app's clock is from the script's `now` (it only picks the zone's schedule).
+APP_SKEWS_MS = [0, 0, 48 * 3_600_000, -48 * 3_600_000, 30 * 86_400_000]
+ZONES = ["Asia/Kathmandu", "America/New_York", "Europe/Paris"]
 PERIODS = [1_000, 2_000, 5_000, 10_000, 60_000]
 IDENTITIES = ["a", "b", "c"]
 
@@ -48,11 +58,15 @@ def policies(draw: st.DrawFn) -> rl.Policy:
     algorithm = draw(st.sampled_from(sorted(rl.ALGORITHMS)))
     periods = draw(st.lists(st.sampled_from(PERIODS), min_size=1, max_size=3, unique=True))
     if algorithm == "fixed-window" and draw(st.booleans()):
-        periods = [*periods[:2], 86_400_000]  # a calendar day in a zone with an odd offset
-        tz = "Asia/Kathmandu"
+        # Calendar days or weeks (an odd offset, or DST) beside epoch-aligned tiers.
+        periods = [*periods[:2], draw(st.sampled_from([86_400_000, 2 * 86_400_000,
+                                                       7 * 86_400_000]))]
+        tz = draw(st.sampled_from(ZONES))
     else:
         tz = None
-    rates = [rl.Rate(draw(st.integers(1, 5)), period) for period in periods]
+    # Mostly small limits; sometimes 40, so that costs of 12 and 25 (members "<token>:10" and
+    # up, which sort before "<token>:2" in Redis) are admitted and refunded too.
+    rates = [rl.Rate(draw(st.sampled_from([1, 2, 3, 4, 5, 40])), period) for period in periods]
     penalty = draw(st.sampled_from([None, None, 1, 3.5]))
     return rl.Policy(rates, algorithm=algorithm, penalty=penalty, tz=tz,
                      name=f"p{draw(st.integers(0, 10**6))}")
@@ -65,118 +79,154 @@ ops = st.builds(
     kind=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund", "uncheck", "reset",
                           "book", "cancel"]),
     picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
-                             st.sampled_from([1, 1, 1, 2, 3, 6])),
+                             st.sampled_from([1, 1, 1, 2, 3, 6, 12, 25])),
                    min_size=1, max_size=3).map(tuple),
     offset_ms=st.sampled_from([-5_000, 0, 1, 500, 4_000, 30_000, 120_000]),
 )
 
 
+# Runs in the same MULTI as each call, so Redis's clock cannot move between the two: every
+# key the call left with a TTL keeps it (the test's clock is fake, Redis's TTLs are real).
+# PTTL answers 0 for a key with less than a millisecond left: that key is extended too.
 EXTEND = """
 for i = 1, #KEYS do
   local ttl = redis.call('PTTL', KEYS[i])
-  if ttl > 0 then redis.call('PEXPIRE', KEYS[i], ttl + 600000) end
+  if ttl >= 0 then redis.call('PEXPIRE', KEYS[i], ttl + 600000) end
 end
 return 1
 """
 
 
+def run_extending(client: redis.Redis, call: plans.ScriptCall) -> list[int]:
+    """Run `call` on the real Redis with EXTEND in the same transaction (see EXTEND)."""
+    for attempt in (1, 2):
+        pipe = client.pipeline(transaction=True)
+        pipe.evalsha(scripts.sha1(), len(call.keys), *call.keys, *call.args)
+        pipe.eval(EXTEND, len(call.keys), *call.keys)
+        try:
+            reply, _ = pipe.execute()
+        except NoScriptError:  # another suite flushed the shared server's scripts
+            if attempt == 2:
+                raise
+            client.script_load(scripts.source())
+            continue
+        return list(reply)
+    raise AssertionError("unreachable")
+
+
 class Twin:
     """Runs every call on both backends and insists on equal replies."""
 
-    def __init__(self, client: redis.Redis, prefix: str) -> None:
+    def __init__(self, client: redis.Redis, prefix: str, start_ms: int, skew_ms: int) -> None:
         self.memory = rl.MemoryBackend()
         self.client = client
         self.prefix = prefix
-        self.now_ms = START_MS
+        self.now_ms = start_ms
+        self.skew_ms = skew_ms
         self.log: list[str] = []
 
-    def run_redis(self, call: core.ScriptCall) -> list[int]:
-        for attempt in (1, 2):
-            pipe = self.client.pipeline(transaction=True)
-            pipe.evalsha(SHA1, len(call.keys), *call.keys, *call.args)
-            pipe.eval(EXTEND, len(call.keys), *call.keys)
-            try:
-                reply, _ = pipe.execute()
-            except NoScriptError:  # another suite flushed the shared server's scripts
-                if attempt == 2:
-                    raise
-                self.client.script_load(SOURCE)
-                continue
-            return list(reply)
-        raise AssertionError("unreachable")
+    def run_redis(self, call: plans.ScriptCall) -> list[int]:
+        return run_extending(self.client, call)
 
-    def run(self, call: core.ScriptCall) -> list[int]:
+    def run(self, call: plans.ScriptCall) -> list[int]:
         expected = self.memory.run(call)
         actual = self.run_redis(call)
         self.log.append(f"{call.args} -> memory {expected} redis {actual}")
         assert actual == expected, "\n".join(self.log[-12:])
         return actual
 
-    def build(self, op: str, checks: list[core.Check], **kw: object) -> core.ScriptCall:
-        return core.build(op, checks, self.prefix, now_us=self.now_ms * 1000,
-                          clock_ms=self.now_ms, **kw)  # type: ignore[arg-type]
+    def build(self, op: str, checks: list[plans.Check], **kw: object) -> plans.ScriptCall:
+        return plans.build(op, checks, self.prefix, now_us=self.now_ms * 1000,
+                          clock_ms=self.now_ms + self.skew_ms, **kw)  # type: ignore[arg-type]
 
 
-def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op]) -> None:
-    twin = Twin(client, "d" + uuid.uuid4().hex[:12])
+@dataclass(frozen=True)
+class Setting:
+    start_ms: int
+    skew_ms: int
+
+
+settings_ = st.builds(Setting, st.sampled_from(STARTS_MS), st.sampled_from(APP_SKEWS_MS))
+STORES = ["redis", "fakeredis"]
+
+
+def _client(store: str, request: pytest.FixtureRequest) -> redis.Redis:
+    if store == "redis":
+        client: redis.Redis = request.getfixturevalue("redis_client")
+        return client
+    return fakeredis.FakeRedis(server=fakeredis.FakeServer())
+
+
+def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
+          setting: Setting = Setting(START_MS, 0)) -> None:
+    twin = Twin(client, "d" + uuid.uuid4().hex[:12], setting.start_ms, setting.skew_ms)
     bookings: list[rl.Booking] = []
-    admitted: list[list[core.Check]] = []
+    admitted: list[list[plans.Check]] = []
     try:
         for op in sequence:
             twin.now_ms += op.advance_ms
-            checks = [core.Check(pool[p % len(pool)], IDENTITIES[i], cost)
+            checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i], cost)
                       for p, i, cost in op.picks]
             single = checks[:1]
             if op.kind == "hit":
-                call = twin.build(core.HIT, checks)
-                decision = core.decide(call, twin.run(call))
+                call = twin.build(plans.HIT, checks)
+                decision = plans.decide(call, twin.run(call))
                 if decision.allowed:
                     admitted.append(checks)
             elif op.kind == "peek":
-                twin.run(twin.build(core.PEEK, single))
+                twin.run(twin.build(plans.PEEK, single))
             elif op.kind == "refund":
-                twin.run(twin.build(core.REFUND, single))
+                twin.run(twin.build(plans.REFUND, single))
             elif op.kind == "uncheck" and admitted:
-                twin.run(twin.build(core.REFUND, admitted.pop()))
+                twin.run(twin.build(plans.REFUND, admitted.pop()))
             elif op.kind == "reset":
-                twin.run(twin.build(core.RESET, single))
-            elif op.kind == "book" and single[0].policy.code == "sl":
-                call = twin.build(core.BOOK, single, at_ms=twin.now_ms + op.offset_ms)
-                decision = core.decide(call, twin.run(call))
+                twin.run(twin.build(plans.RESET, single))
+            elif op.kind == "book" and single[0].policy.algorithm == "sliding-log":
+                call = twin.build(plans.BOOK, single, at_ms=twin.now_ms + op.offset_ms)
+                decision = plans.decide(call, twin.run(call))
                 if decision.allowed and call.booking is not None:
                     bookings.append(call.booking)
             elif op.kind == "cancel" and bookings:
                 booking = bookings.pop(0)
-                check = core.Check(booking.policy, booking.identity, booking.cost)
-                twin.run(twin.build(core.CANCEL, [check], token=booking.token))
+                check = plans.Check(booking.policy, booking.identity, booking.cost)
+                twin.run(twin.build(plans.CANCEL, [check], token=booking.token))
             # After every step both sides must also agree on the state as it stands.
             for check in checks:
-                twin.run(twin.build(core.PEEK, [check]))
+                twin.run(twin.build(plans.PEEK, [check]))
     finally:
         stale = list(client.scan_iter(match=f"{twin.prefix}:*", count=1000))
         if stale:
             client.delete(*stale)
 
 
+@pytest.mark.parametrize("store", STORES)
 @pytest.mark.parametrize("shape", ["one policy", "several policies"])
-def test_memory_and_lua_agree_on_every_reply(redis_client: redis.Redis, shape: str) -> None:
+def test_memory_and_lua_agree_on_every_reply(
+    request: pytest.FixtureRequest, store: str, shape: str
+) -> None:
     size = 1 if shape == "one policy" else 3
+    # fakeredis runs the script several times slower than Redis: fewer examples there.
+    examples = 250 if store == "redis" else 60
 
-    @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
     @given(pool=st.lists(policies(), min_size=size, max_size=size),
-           sequence=st.lists(ops, min_size=8, max_size=50))
-    def check(pool: list[rl.Policy], sequence: list[Op]) -> None:
-        _play(redis_client, pool, sequence)
+           sequence=st.lists(ops, min_size=8, max_size=50), setting=settings_)
+    def check(pool: list[rl.Policy], sequence: list[Op], setting: Setting) -> None:
+        _play(_client(store, request), pool, sequence, setting)
 
     check()
 
 
+@pytest.mark.parametrize("store", STORES)
 def test_memory_and_lua_agree_on_a_dense_single_identity_stream(
-    redis_client: redis.Redis,
+    request: pytest.FixtureRequest, store: str
 ) -> None:
     """Many hits on one identity, where the logs grow and the booking sweep matters."""
+    examples = 100 if store == "redis" else 30
 
-    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=examples, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
     @given(policy=policies(),
            sequence=st.lists(st.builds(Op, advance_ms=st.sampled_from([0, 1, 100, 999]),
                                        kind=st.sampled_from(["hit", "hit", "book", "refund",
@@ -185,6 +235,6 @@ def test_memory_and_lua_agree_on_a_dense_single_identity_stream(
                                        offset_ms=st.integers(-2_000, 20_000)),
                              min_size=30, max_size=100))
     def check(policy: rl.Policy, sequence: list[Op]) -> None:
-        _play(redis_client, [policy], sequence)
+        _play(_client(store, request), [policy], sequence)
 
     check()

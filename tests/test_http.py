@@ -1,4 +1,4 @@
-"""MiddlewareCore: the request-independent half shared by the ASGI and WSGI middleware."""
+"""The guard and its Config: the request-independent half shared by every adapter."""
 
 from __future__ import annotations
 
@@ -8,25 +8,22 @@ from typing import Any
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw._http import MiddlewareCore, Rule
-from ratelimit_mw.routing import EXEMPT
+from ratelimit_mw.http.config import Config, Rule, build_config
+from ratelimit_mw.http.guard import Guard
+from ratelimit_mw.http.routing import EXEMPT
 
 
-def make_core(**options: Any) -> MiddlewareCore:
-    settings: dict[str, Any] = {
-        "default": "10/minute",
-        "rules": None,
-        "key": lambda request: "ip:1",
-        "on_backend_error": "allow",
-        "headers": True,
-        "legacy_headers": False,
-        "mode": "enforce",
-        "on_refusal": None,
-        "count_when": None,
-        "backend_cooldown": 1.0,
-    }
+def make_core(**options: Any) -> Guard:
+    settings: dict[str, Any] = {"default": "10/minute", "key": lambda request: "ip:1"}
     settings.update(options)
-    return MiddlewareCore(**settings)
+    return Guard(Config(**settings), rl.Limiter(), timeout=None)
+
+
+def checks_of(core: Guard, request: Any) -> list[Any]:
+    selection = core.select("GET", "/", None)
+    assert selection is not None
+    plan = core.plan(selection, request, "GET")
+    return [] if plan is None else plan.checks
 
 
 def request_from(peer: str = "203.0.113.9") -> Any:
@@ -46,26 +43,20 @@ def test_a_key_function_returning_a_non_string_falls_back_to_the_client_ip(
     returned: object, expected: str
 ) -> None:
     core = make_core(key=lambda request: returned)
-    selection = core.select("GET", "/", None)
-    assert selection is not None
-    [check] = core.checks(selection, request_from())
+    [check] = checks_of(core, request_from())
     assert check.identity == expected
-    assert not core.breaker.is_open()
+    assert not core.breaker.is_open
 
 
 def test_a_raising_key_function_falls_back_to_the_client_ip() -> None:
     core = make_core(key=lambda request: 1 / 0)
-    selection = core.select("GET", "/", None)
-    assert selection is not None
-    [check] = core.checks(selection, request_from())
+    [check] = checks_of(core, request_from())
     assert check.identity == "ip:203.0.113.9"
 
 
 def test_a_key_returning_none_means_the_policy_does_not_apply() -> None:
     core = make_core(key=lambda request: None)
-    selection = core.select("GET", "/", None)
-    assert selection is not None
-    assert core.checks(selection, request_from()) == []
+    assert checks_of(core, request_from()) == []
 
 
 def test_rules_add_to_the_default_and_exempt_drops_only_the_default() -> None:
@@ -111,3 +102,76 @@ def test_configuration_mistakes_are_reported_at_start_up(
 ) -> None:
     with pytest.raises(rl.ConfigurationError, match=mentions):
         make_core(**options)
+
+
+def test_unknown_options_name_the_closest_one() -> None:
+    with pytest.raises(rl.ConfigurationError, match="did you mean 'default'"):
+        build_config(None, {"defualt": "5/minute"})
+    with pytest.raises(rl.ConfigurationError, match="either config= or options"):
+        build_config(Config(), {"default": "5/minute"})
+
+
+def test_a_config_is_frozen_and_replace_validates_again() -> None:
+    config = Config(default="5/minute")
+    with pytest.raises(AttributeError):
+        config.default = "6/minute"  # type: ignore[misc]
+    assert config.replace(mode="shadow").shadow
+    with pytest.raises(rl.ConfigurationError, match="mode"):
+        config.replace(mode="audit")
+
+
+def test_rules_are_named_after_path_methods_and_rates() -> None:
+    get = Rule("/items", "100/minute", methods=["GET"])
+    post = Rule("/items", "5/minute", methods=["POST"])
+    assert get.policy.name != post.policy.name
+    assert (get.label, post.label) == ("GET,HEAD /items", "POST /items")
+    assert Rule("/a", "5/minute", name="shared").policy.name == "shared"
+
+
+def test_decorated_route_names_are_stable_however_the_app_is_started() -> None:
+    import sys
+    import types
+
+    from ratelimit_mw.http.routing import stable_module
+
+    def view() -> None: ...
+
+    view.__module__ = "examples.app"
+    assert stable_module(view) == "app"
+    main = types.ModuleType("__main__")
+    main.__file__ = "/srv/examples/app.py"
+    saved = sys.modules["__main__"]
+    sys.modules["__main__"] = main
+    try:
+        view.__module__ = "__main__"
+        assert stable_module(view) == "app"
+    finally:
+        sys.modules["__main__"] = saved
+
+
+@pytest.mark.parametrize(("module", "package", "extra"), [
+    ("ratelimit_mw.asgi", "starlette", "starlette"),
+    ("ratelimit_mw.fastapi", "fastapi", "fastapi"),
+    ("ratelimit_mw.flask", "flask", "flask"),
+    ("ratelimit_mw.wsgi", "werkzeug", "flask"),
+    ("ratelimit_mw.httpx", "httpx", "httpx"),
+])
+def test_an_adapter_without_its_framework_names_the_extra_to_install(
+        module: str, package: str, extra: str) -> None:
+    import subprocess
+    import sys
+
+    script = (f"import sys; sys.modules[{package!r}] = None\n"
+              f"try:\n    import {module}\nexcept ImportError as exc:\n    print(exc)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    assert f"pip install 'ratelimit_mw[{extra}]'" in out
+
+
+def test_config_built_directly_names_a_misspelt_option_like_the_adapters_do() -> None:
+    from ratelimit_mw.http.config import Config
+
+    with pytest.raises(rl.ConfigurationError, match="did you mean 'default'"):
+        Config(defualt="60/minute")  # type: ignore[call-arg]
+    with pytest.raises(rl.ConfigurationError, match="keyword options only"):
+        Config("60/minute")  # type: ignore[misc]

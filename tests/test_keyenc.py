@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 import ratelimit_mw as rl
-from ratelimit_mw import core
-from ratelimit_mw._keyenc import encode_identity, encode_segment, identity_head
+from ratelimit_mw.core import plans
+from ratelimit_mw.core.identity import encode_identity, encode_segment, identity_head
 
 MAX_KEY_BYTES = 200
 
@@ -68,10 +68,10 @@ def test_long_or_unusual_identities_are_hashed(identity: str) -> None:
 def test_the_hash_tag_depends_only_on_the_identity(
     identity: str, prefix: str, name: str, algorithm: str, other_name: str, other_prefix: str
 ) -> None:
-    first = core.build(core.HIT, [core.Check(rl.Policy("1/minute;5/hour", algorithm=algorithm,
+    first = plans.build(plans.HIT, [plans.Check(rl.Policy("1/minute;5/hour", algorithm=algorithm,
                                                        name=name, penalty=60), identity)],
                        prefix)
-    second = core.build(core.PEEK, [core.Check(rl.Policy("3/day", name=other_name), identity)],
+    second = plans.build(plans.PEEK, [plans.Check(rl.Policy("3/day", name=other_name), identity)],
                         other_prefix)
     tags = {hash_tag(key) for key in first.keys + second.keys}
     assert tags == {encode_identity(identity)}
@@ -84,7 +84,7 @@ def test_every_key_fits_in_200_bytes(identity: str, prefix: str, name: str,
                                      algorithm: str) -> None:
     policy = rl.Policy([rl.Rate(1, 1), rl.Rate(1, 10**15 // 2)], algorithm=algorithm, name=name,
                        penalty=1)
-    call = core.build(core.HIT, [core.Check(policy, identity)], prefix)
+    call = plans.build(plans.HIT, [plans.Check(policy, identity)], prefix)
     for key in call.keys:
         assert len(key.encode("utf-8", "surrogatepass")) <= MAX_KEY_BYTES
 
@@ -96,7 +96,7 @@ def test_keys_of_different_identities_or_policies_never_collide(
 ) -> None:
     def keys(identity: str, name: str, algorithm: str) -> set[str]:
         policy = rl.Policy("1/minute;2/hour", algorithm=algorithm, name=name, penalty=5)
-        return set(core.build(core.HIT, [core.Check(policy, identity)], "rl").keys)
+        return set(plans.build(plans.HIT, [plans.Check(policy, identity)], "rl").keys)
 
     if a == b:
         assert keys(*a) == keys(*b)
@@ -121,7 +121,7 @@ def test_the_identity_head_is_prefix_then_hash_tag() -> None:
 def test_key_layout_per_algorithm() -> None:
     def keys(algorithm: str) -> list[str]:
         policy = rl.Policy("1/minute;5/hour", algorithm=algorithm, name="p", penalty=9)
-        return core.build(core.HIT, [core.Check(policy, "u")], "rl").keys
+        return plans.build(plans.HIT, [plans.Check(policy, "u")], "rl").keys
 
     assert keys("fixed-window") == ["rl:{u}:p.fw:60000", "rl:{u}:p.fw:3600000", "rl:{u}:p.fw:ban"]
     assert keys("sliding-log") == ["rl:{u}:p.sl:log", "rl:{u}:p.sl:log", "rl:{u}:p.sl:ban"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import ratelimit_mw
-from ratelimit_mw import _scripts
+from ratelimit_mw.core import scripts as _scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 LUA_FILES = {"main.lua", "fixed_window.lua", "sliding_window.lua", "gcra.lua", "sliding_log.lua"}
@@ -31,7 +31,7 @@ def test_a_checkout_loads_the_scripts_from_the_top_level_lua_folder() -> None:
         pytest.skip("running from an installed wheel, not a checkout")
     assert _scripts.lua_dir() == ROOT / "lua"
     assert {p.name for p in (ROOT / "lua").glob("*.lua")} >= LUA_FILES
-    source = _scripts.SOURCE
+    source = _scripts.source()
     for name in LUA_FILES:
         assert (ROOT / "lua" / name).read_text(encoding="utf-8") in source
     assert source.rstrip().endswith((ROOT / "lua" / "main.lua").read_text().rstrip())
@@ -74,7 +74,7 @@ def test_the_wheel_works_in_a_fresh_virtualenv(wheel: Path, tmp_path: Path) -> N
     script = textwrap.dedent(f"""
         import json, sys
         import ratelimit_mw as rl
-        from ratelimit_mw import _scripts
+        from ratelimit_mw.core import scripts as _scripts
         memory = rl.Limiter()
         on_redis = rl.Limiter(rl.RedisBackend.from_url({REDIS_URL!r}), prefix={prefix!r})
         policy = rl.Policy("2/minute;3/hour", algorithm="sliding-log")

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+import subprocess
+import sys
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.policy import DEFAULT_ALGORITHM, as_policy
+from ratelimit_mw.core import wire
+from ratelimit_mw.core.policy import DEFAULT_ALGORITHM, Algorithm, as_policy
 
 
 def test_the_default_algorithm_is_sliding_log() -> None:
@@ -16,11 +21,18 @@ def test_the_default_algorithm_is_sliding_log() -> None:
     assert rl.Policy("10/minute").algorithm == "sliding-log"
 
 
-@pytest.mark.parametrize(("algorithm", "code"), sorted(rl.ALGORITHMS.items()))
-def test_each_algorithm_has_its_wire_code(algorithm: str, code: str) -> None:
+@pytest.mark.parametrize(("algorithm", "code"), sorted(wire.CODES.items()))
+def test_each_algorithm_has_its_wire_code(algorithm: Algorithm, code: str) -> None:
+    assert set(rl.ALGORITHMS) == set(wire.CODES)
     policy = rl.Policy("10/minute", algorithm=algorithm)
-    assert policy.code == code
-    assert policy.segment.endswith("." + code)
+    assert wire.code(policy) == code
+    assert wire.wire(policy).segment.endswith("." + code)
+
+
+def test_a_policy_holds_only_what_the_user_configured() -> None:
+    policy = rl.Policy("10/minute")
+    for moved in ("code", "segment", "call_template", "ban_end", "calendar"):
+        assert not hasattr(policy, moved), moved
 
 
 def test_policy_accepts_a_string_a_rate_or_a_list_of_rates() -> None:
@@ -109,74 +121,112 @@ def test_every_policy_mistake_raises_with_an_example_of_what_to_write(
 def test_penalty_durations_are_read_in_milliseconds(penalty: object, ms: int) -> None:
     policy = rl.Policy("1/minute", penalty=penalty)  # type: ignore[arg-type]
     assert policy.penalty_ms == ms
-    assert policy.ban_end() == f"d{ms}"
+    assert wire.ban_end(policy) == f"d{ms}"
 
 
 def test_no_penalty_sends_no_ban() -> None:
-    assert rl.Policy("1/minute").ban_end() == ""
+    assert wire.ban_end(rl.Policy("1/minute")) == ""
 
 
 def test_a_penalty_callable_gives_an_absolute_end_in_ms() -> None:
     end = dt.datetime(2027, 1, 1, tzinfo=ZoneInfo("Asia/Shanghai"))
     policy = rl.Policy("1/minute", penalty=lambda: end)
     assert policy.penalty_ms == 0
-    assert policy.ban_end() == f"a{int(end.timestamp() * 1000)}"
+    assert wire.ban_end(policy) == f"a{int(end.timestamp() * 1000)}"
 
 
 @pytest.mark.parametrize("end", [dt.datetime(2027, 1, 1), "tomorrow", None])
 def test_a_penalty_callable_must_return_an_aware_datetime(end: object) -> None:
     policy = rl.Policy("1/minute", penalty=lambda: end)  # type: ignore[arg-type,return-value]
     with pytest.raises(rl.ConfigurationError, match="aware datetime"):
-        policy.ban_end()
+        wire.ban_end(policy)
 
 
 def _ms(*args: int, zone: str) -> int:
     return int(dt.datetime(*args, tzinfo=ZoneInfo(zone)).timestamp() * 1000)  # type: ignore[misc]
 
 
+def _window(policy: rl.Policy, tier: int, now: int, app_ms: int | None = None) -> list[int]:
+    """The calendar window holding Redis's `now`, from the schedule an app at `app_ms` sends."""
+    assert policy.tz is not None
+    cal = wire.schedule(policy.tz, now if app_ms is None else app_ms)
+    return list(wire.calendar_window(cal, policy.rates[tier].period_ms, now))
+
+
 def test_calendar_day_windows_run_from_local_midnight() -> None:
     policy = rl.Policy("100/day", algorithm="fixed-window", tz="Asia/Shanghai")
     now = _ms(2026, 5, 1, 15, 0, zone="Asia/Shanghai")
-    bounds = [int(b) for b in policy.calendar(0, now).split(",")]
-    assert bounds == [
-        _ms(2026, 4, 30, zone="Asia/Shanghai"),
+    assert _window(policy, 0, now) == [
         _ms(2026, 5, 1, zone="Asia/Shanghai"),
         _ms(2026, 5, 2, zone="Asia/Shanghai"),
-        _ms(2026, 5, 3, zone="Asia/Shanghai"),
     ]
-    assert bounds[1] <= now < bounds[2]
 
 
 def test_calendar_days_across_a_dst_change_are_23_or_25_hours() -> None:
     policy = rl.Policy("10/day", algorithm="fixed-window", tz="Europe/Paris")
     # 2026-03-29: clocks go forward in Paris; 2026-10-25: back.
-    spring = [int(b) for b in policy.calendar(0, _ms(2026, 3, 29, 12, zone="Europe/Paris"))
-              .split(",")]
-    assert spring[2] - spring[1] == 23 * 3_600_000
-    autumn = [int(b) for b in policy.calendar(0, _ms(2026, 10, 25, 12, zone="Europe/Paris"))
-              .split(",")]
-    assert autumn[2] - autumn[1] == 25 * 3_600_000
+    start, stop = _window(policy, 0, _ms(2026, 3, 29, 12, zone="Europe/Paris"))
+    assert stop - start == 23 * 3_600_000
+    start, stop = _window(policy, 0, _ms(2026, 10, 25, 12, zone="Europe/Paris"))
+    assert stop - start == 25 * 3_600_000
 
 
-def test_calendar_leaves_non_day_tiers_and_zone_less_policies_epoch_aligned() -> None:
-    policy = rl.Policy("5/hour;100/day", algorithm="fixed-window", tz="Asia/Shanghai")
-    now = _ms(2026, 5, 1, 15, 0, zone="Asia/Shanghai")
-    assert policy.calendar(0, now) == ""
-    assert policy.calendar(1, now) != ""
-    assert rl.Policy("100/day", algorithm="fixed-window").calendar(0, now) == ""
+@pytest.mark.parametrize("skew_days", [-400, -48 / 24, 2, 30, 365])
+def test_the_window_depends_on_redis_s_clock_not_on_the_app_s(skew_days: float) -> None:
+    policy = rl.Policy("10/day;3/week", algorithm="fixed-window", tz="America/New_York")
+    now = _ms(2026, 11, 1, 12, zone="America/New_York")  # the day clocks go back
+    app_ms = now + int(skew_days * 86_400_000)
+    assert _window(policy, 0, now, app_ms) == [_ms(2026, 11, 1, zone="America/New_York"),
+                                               _ms(2026, 11, 2, zone="America/New_York")]
+    assert _window(policy, 1, now, app_ms) == [_ms(2026, 10, 26, zone="America/New_York"),
+                                               _ms(2026, 11, 2, zone="America/New_York")]
+
+
+def test_a_schedule_lists_the_zone_s_offset_changes() -> None:
+    hour = 3_600_000
+    assert wire.schedule(ZoneInfo("Asia/Shanghai"), _ms(2026, 5, 1, zone="UTC")) == str(8 * hour)
+    paris = [int(v) for v in wire.schedule(ZoneInfo("Europe/Paris"),
+                                           _ms(2026, 5, 1, zone="UTC")).split(",")]
+    # Offsets and instants alternate: o0, t1, o1, t2, o2, ...; both DST changes of 2026 listed.
+    offsets = paris[::2]
+    assert set(offsets) == {hour, 2 * hour}
+    assert all(a != b for a, b in itertools.pairwise(offsets))  # each entry is a change
+    assert len(offsets) >= 5  # at least two years of changes: 400 days either side
+    assert _ms(2026, 3, 29, 1, zone="UTC") in paris[1::2]
+    assert _ms(2026, 10, 25, 1, zone="UTC") in paris[1::2]
+
+
+def test_a_day_that_skips_midnight_starts_when_the_clock_jumps() -> None:
+    # Santiago moves its clocks forward AT midnight on 2026-09-06: the day starts at 01:00.
+    policy = rl.Policy("1/day", algorithm="fixed-window", tz="America/Santiago")
+    start, stop = _window(policy, 0, _ms(2026, 9, 6, 12, zone="UTC"))
+    assert start == _ms(2026, 9, 6, 4, zone="UTC")
+    assert stop - start == 23 * 3_600_000
 
 
 def test_week_calendar_windows_start_on_monday() -> None:
     policy = rl.Policy("100/week", algorithm="fixed-window", tz="UTC")
     now = _ms(2026, 5, 1, 9, zone="UTC")  # a Friday
-    start = int(policy.calendar(0, now).split(",")[1])
+    start, stop = _window(policy, 0, now)
     day = dt.datetime.fromtimestamp(start / 1000, dt.timezone.utc)
     assert day.weekday() == 0 and day.hour == 0
-    assert start <= now < start + 7 * 86_400_000
+    assert start <= now < stop == start + 7 * 86_400_000
 
 
-def test_calendar_boundaries_follow_the_app_clock_into_the_next_day() -> None:
-    policy = rl.Policy("100/day", algorithm="fixed-window", tz="UTC")
-    today = policy.calendar(0, _ms(2026, 5, 1, 23, 59, zone="UTC"))
-    tomorrow = policy.calendar(0, _ms(2026, 5, 2, 0, 1, zone="UTC"))
-    assert today.split(",")[2] == tomorrow.split(",")[1]
+def test_mypy_catches_a_mistyped_algorithm(tmp_path: Path) -> None:
+    """algorithm= is a Literal of the four names: a typo fails type-checking, not only at run
+    time (where ConfigurationError still names the choices)."""
+    snippet = tmp_path / "snippet.py"
+    snippet.write_text('import ratelimit_mw as rl\n'
+                       'rl.Policy("1/second", algorithm="gcra")\n'
+                       'rl.Policy("1/second", algorithm="sliding_log")\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+         "--cache-dir", str(tmp_path / "cache"), str(snippet)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert result.returncode == 1, result.stdout
+    assert 'snippet.py:3: error: Argument "algorithm"' in result.stdout
+    assert "snippet.py:2" not in result.stdout
+    with pytest.raises(rl.ConfigurationError, match="'sliding-log'"):
+        rl.Policy("1/second", algorithm="sliding_log")  # type: ignore[arg-type]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.rates import parse_rates
+from ratelimit_mw.core.rates import parse_rates
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE

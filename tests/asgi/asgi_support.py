@@ -4,47 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-
-import ratelimit_mw as rl
-from ratelimit_mw.core import ScriptCall
 
 REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class CountingBackend:
-    """Wraps a backend; counts calls and fails (or hangs) on demand.
-
-    `failure` is an exception instance to raise, or "hang" to wait forever (until the
-    middleware's deadline cancels the call).
-    """
-
-    is_cluster = False
-
-    def __init__(self, inner: Any | None = None) -> None:
-        self.inner = inner or rl.MemoryBackend()
-        self.calls: list[str] = []
-        self.failure: BaseException | str | None = None
-
-    async def arun(self, call: ScriptCall) -> list[int]:
-        self.calls.append(call.op)
-        if self.failure == "hang":
-            await asyncio.sleep(3600)
-        elif isinstance(self.failure, BaseException):
-            raise self.failure
-        return await self.inner.arun(call)  # type: ignore[no-any-return]
 
 
 async def call_asgi(app: Callable[[Scope, Any, Any], Awaitable[None]], scope: Scope,

@@ -11,12 +11,13 @@ import logging
 from typing import Any
 
 import pytest
-from asgi_support import CountingBackend, call_asgi, header_values, http_scope
+from asgi_support import call_asgi, header_values, http_scope
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
+from support import CountingBackend
 
 import ratelimit_mw as rl
 from ratelimit_mw import ConfigurationError
@@ -61,21 +62,6 @@ def make_app(limiter: rl.AsyncLimiter, **options: Any) -> Starlette:
 
 
 # -- the limit and the 429 ---------------------------------------------------------------
-def test_admits_exactly_the_limit_then_answers_429_with_every_header(alimiter, serve):
-    client = serve(make_app(alimiter, default="3/minute"))
-    statuses = [client.get("/").status_code for _ in range(3)]
-    refused = client.get("/")
-
-    assert statuses == [200, 200, 200]
-    assert refused.status_code == 429
-    assert refused.headers["retry-after"] == "60"
-    assert refused.headers["cache-control"] == "no-store"
-    assert refused.headers["content-type"] == "application/json"
-    assert refused.headers["ratelimit-policy"] == '"minute";q=3;w=60'
-    assert refused.headers["ratelimit"] == '"minute";r=0;t=60'
-    assert refused.json() == {"detail": "Too Many Requests", "retry_after": 60}
-
-
 def test_retry_after_counts_down_on_the_clock_and_the_quota_comes_back(alimiter, serve, clock):
     client = serve(make_app(alimiter, default="2/minute"))
     client.get("/")
@@ -89,65 +75,6 @@ def test_retry_after_counts_down_on_the_clock_and_the_quota_comes_back(alimiter,
     assert later.headers["retry-after"] == "35"  # 34.5 s rounded up
     assert later.json()["retry_after"] == 35
     assert again.status_code == 200
-
-
-def test_retry_after_and_ratelimit_name_the_tier_that_refused(alimiter, serve, clock):
-    client = serve(make_app(alimiter, default="2/second;3/minute"))
-    first = [client.get("/").status_code for _ in range(2)]
-    by_second = client.get("/")
-    clock.advance(1.5)
-    third = client.get("/")
-    by_minute = client.get("/")
-
-    assert first == [200, 200]
-    assert by_second.status_code == 429
-    assert by_second.headers["retry-after"] == "1"
-    assert by_second.headers["ratelimit"] == '"second";r=0;t=1'
-    assert third.status_code == 200
-    assert by_minute.status_code == 429
-    assert by_minute.headers["retry-after"] == "59"  # 58.5 s left in the minute tier
-    assert by_minute.headers["ratelimit"] == '"minute";r=0;t=59'
-    assert by_minute.headers["ratelimit-policy"] == '"second";q=2;w=1, "minute";q=3;w=60'
-
-
-def test_admitted_responses_carry_the_ratelimit_headers(alimiter, serve):
-    client = serve(make_app(alimiter, default="3/minute"))
-    responses = [client.get("/") for _ in range(3)]
-
-    assert [r.headers["ratelimit"] for r in responses] == [
-        '"minute";r=2;t=60', '"minute";r=1;t=60', '"minute";r=0;t=60',
-    ]
-    assert all(r.headers["ratelimit-policy"] == '"minute";q=3;w=60' for r in responses)
-    assert all("retry-after" not in r.headers for r in responses)
-    assert all(r.text == "hello" for r in responses)
-
-
-def test_headers_false_leaves_admitted_responses_alone_but_the_429_still_has_them(
-        alimiter, serve):
-    client = serve(make_app(alimiter, default="1/minute", headers=False))
-    admitted = client.get("/")
-    refused = client.get("/")
-
-    assert admitted.status_code == 200
-    assert "ratelimit" not in admitted.headers
-    assert "ratelimit-policy" not in admitted.headers
-    assert refused.status_code == 429
-    assert refused.headers["ratelimit"] == '"minute";r=0;t=60'
-    assert refused.headers["retry-after"] == "60"
-
-
-def test_legacy_headers_on_request(alimiter, serve):
-    client = serve(make_app(alimiter, default="2/minute", legacy_headers=True))
-    admitted = client.get("/")
-    client.get("/")
-    refused = client.get("/")
-
-    assert admitted.headers["x-ratelimit-limit"] == "2"
-    assert admitted.headers["x-ratelimit-remaining"] == "1"
-    assert admitted.headers["x-ratelimit-reset"] == "60"
-    assert admitted.headers["ratelimit"] == '"minute";r=1;t=60'
-    assert refused.headers["x-ratelimit-remaining"] == "0"
-    assert refused.headers["x-ratelimit-reset"] == "60"
 
 
 def test_no_legacy_headers_by_default(alimiter, serve):
@@ -193,48 +120,7 @@ async def test_a_response_reused_across_requests_does_not_accumulate_headers():
 
 
 # -- rules and several policies -----------------------------------------------------------
-def test_a_rule_limits_only_the_method_and_path_it_names(alimiter, serve):
-    client = serve(make_app(alimiter, rules=[Rule("/login", "2/minute", methods=["POST"])]))
-    posts = [client.post("/login").status_code for _ in range(3)]
-    gets = [client.get("/login").status_code for _ in range(3)]
-    other = client.get("/")
-
-    assert posts == [200, 200, 429]
-    assert gets == [200, 200, 200]
-    assert "ratelimit" not in other.headers
-
-
-def test_a_rule_and_the_default_both_count_and_both_are_announced(alimiter, serve):
-    client = serve(make_app(alimiter, default="10/minute", rules={"/login": "2/hour"}))
-    first = client.get("/login")
-    client.get("/login")
-    refused = client.get("/login")
-    elsewhere = client.get("/")
-
-    assert first.headers["ratelimit-policy"] == '"minute";q=10;w=60, "hour";q=2;w=3600'
-    assert first.headers["ratelimit"] == '"hour";r=1;t=3600'
-    assert refused.status_code == 429
-    assert refused.headers["retry-after"] == "3600"
-    # The refused request consumed nothing: the default still has 8 of 10 left.
-    assert elsewhere.headers["ratelimit"] == '"minute";r=7;t=60'
-
-
 # -- shadow mode and hooks ----------------------------------------------------------------
-def test_shadow_mode_counts_and_reports_but_never_refuses(alimiter, serve):
-    refusals: list[rl.Decision] = []
-    client = serve(make_app(alimiter, default="2/minute", mode="shadow",
-                            on_refusal=lambda request, decision: refusals.append(decision)))
-    responses = [client.get("/state") for _ in range(4)]
-
-    assert [r.status_code for r in responses] == [200, 200, 200, 200]
-    assert [r.json()["allowed"] for r in responses] == [True, True, False, False]
-    assert responses[3].headers["ratelimit"] == '"minute";r=0;t=60'
-    # The request was served: no Retry-After telling the client to back off from it.
-    assert "retry-after" not in responses[3].headers
-    assert len(refusals) == 2
-    assert not any(d.allowed for d in refusals)
-
-
 def test_on_refusal_is_told_of_each_real_refusal_with_the_request(alimiter, serve):
     seen: list[tuple[str, int]] = []
 
@@ -254,21 +140,6 @@ def test_an_on_refusal_hook_that_raises_does_not_change_the_answer(alimiter, ser
 
     client = serve(make_app(alimiter, default="1/minute", on_refusal=hook))
     assert [client.get("/").status_code for _ in range(2)] == [200, 429]
-
-
-def test_on_blocked_response_keeps_its_body_and_gains_the_rate_limit_headers(alimiter, serve):
-    def blocked(request: Request, decision: rl.Decision) -> Response:
-        return PlainTextResponse(f"slow down {request.url.path}", status_code=418)
-
-    client = serve(make_app(alimiter, default="1/minute", on_blocked=blocked))
-    client.get("/")
-    refused = client.get("/")
-
-    assert refused.status_code == 418
-    assert refused.text == "slow down /"
-    assert refused.headers["ratelimit"].endswith(f"t={refused.headers['retry-after']}")
-    assert refused.headers["ratelimit-policy"] == '"minute";q=1;w=60'
-    assert refused.headers["cache-control"] == "no-store"
 
 
 async def test_an_async_on_blocked_is_awaited():
@@ -308,18 +179,6 @@ async def hello_app(scope, receive, send):
 
 
 # -- count_when -----------------------------------------------------------------------------
-def test_count_when_gives_back_the_hits_of_responses_that_do_not_count(alimiter, serve):
-    client = serve(make_app(alimiter, default="2/minute",
-                            count_when=lambda status: status >= 400))
-    successes = [client.get("/login?status=200").status_code for _ in range(5)]
-    failures = [client.get("/login?status=401").status_code for _ in range(2)]
-    after = client.get("/login?status=200")
-
-    assert successes == [200] * 5
-    assert failures == [401, 401]
-    assert after.status_code == 429
-
-
 def test_count_when_counts_an_exception_as_a_server_error(alimiter, serve):
     app = make_app(alimiter, default="1/minute", count_when=lambda status: status >= 500)
     client = serve(app, raise_server_exceptions=False)
@@ -349,7 +208,7 @@ async def test_a_refund_that_fails_is_logged_never_raised(caplog):
         sent = await call_asgi(middleware, http_scope())
 
     assert sent[0]["status"] == 200
-    assert backend.calls == ["H", "R"]
+    assert backend.ops == ["H", "R"]
     assert "could not give back a hit" in caplog.text
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from asgi_support import REDIS_URL, free_port
+from support import REDIS_URL, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -41,10 +41,13 @@ def test_a_sweep_does_a_bounded_amount_of_work_per_call(step_clock: StepClock) -
     limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
     policy = rl.Policy("1/second", algorithm="gcra")
     for i in range(300):
-        limiter.hit(policy, f"u{i}")
-    step_clock.advance(5)
+        limiter.hit(policy, f"u{i}")  # each key lives 1,001 ms
+    step_clock.advance_ms(999)
     limiter.peek(policy, "x")
-    assert 0 < len(backend) < 300
+    assert len(backend) == 300  # nothing due yet
+    step_clock.advance_ms(3)  # all 300 due, 3 ms after the previous call
+    limiter.peek(policy, "x")
+    assert len(backend) == 300 - (64 + 16 * 3)  # 64 a call, plus 16 per ms since the last
     assert repr(backend).startswith("MemoryBackend(keys=")
 
 
@@ -116,3 +119,46 @@ async def test_the_async_entry_point_shares_state_with_the_sync_one(
     assert sync.peek("3/minute", "u").remaining == 2
     await backend.aclose()
     assert len(backend) == 0
+
+
+def _idle_identities(limiter: rl.Limiter, count: int) -> None:
+    policy = rl.Policy("1/second", algorithm="fixed-window", name="idle")
+    for i in range(count):
+        limiter.hit(policy, f"idle{i}")
+
+
+def test_expired_entries_are_reclaimed_while_every_call_is_refused(
+    step_clock: StepClock,
+) -> None:
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    _idle_identities(limiter, 40_000)
+    assert len(backend) == 40_000
+    step_clock.advance_ms(10_000)  # every idle identity's window is over
+    flood = rl.Policy("1/hour", name="flood")
+    assert limiter.hit(flood, "attacker").allowed
+    refused = 0
+    for _ in range(10_000):
+        refused += not limiter.hit(flood, "attacker").allowed
+    assert refused == 10_000
+    assert len(backend) == 1  # the attacker's log; the 40,000 expired keys are gone
+
+
+def test_a_backend_called_seldom_still_reclaims_what_expired_meanwhile(
+    step_clock: StepClock,
+) -> None:
+    """In front of the backend a cache may answer most refusals (the deny cache), so the
+    backend can see one call a second: reclaiming keeps pace with time, not with calls."""
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    flood = rl.Policy("1/hour", name="flood")
+    limiter.hit(flood, "attacker")
+    _idle_identities(limiter, 40_000)
+    left = []
+    for _ in range(3):
+        step_clock.advance_ms(1_000)  # the idle identities' windows are over after the first
+        assert not limiter.hit(flood, "attacker").allowed
+        left.append(len(backend))
+    # ~16,000 per idle second, spread over the calls (64 a call would leave 39,809).
+    assert 1 < left[0] < 40_000 - 15_000 and left[1] < left[0], left
+    assert left[-1] == 1, left

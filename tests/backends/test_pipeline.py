@@ -10,7 +10,8 @@ import redis
 import redis.asyncio
 
 import ratelimit_mw as rl
-from ratelimit_mw.backends import _pipeline
+from ratelimit_mw.backends import pipeline as _pipeline
+from ratelimit_mw.core import scripts
 
 REDIS = "redis://127.0.0.1:6379"
 
@@ -110,9 +111,33 @@ async def test_a_rejected_password_is_a_backend_error() -> None:
 
 
 async def test_a_silent_server_times_out_and_the_connection_is_dropped() -> None:
-    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A server that answers the connection's set-up (SCRIPT LOAD), then nothing."""
+    async def answer_setup_only(reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
         await reader.read(1 << 16)
-        await asyncio.sleep(5)
+        writer.write(b"$40\r\n" + scripts.sha1().encode() + b"\r\n")
+        await writer.drain()
+        await reader.read()  # silent until the client hangs up
+
+    server = await asyncio.start_server(answer_setup_only, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = rl.AsyncRedisBackend.from_url(f"redis://127.0.0.1:{port}", socket_timeout=0.05)
+    try:
+        with pytest.raises(rl.BackendError, match="Timeout reading"):
+            await rl.AsyncLimiter(backend).hit(policy(), "ip:1")
+        assert backend._pipe._protocol.lost is not None
+    finally:
+        server.close()
+        await backend.aclose()
+
+
+async def test_a_server_silent_from_the_start_times_out_and_is_hung_up_on() -> None:
+    hung_up = asyncio.Event()
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(1 << 16):
+            pass
+        hung_up.set()
 
     server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -120,7 +145,8 @@ async def test_a_silent_server_times_out_and_the_connection_is_dropped() -> None
     try:
         with pytest.raises(rl.BackendError, match="Timeout"):
             await rl.AsyncLimiter(backend).hit(policy(), "ip:1")
-        assert backend._pipe._protocol.lost is not None
+        await asyncio.wait_for(hung_up.wait(), 10)  # no half-set-up connection is kept
+        assert backend._pipe._protocol is None
     finally:
         server.close()
         await backend.aclose()
@@ -130,3 +156,49 @@ async def test_a_closed_port_is_a_backend_error() -> None:
     backend = rl.AsyncRedisBackend.from_url("redis://127.0.0.1:1")
     with pytest.raises(rl.BackendError, match="connecting"):
         await rl.AsyncLimiter(backend).hit(policy(), "ip:1")
+
+
+async def test_checks_pending_in_one_loop_iteration_leave_in_one_write(prefix: str) -> None:
+    """Auto-pipelining: a burst of concurrent checks costs one socket write, not one each."""
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis())
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
+    shared = policy("fixed-window")
+    await limiter.hit(shared, "ip:warm")  # connected, script loaded
+    transport = backend._pipe._protocol.transport
+    writes: list[int] = []
+    real_write = transport.write
+
+    def counting_write(data: bytes) -> None:
+        writes.append(data.count(b"EVALSHA"))
+        real_write(data)
+
+    transport.write = counting_write
+    decisions = await asyncio.gather(*(limiter.hit(shared, f"ip:{i % 3}") for i in range(300)))
+    assert writes == [300]
+    assert [sum(d.allowed for d in decisions[i::3]) for i in range(3)] == [10, 10, 10]
+    sequential = [(await limiter.hit(shared, "ip:seq")).remaining for _ in range(3)]
+    assert sequential == [9, 8, 7] and writes == [300, 1, 1, 1]
+    await backend.aclose()
+
+
+async def test_every_call_queued_on_a_hung_server_fails_within_the_timeout() -> None:
+    """One deadline timer per connection: the oldest unanswered call decides for all."""
+    released = asyncio.Event()  # set only when the test ends: the server never answers
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1 << 16)
+        await released.wait()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = rl.AsyncRedisBackend.from_url(f"redis://127.0.0.1:{port}", socket_timeout=0.05)
+    limiter = rl.AsyncLimiter(backend)
+    try:
+        # The outer wait_for only turns a hang (no deadline at all) into a failure.
+        outcomes = await asyncio.wait_for(asyncio.gather(
+            *(limiter.hit(policy(), f"ip:{i}") for i in range(20)), return_exceptions=True), 30)
+        assert all(isinstance(o, rl.BackendError) and "Timeout" in str(o) for o in outcomes)
+    finally:
+        released.set()
+        server.close()
+        await backend.aclose()

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from ratelimit_mw._http import Breaker
+from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.wsgi import DECISION_KEY
 from reliability._support import TestClock
 
@@ -50,7 +50,8 @@ def asgi_client(app: Any) -> httpx.AsyncClient:
 def install_clock(middleware: Any) -> TestClock:
     """Give the middleware's circuit breaker a clock the test moves (same cool-down)."""
     clock = TestClock()
-    middleware.core.breaker = Breaker(middleware.core.breaker.cooldown, clock)
+    old = middleware.guard.breaker
+    middleware.guard.breaker = Breaker(old.cooldown, old.policy, clock)
     return clock
 
 

@@ -24,21 +24,13 @@ from zoneinfo import ZoneInfo
 
 import httpx
 import redis
-
-from ratelimit_mw.core import ScriptCall
+from support import CountingBackend, MonotonicClock, free_port
 
 # The shared server (tests/conftest.py reads the same variable).
 SHARED_REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
 TESTS_DIR = Path(__file__).resolve().parent.parent
 FIGURES_FILE = Path(os.environ.get("RATELIMIT_FIGURES_FILE",
                                    "/tmp/ratelimit_mw_reliability_figures.json"))
-
-
-def free_port() -> int:
-    """A loopback port free right now (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -138,45 +130,9 @@ class PrivateRedis:
             client.close()
 
 
-class CountingBackend:
-    """A sync backend wrapper that counts the script calls reaching the store."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.is_cluster = inner.is_cluster
-        self.calls = 0
-
-    def run(self, call: ScriptCall) -> list[int]:
-        self.calls += 1
-        return self.inner.run(call)  # type: ignore[no-any-return]
-
-
-class CountingAsyncBackend:
-    """The async twin of CountingBackend."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.is_cluster = inner.is_cluster
-        self.calls = 0
-
-    async def arun(self, call: ScriptCall) -> list[int]:
-        self.calls += 1
-        return await self.inner.arun(call)  # type: ignore[no-any-return]
-
-
-class TestClock:
-    """A monotonic clock moved by the test, for the middleware's circuit breaker."""
-
-    __test__ = False  # not a test class, whatever its name says
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
+# One counting backend (sync and async) and one test clock for every HTTP test.
+CountingAsyncBackend = CountingBackend
+TestClock = MonotonicClock
 
 
 # -- app servers in subprocesses ----------------------------------------------------------

@@ -20,11 +20,24 @@ def skew_policies() -> dict[str, rl.Policy]:
     return out
 
 
+def calendar_policies() -> dict[str, rl.Policy]:
+    """Calendar days and weeks (fixed-window with tz=), in zones with and without DST."""
+    return {
+        "shanghai-day": rl.Policy(f"{SKEW_LIMIT}/day", algorithm="fixed-window",
+                                  tz="Asia/Shanghai", name="cal-sh"),
+        "new-york-day": rl.Policy(f"{SKEW_LIMIT}/day", algorithm="fixed-window",
+                                  tz="America/New_York", name="cal-ny"),
+        "paris-week": rl.Policy(f"{SKEW_LIMIT}/week", algorithm="fixed-window",
+                                tz="Europe/Paris", name="cal-paris"),
+    }
+
+
 def skewed_hammer(url: str, prefix: str, identity: str, skew: float, start_at: float,
-                  attempts: int) -> dict[str, Any]:
+                  attempts: int, calendar: bool = False) -> dict[str, Any]:
     """An app process whose clock is `skew` seconds off: hit every policy `attempts` times.
 
     ``time.time`` is replaced for the whole process, as a misconfigured server would have it;
+    ``calendar`` hits `calendar_policies` instead of one policy per algorithm;
     the limiter is built without ``clock=``, as in production, so Redis's clock decides.
     """
     real = time.time
@@ -32,7 +45,7 @@ def skewed_hammer(url: str, prefix: str, identity: str, skew: float, start_at: f
     try:
         backend = rl.RedisBackend.from_url(url, socket_timeout=5, socket_connect_timeout=5)
         limiter = rl.Limiter(backend, prefix=prefix)
-        policies = skew_policies()
+        policies = calendar_policies() if calendar else skew_policies()
         for policy in policies.values():
             limiter.peek(policy, identity)  # connected and scripts loaded before the start
         while real() < start_at:

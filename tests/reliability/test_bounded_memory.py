@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw import asgi, core
-from ratelimit_mw._scripts import SHA1, SOURCE
+from ratelimit_mw import asgi
+from ratelimit_mw.core import plans, scripts
 from reliability._apps import asgi_app
 from reliability._support import Figures, PrivateRedis, TestClock, ms
 
@@ -52,14 +52,14 @@ def _calls(prefix: str, redis_now_ms: int) -> Any:
         name = NAMES[i % len(NAMES)]
         identity = f"user:{i}"
         if name == "book":
-            yield core.build(core.BOOK, [core.Check(BOOKING, identity)], prefix,
+            yield plans.build(plans.BOOK, [plans.Check(BOOKING, identity)], prefix,
                              at_ms=redis_now_ms + BOOKING_AHEAD_MS)
             continue
-        call = core.build(core.HIT, [core.Check(POLICIES[name][0], identity)], prefix)
+        call = plans.build(plans.HIT, [plans.Check(POLICIES[name][0], identity)], prefix)
         yield call
         if name == "pen":
             # A second hit within the second is refused and starts a one-second ban.
-            yield core.build(core.HIT, [core.Check(POLICIES[name][0], identity)], prefix)
+            yield plans.build(plans.HIT, [plans.Check(POLICIES[name][0], identity)], prefix)
 
 
 def _ttl_bound(key: str) -> int:
@@ -73,7 +73,7 @@ def test_redis_forgets_100k_identities_once_their_windows_close(
 ) -> None:
     server = private_redis()
     client = server.client()
-    client.script_load(SOURCE)
+    client.script_load(scripts.source())
     seconds, micros = client.time()
     redis_now_ms = seconds * 1000 + micros // 1000
 
@@ -81,7 +81,7 @@ def test_redis_forgets_100k_identities_once_their_windows_close(
     pipe = client.pipeline(transaction=False)
     queued = refused = 0
     for call in _calls(prefix, redis_now_ms):
-        pipe.evalsha(SHA1, len(call.keys), *call.keys, *call.args)
+        pipe.evalsha(scripts.sha1(), len(call.keys), *call.keys, *call.args)
         queued += 1
         if queued % 2_000 == 0:
             refused += sum(reply[0] == 0 for reply in pipe.execute())
@@ -187,6 +187,6 @@ def test_the_asgi_middleware_per_path_caches_stay_bounded_under_a_flood_of_paths
         return time.perf_counter() - started
 
     elapsed = asyncio.run(flood())
-    assert len(mw.core._rule_cache) <= 4_096
+    assert len(mw.guard._rule_cache) <= 4_096
     assert len(mw._resolver._cache) <= 4_096
     figures.record("bounded_memory.path_flood_request_ms_mean", ms(elapsed / 20_000))

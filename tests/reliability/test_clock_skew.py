@@ -3,16 +3,20 @@
 Two spawned processes hammer one identity at the same moment, one with ``time.time`` three
 hours fast, the other two hours slow, with limiters built as in production (no ``clock=``).
 Together they admit exactly the limit under every algorithm (and under calendar days, whose
-boundaries the app's clock only proposes), and both read the same window end.
+windows the script computes from Redis's clock and the zone's UTC-offset schedule), and both
+read the same window end. Calendar days and weeks hold their limit even with the app clocks
+two days either way, or a month ahead.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import multiprocessing
 import time
 import uuid
 from collections.abc import Iterator
 from multiprocessing.pool import Pool
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -22,7 +26,7 @@ from reliability._support import (
     away_from_midnight,
     seconds_to_midnight,
 )
-from reliability._workers import SKEW_LIMIT, skew_policies, skewed_hammer
+from reliability._workers import SKEW_LIMIT, calendar_policies, skew_policies, skewed_hammer
 
 pytestmark = pytest.mark.slow
 
@@ -67,3 +71,47 @@ def test_processes_with_clocks_hours_apart_admit_exactly_the_limit_together(
         assert abs(ends[0] - seconds_to_midnight(zone)) < 10, (name, ends)
     figures.record(f"clock_skew.{store}.admitted_per_process",
                    {name: [r["admitted"][name] for r in results] for name in skew_policies()})
+
+
+CALENDAR_SKEWS = {
+    "two days either way": (48 * 3600.0, -48 * 3600.0),
+    "a month ahead": (30 * 86_400.0, 0.0),
+}
+
+
+def _seconds_to_monday(zone: str) -> float:
+    now = time.time()
+    today = dt.datetime.fromtimestamp(now, ZoneInfo(zone)).date()
+    monday = today + dt.timedelta(days=7 - today.weekday())
+    start = dt.datetime(monday.year, monday.month, monday.day, tzinfo=ZoneInfo(zone))
+    return start.timestamp() - now
+
+
+@pytest.mark.parametrize("skews", list(CALENDAR_SKEWS.values()), ids=list(CALENDAR_SKEWS))
+def test_calendar_windows_hold_the_limit_when_app_clocks_are_days_apart(
+    pool: Pool, skews: tuple[float, float], figures: Figures
+) -> None:
+    prefix = "trel" + uuid.uuid4().hex[:10]
+    identity = "cal-skew:" + uuid.uuid4().hex
+    away_from_midnight("Asia/Shanghai", "America/New_York", "Europe/Paris")
+    start_at = time.time() + 1.0
+    results = pool.starmap(
+        skewed_hammer,
+        [(SHARED_REDIS_URL, prefix, identity, skew, start_at, ATTEMPTS, True)
+         for skew in skews],
+    )
+    for skew, result in zip(skews, results, strict=True):
+        assert abs(result["clock_offset"] - skew) < 1
+    admitted = {name: [r["admitted"][name] for r in results] for name in calendar_policies()}
+    for name, counts in admitted.items():
+        assert sum(counts) == SKEW_LIMIT, (name, counts)
+    # The window ends come from Redis's clock: local midnight (Monday's for the week).
+    expected = {"shanghai-day": seconds_to_midnight("Asia/Shanghai"),
+                "new-york-day": seconds_to_midnight("America/New_York"),
+                "paris-week": _seconds_to_monday("Europe/Paris")}
+    for name, left in expected.items():
+        ends = [r["reset_after"][name] for r in results if name in r["reset_after"]]
+        assert ends and max(ends) - min(ends) < 5, (name, ends)
+        assert abs(ends[0] - left) < 10, (name, ends, left)
+    skew_id = "_".join(f"{s / 3600:+.0f}h" for s in skews)
+    figures.record(f"clock_skew.calendar.{skew_id}.admitted_per_process", admitted)

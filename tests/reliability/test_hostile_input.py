@@ -40,7 +40,7 @@ from werkzeug.test import EnvironBuilder, run_wsgi_app
 
 import ratelimit_mw as rl
 from ratelimit_mw import asgi, keys, wsgi
-from ratelimit_mw._keyenc import encode_identity, identity_head
+from ratelimit_mw.core.identity import encode_identity, identity_head
 from reliability._apps import wsgi_app
 from reliability._support import PrivateRedis
 

@@ -115,12 +115,7 @@ async def test_a_concurrent_burst_through_the_middleware_admits_exactly_the_limi
 POOL_BURST = 300  # redis-py 8's pools hold 100 connections (per node on a cluster) by default
 
 
-@pytest.mark.parametrize("store", [
-    "redis",
-    pytest.param("cluster", marks=pytest.mark.xfail(strict=True, reason=(
-        "library bug: redis.asyncio.RedisCluster holds at most 100 connections per node and "
-        "raises MaxConnectionsError beyond, which the middleware treats as an outage"))),
-])
+@pytest.mark.parametrize("store", ["redis", "cluster"])
 async def test_a_burst_larger_than_the_connection_pool_is_decided_request_by_request(
     request: pytest.FixtureRequest, store: str, prefix: str,
 ) -> None:

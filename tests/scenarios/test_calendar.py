@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.headers import retry_after_seconds
+from ratelimit_mw.http.headers import retry_after_seconds
 
 from ._helpers import UTC, keys_under, local, ms, set_ms, set_time
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pytest
-from wsgi_support import free_port
+from support import free_port
 
 import ratelimit_mw as rl
 

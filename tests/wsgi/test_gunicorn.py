@@ -22,7 +22,7 @@ from typing import IO
 
 import httpx
 import pytest
-from wsgi_support import free_port
+from support import free_port
 
 pytestmark = pytest.mark.slow
 

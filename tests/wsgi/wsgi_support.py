@@ -3,48 +3,14 @@
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Callable
 from typing import Any
 
 from werkzeug.test import Client, TestResponse
 
-from ratelimit_mw.core import ScriptCall
 from ratelimit_mw.wsgi import DECISION_KEY
 
 Environ = dict[str, Any]
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class CountingBackend:
-    """Wraps a backend and counts the script calls that reach it."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.is_cluster = inner.is_cluster
-        self.calls = 0
-
-    def run(self, call: ScriptCall) -> list[int]:
-        self.calls += 1
-        return self.inner.run(call)  # type: ignore[no-any-return]
-
-
-class FailingBackend:
-    """A backend whose every call raises `error` (not necessarily a BackendError)."""
-
-    is_cluster = False
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def run(self, call: ScriptCall) -> list[int]:
-        raise self.error
 
 
 def echo_app(environ: Environ, start_response: Callable[..., Any]) -> list[bytes]:

@@ -1,0 +1,126 @@
+"""The start-up check: ``ping()`` / ``aping()`` connect, load the script and describe the store.
+
+A wrong host must be found at deploy time: every backend raises BackendError from its check,
+never a redis-py exception, and a reachable one has the script loaded afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+import ratelimit_mw as rl
+from ratelimit_mw.core import scripts
+
+URL = "redis://127.0.0.1:6379/0"
+KEYS = {"backend", "version", "cluster", "nodes", "rtt_ms", "script_sha"}
+
+
+def check_report(report: dict[str, Any], backend: str, nodes: int) -> None:
+    assert set(report) == KEYS
+    assert report["backend"] == backend
+    assert report["cluster"] is (backend == "redis-cluster")
+    assert report["nodes"] == nodes
+    assert isinstance(report["rtt_ms"], float) and report["rtt_ms"] >= 0.0
+    assert report["script_sha"] == scripts.sha1()
+    assert isinstance(report["version"], str) and report["version"][0].isdigit()
+
+
+def test_the_memory_backend_is_always_reachable() -> None:
+    report = rl.MemoryBackend().ping()
+    assert report == {"backend": "memory", "version": None, "cluster": False, "nodes": 1,
+                      "rtt_ms": 0.0, "script_sha": ""}
+
+
+async def test_the_memory_backend_async_check_gives_the_same_report() -> None:
+    backend = rl.MemoryBackend()
+    assert await backend.aping() == backend.ping()
+
+
+def test_ping_loads_the_script_on_the_server(redis_client: redis.Redis) -> None:
+    backend = rl.RedisBackend.from_url(URL)
+    try:
+        check_report(backend.ping(), "redis", 1)
+        assert redis_client.script_exists(scripts.sha1()) == [True]
+    finally:
+        backend.close()
+
+
+async def test_aping_loads_the_script_on_the_server(redis_client: redis.Redis) -> None:
+    backend = rl.AsyncRedisBackend.from_url(URL)
+    try:
+        check_report(await backend.aping(), "redis", 1)
+        assert redis_client.script_exists(scripts.sha1()) == [True]
+    finally:
+        await backend.aclose()
+
+
+def test_a_wrong_host_is_a_backend_error_at_start_up() -> None:
+    backend = rl.RedisBackend.from_url("redis://127.0.0.1:1/0")
+    with pytest.raises(rl.BackendError, match="start-up check failed"):
+        backend.ping()
+
+
+async def test_a_wrong_host_is_a_backend_error_at_start_up_async() -> None:
+    backend = rl.AsyncRedisBackend.from_url("redis://127.0.0.1:1/0")
+    with pytest.raises(rl.BackendError, match="start-up check failed"):
+        await backend.aping()
+    await backend.aclose()
+
+
+def test_a_cluster_that_is_down_is_a_backend_error_at_start_up() -> None:
+    backend = rl.RedisBackend.from_url("redis+cluster://127.0.0.1:1/0")
+    with pytest.raises(rl.BackendError, match="start-up check failed"):
+        backend.ping()
+
+
+async def test_a_cluster_that_is_down_is_a_backend_error_at_start_up_async() -> None:
+    backend = rl.AsyncRedisBackend.from_url("redis+cluster://127.0.0.1:1/0")
+    with pytest.raises(rl.BackendError, match="start-up check failed"):
+        await backend.aping()
+    await backend.aclose()
+
+
+def _primaries(url: str) -> list[redis.Redis]:
+    probe = redis.Redis.from_url(url.replace("+cluster://", "://", 1))
+    try:
+        ports = sorted(int(address.rsplit(":", 1)[1])
+                       for address, node in probe.cluster("NODES").items()
+                       if "master" in node["flags"])
+    finally:
+        probe.close()
+    return [redis.Redis(port=port) for port in ports]
+
+
+@pytest.mark.cluster
+def test_ping_loads_the_script_on_every_primary_of_a_cluster(redis_cluster_url: str) -> None:
+    nodes = _primaries(redis_cluster_url)
+    for node in nodes:
+        node.script_flush()
+    backend = rl.RedisBackend.from_url(redis_cluster_url)
+    try:
+        check_report(backend.ping(), "redis-cluster", len(nodes))
+        assert [node.script_exists(scripts.sha1()) for node in nodes] == [[True]] * len(nodes)
+    finally:
+        backend.close()
+        for node in nodes:
+            node.close()
+
+
+@pytest.mark.cluster
+async def test_aping_loads_the_script_on_every_primary_of_a_cluster(
+    redis_cluster_url: str,
+) -> None:
+    nodes = _primaries(redis_cluster_url)
+    for node in nodes:
+        node.script_flush()
+    backend = rl.AsyncRedisBackend.from_url(redis_cluster_url)
+    try:
+        check_report(await backend.aping(), "redis-cluster", len(nodes))
+        assert [node.script_exists(scripts.sha1()) for node in nodes] == [[True]] * len(nodes)
+    finally:
+        await backend.aclose()
+        for node in nodes:
+            node.close()

@@ -1,0 +1,74 @@
+"""The adapters fed by a real Limiter/AsyncLimiter (``metrics=``), on memory and on Redis."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import ratelimit_mw as rl
+from ratelimit_mw.metrics import OpenTelemetryMetrics, PrometheusMetrics
+
+LOGIN = rl.Policy("2/minute", name="login")
+SEARCH = rl.Policy("100/minute", algorithm="gcra", name="search")
+
+
+def samples(registry: CollectorRegistry, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    text = generate_latest(registry).decode()
+    return {tuple(sorted(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples if s.name == name}
+
+
+def test_a_limiter_reports_admitted_refused_and_timing_to_prometheus(
+    backend: Any, prefix: str, clock: Any,
+) -> None:
+    registry = CollectorRegistry()
+    limiter = rl.Limiter(backend, prefix=prefix, clock=clock,
+                         metrics=PrometheusMetrics(registry))
+    outcomes = [bool(limiter.hit(LOGIN, "ip:1")) for _ in range(4)]
+    assert outcomes == [True, True, False, False]
+    limiter.check([rl.Check(LOGIN, "ip:2"), rl.Check(SEARCH, "ip:2")])
+    events = samples(registry, "ratelimit_events_total")
+    assert events[(("event", "admitted"), ("policy", "login"))] == 3
+    assert events[(("event", "refused"), ("policy", "login"))] == 2
+    assert events[(("event", "admitted"), ("policy", "search"))] == 1
+    timed = samples(registry, "ratelimit_check_duration_seconds_count")
+    # The second refusal was answered by the deny cache, without a store call: not timed.
+    assert timed[(("policy", "login"),)] == 4
+    assert timed[(("policy", "search"),)] == 1
+
+
+async def test_an_async_limiter_reports_to_opentelemetry(prefix: str, clock: Any) -> None:
+    reader = InMemoryMetricReader()
+    hook = OpenTelemetryMetrics(meter_provider=MeterProvider(metric_readers=[reader]))
+    limiter = rl.AsyncLimiter(rl.MemoryBackend(), prefix=prefix, clock=clock, metrics=hook)
+    for _ in range(3):
+        await limiter.hit(LOGIN, "u")
+    data = reader.get_metrics_data()
+    assert data is not None
+    metrics = {m.name: m for r in data.resource_metrics for s in r.scope_metrics
+               for m in s.metrics}
+    counted = {(p.attributes["event"], p.attributes["policy"]): p.value
+               for p in metrics["ratelimit.events"].data.data_points}
+    assert counted == {("admitted", "login"): 2, ("refused", "login"): 1}
+    (latency,) = metrics["ratelimit.check.duration"].data.data_points
+    assert latency.count == 3 and latency.attributes == {"policy": "login"}
+
+
+def test_a_store_that_is_down_is_a_backend_error_event() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    registry = CollectorRegistry()
+    limiter = rl.Limiter(rl.RedisBackend.from_url(f"redis://127.0.0.1:{port}/0"),
+                         metrics=PrometheusMetrics(registry))
+    with pytest.raises(rl.BackendError):
+        limiter.hit(LOGIN, "u")
+    events = samples(registry, "ratelimit_events_total")
+    assert events == {(("event", "backend_error"), ("policy", "login")): 1.0}

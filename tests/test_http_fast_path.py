@@ -1,0 +1,140 @@
+"""The guard's fast paths against its generic ones, on random requests.
+
+`Guard.plan` takes a shortcut for a selection of one fixed policy (`Selection.single`), and
+the adapters render the common headers from bytes prepared per selection. Both must give what
+the generic path gives: the same checks, the same verdicts, the same headers, for any request
+a client can send (methods, paths, headers, peers, garbage included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from starlette.requests import Request
+
+import ratelimit_mw as rl
+from ratelimit_mw import keys
+from ratelimit_mw.http.config import Config
+from ratelimit_mw.http.drive import check_sync
+from ratelimit_mw.http.guard import Admit, Guard, Refuse
+from ratelimit_mw.http.routing import RouteLimit
+from tests.conftest import FakeClock
+
+
+def _raising(request: Any) -> str:
+    raise RuntimeError("a key function's bug")
+
+
+def _by_header(request: Any) -> Any:
+    # None, a non-string, or a string, depending on the request: every branch of the plan.
+    value = request.headers.get("x-kind")
+    if value == "none":
+        return None
+    if value == "int":
+        return 7
+    if value == "raise":
+        raise ValueError(value)
+    return "k:" + (value or "")
+
+
+KEYS = {
+    "client_ip": keys.client_ip(),
+    "client_ip_trusted": keys.client_ip(trusted_proxies=["10.0.0.0/8", "::1"]),
+    "header": keys.header("X-Api-Key"),
+    "header_required": keys.header("X-Api-Key", required=True),
+    "by_header": _by_header,
+    "raising": _raising,
+    "first": keys.first(keys.header("X-Api-Key"), keys.client_ip()),
+}
+
+methods = st.sampled_from(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS",
+                           "TRACE", "BREW", "get"])
+paths = st.sampled_from(["/", "/login", "/items/7", "/a/b/c", "", "/%00", "/ü"])
+peers = st.one_of(
+    st.none(),
+    st.sampled_from(["127.0.0.1", "203.0.113.9", "10.0.0.5", "::1", "2001:db8:1:2::99",
+                     "fe80::1%eth0", "testclient", "", "999.1.1.1", "1.2.3.4:80"]),
+)
+header_names = st.sampled_from([b"x-api-key", b"x-forwarded-for", b"forwarded", b"x-kind",
+                                b"host", b"access-control-request-method"])
+header_values = st.one_of(
+    st.sampled_from([b"", b"k-1", b"none", b"int", b"raise", b"203.0.113.7, 10.0.0.7",
+                     b"for=198.51.100.1", b"for=\"[2001:db8::1]\"", b"garbage,,", b"GET"]),
+    st.binary(max_size=12),
+)
+requests = st.tuples(methods, paths, peers,
+                     st.lists(st.tuples(header_names, header_values), max_size=4))
+
+
+def _request(method: str, path: str, peer: str | None, headers: list[tuple[bytes, bytes]]
+             ) -> Request:
+    scope: dict[str, Any] = {"type": "http", "method": method, "path": path, "root_path": "",
+                             "query_string": b"", "headers": headers,
+                             "client": None if peer is None else (peer, 50000)}
+    return Request(scope)
+
+
+def _guard(key: str, per_method: bool, legacy: bool, limit: str) -> Guard:
+    config = Config(default=limit, key=KEYS[key], per_method=per_method,
+                    legacy_headers=legacy)
+    return Guard(config, rl.Limiter(), timeout=None)
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.sampled_from(sorted(KEYS)), per_method=st.booleans(),
+       routed=st.booleans(), batch=st.lists(requests, min_size=1, max_size=8))
+def test_a_single_policy_plans_as_the_generic_loop_does(
+    key: str, per_method: bool, routed: bool, batch: list[Any]
+) -> None:
+    guard = _guard(key, per_method, False, "10/minute")
+    # A decorated route whose key may say None falls back to the default: the fallback is a
+    # single selection reached from a generic one.
+    route = (RouteLimit.make("5/minute", key=_by_header, cost=1, name="r"),) if routed else None
+    for method, path, peer, headers in batch:
+        request = _request(method, path, peer, headers)
+        selection = guard.select(method, path, route)
+        assert selection is not None
+        fast = guard.plan(selection, request, method)
+        generic = guard._plan_generic(selection, request, method)
+        assert (fast is None) == (generic is None)
+        if fast is not None and generic is not None:
+            assert fast.checks == generic.checks
+            assert fast.selection is generic.selection
+        if not routed:
+            assert selection.single is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(key=st.sampled_from(["client_ip", "header_required", "by_header"]),
+       per_method=st.booleans(), legacy=st.booleans(),
+       batch=st.lists(st.tuples(requests, st.floats(0, 30)), min_size=1, max_size=12))
+def test_fast_and_generic_plans_give_the_same_verdicts_and_headers(
+    key: str, per_method: bool, legacy: bool, batch: list[Any]
+) -> None:
+    # Two guards, two limiters on their own memory backends and clocks, a limit small enough
+    # to refuse: one plans through the shortcut, the other through the loop.
+    fast_guard, generic_guard = (_guard(key, per_method, legacy, "3/10s") for _ in range(2))
+    fast_clock, generic_clock = FakeClock(), FakeClock()
+    fast_limiter = rl.Limiter(rl.MemoryBackend(), clock=fast_clock)
+    generic_limiter = rl.Limiter(rl.MemoryBackend(), clock=generic_clock)
+    for (method, path, peer, headers), pause in batch:
+        fast_clock.advance(pause)
+        generic_clock.advance(pause)
+        request = _request(method, path, peer, headers)
+        fast_selection = fast_guard.select(method, path, None)
+        generic_selection = generic_guard.select(method, path, None)
+        assert fast_selection is not None and generic_selection is not None
+        fast_plan = fast_guard.plan(fast_selection, request, method)
+        generic_plan = generic_guard._plan_generic(generic_selection, request, method)
+        if fast_plan is None or generic_plan is None:
+            assert fast_plan is generic_plan is None
+            continue
+        fast = check_sync(fast_guard, fast_limiter, fast_plan, request)
+        generic = check_sync(generic_guard, generic_limiter, generic_plan, request)
+        assert type(fast) is type(generic)
+        assert isinstance(fast, (Admit, Refuse))
+        assert fast.headers == generic.headers
+        if isinstance(fast, Refuse) and isinstance(generic, Refuse):
+            assert (fast.status, fast.body) == (generic.status, generic.body)

@@ -1,0 +1,80 @@
+"""The script's one-tier path (lua/main.lua: a hit on one tier without a penalty) against its
+general loop.
+
+The general loop takes a call whose ban index is not the literal "0"; "00" is the same index
+(no penalty) written so that the one-tier path does not recognise it. A refused hit's three
+trailing values for the deny cache are left out of the comparison: with a ban index other than
+"0" the loop declares them unstable (a penalty might start later), by design; the one-tier
+path never writes them (a refusal goes on to the loop, which is what is compared here).
+Hypothesis draws a one-tier policy of every algorithm and a sequence of hits, peeks and
+bookings (entries ahead of now, which the sliding log's one-tier path must see); each call runs
+on two fresh fakeredis servers, plainly on one and with "00" on the other, and the replies must
+be equal, reply for reply. (The memory backend is the reference for both in
+tests/test_differential.py; this one pins the shortcut to the loop it shortcuts.)
+"""
+
+from __future__ import annotations
+
+import fakeredis
+import redis
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from test_differential import EXTEND
+
+import ratelimit_mw as rl
+from ratelimit_mw.core import plans, scripts
+
+START_MS = 1_800_000_000_000
+BAN_INDEX = 9  # ARGV position (0-based) of tier 1's ban index: 5 head values, then 4 more
+DENY_CACHE = 6  # a refused hit's reply: all, 5 values for the tier, then the deny cache's 3
+
+
+def run(client: redis.Redis, call: plans.ScriptCall, args: list[object]) -> list[int]:
+    # As in test_differential: keys expire by the fake clock only (see EXTEND there).
+    pipe = client.pipeline(transaction=True)
+    pipe.eval(scripts.source(), len(call.keys), *call.keys, *args)
+    pipe.eval(EXTEND, len(call.keys), *call.keys)
+    reply, _ = pipe.execute()
+    return list(reply)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    algorithm=st.sampled_from(sorted(rl.ALGORITHMS)),
+    limit=st.sampled_from([1, 2, 3, 5]),
+    period=st.sampled_from([1_000, 5_000, 60_000]),
+    steps=st.lists(st.tuples(st.sampled_from([0, 0, 1, 300, 999, 1_000, 4_000, 61_000]),
+                             st.sampled_from(["hit", "hit", "hit", "peek", "book"]),
+                             st.sampled_from([1, 1, 2, 6]),
+                             st.sampled_from([0, 500, 3_000])),
+                   min_size=5, max_size=40),
+)
+# A booking ahead, then a hit the one-tier path admits: its reset must reach past the booking.
+@example(algorithm="sliding-log", limit=5, period=60_000,
+         steps=[(0, "book", 1, 3_000), (0, "hit", 1, 0), (1, "hit", 2, 0)])
+def test_one_tier_path_answers_as_the_general_loop(
+    algorithm: str, limit: int, period: int, steps: list[tuple[int, str, int, int]]
+) -> None:
+    policy = rl.Policy([rl.Rate(limit, period)], algorithm=algorithm, name="fast")
+    fast = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    loop = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    now_ms = START_MS
+    for advance, kind, cost, ahead in steps:
+        now_ms += advance
+        check = [plans.Check(policy, "a", cost)]
+        if kind == "book" and algorithm == "sliding-log":
+            call = plans.build(plans.BOOK, check, "f", now_us=now_ms * 1000,
+                               at_ms=now_ms + ahead, clock_ms=now_ms)
+        else:
+            call = plans.build(plans.PEEK if kind == "peek" else plans.HIT, check, "f",
+                               now_us=now_ms * 1000, clock_ms=now_ms)
+        if call.op == plans.HIT:
+            assert call.args[BAN_INDEX] == 0, call.args  # the shape the one-tier path takes
+        plain = list(call.args)
+        spelled = list(call.args)
+        spelled[BAN_INDEX] = "00"
+        expected = run(loop, call, spelled)
+        actual = run(fast, call, plain)
+        if call.op == plans.HIT and expected[0] == 0:
+            del actual[DENY_CACHE:], expected[DENY_CACHE:]
+        assert actual == expected, (call.args, actual, expected)
