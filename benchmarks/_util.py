@@ -227,6 +227,30 @@ def git_revision() -> str | None:
     return rev + ("+dirty" if dirty else "")
 
 
+def cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or None
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15-minute load averages: what else ran on the machine (noise record)."""
+    with contextlib.suppress(OSError, AttributeError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+def wrk_source() -> str:
+    """How the harness gets wrk, in words for the log and the results."""
+    binary = shutil.which("wrk")
+    if binary is None:
+        return ("not installed: the built-in Python load generator runs instead (install wrk "
+                "with `apt-get install -y wrk`, or `python benchmarks/run.py --setup`)")
+    return f"{binary} ({wrk_version()}), found on PATH"
+
+
 def environment(redis_url: str) -> dict[str, Any]:
     import redis
 
@@ -243,9 +267,12 @@ def environment(redis_url: str) -> dict[str, Any]:
         "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "load_average_at_start": load_average(),
         "redis_server": server.get("redis_version"),
         "packages": {name: version(name) for name in packages},
         "wrk": wrk_version(),
+        "wrk_source": wrk_source(),
         "revision": git_revision(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
@@ -258,3 +285,37 @@ def child_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO) + (os.pathsep + path if path else "")
     env.update(extra)
     return env
+
+
+# -- time inside Redis --------------------------------------------------------------------------
+# A script's usec in INFO commandstats includes the commands it calls, which Redis counts
+# again under their own names: summing every line would count them twice.
+SCRIPT_COMMANDS = frozenset({"eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro"})
+
+
+def command_stats(client: Any) -> dict[str, tuple[int, int]]:
+    """command -> (calls, usec) from INFO commandstats, the harness's own INFO left out."""
+    stats = client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+            for name, v in stats.items() if name != "cmdstat_info"}
+
+
+def command_delta(before: dict[str, tuple[int, int]],
+                  after: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """The commands run between two readings: name -> (calls, usec)."""
+    delta = {}
+    for name, (calls, usec) in after.items():
+        c0, u0 = before.get(name, (0, 0))
+        if calls > c0:
+            delta[name] = (calls - c0, usec - u0)
+    return delta
+
+
+def top_level_usec(delta: dict[str, tuple[int, int]]) -> int:
+    """The usec of the commands the clients sent. When scripts ran, only the script calls
+    count (each one's usec holds the commands it called): the workloads measured here send
+    either script calls only (ratelimit_mw, limits) or plain commands only (INCR+PEXPIRE)."""
+    scripts = [usec for name, (_c, usec) in delta.items() if name in SCRIPT_COMMANDS]
+    if scripts:
+        return sum(scripts)
+    return sum(usec for _c, usec in delta.values())

@@ -6,8 +6,8 @@ caller, no concurrency: the latency a request pays). Beside it, on the SAME clie
 slowapi and Flask-Limiter run) on the same Redis. A run is several rounds; in each round
 every configuration is measured once, in a rotated order, each Redis one right after a PING
 batch on the same client, and its ratio to that adjacent PING is kept, so a drift in machine
-load cancels out of the ratios. On a private server the time Redis itself spent per check
-(``INFO commandstats``) is read around each measurement: the script's share of the check.
+load cancels out of the ratios. The time Redis itself spends per check is the
+``redis_time`` section's (redis_time.py).
 
 Every check is admitted: the limits are far above what a run sends, the identities rotate
 over a pool (a sliding log stays a few entries long), and ``deny_cache=0`` keeps the local
@@ -55,7 +55,6 @@ class Config:
     tiers: int = 0
     us: list[float] = field(default_factory=list)
     ratio: list[float] = field(default_factory=list)
-    server_us: list[float] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -192,11 +191,6 @@ async def _measure_async(fn: Callable[[str], Awaitable[Any]], ids: list[str], st
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def _server_usec(stats: dict[str, Any]) -> float:
-    """Microseconds Redis spent executing commands so far (the harness's INFO left out)."""
-    return float(sum(v["usec"] for name, v in stats.items() if name != "cmdstat_info"))
-
-
 def _ping_of(configs: list[Config]) -> Config:
     return next(c for c in configs if c.impl == "PING" and c.backend == "redis")
 
@@ -205,10 +199,7 @@ def _compares_to_ping(config: Config) -> bool:
     return config.backend == "redis" and config.impl != "PING"
 
 
-def _rounds_sync(configs: list[Config], rounds: int, n: int, ids: list[str],
-                 stats: Any) -> None:
-    """`stats`: a client of a private server, whose command times are then read around
-    each Redis measurement; None on a shared server (others' commands would count)."""
+def _rounds_sync(configs: list[Config], rounds: int, n: int, ids: list[str]) -> None:
     for config in configs:  # warm-up: connections open, scripts loaded
         _measure_sync(config.fn, ids, 0, 200)
     ping = _ping_of(configs)
@@ -218,13 +209,7 @@ def _rounds_sync(configs: list[Config], rounds: int, n: int, ids: list[str],
             # A/B: a PING batch on the same client right before each Redis configuration.
             adjacent = (_measure_sync(ping.fn, ids, cursor, n // 2)
                         if _compares_to_ping(config) else None)
-            if stats is not None and config.backend != "memory":
-                before = _server_usec(stats.info("commandstats"))
-                us = _measure_sync(config.fn, ids, cursor, n)
-                after = _server_usec(stats.info("commandstats"))
-                config.server_us.append((after - before) / n)
-            else:
-                us = _measure_sync(config.fn, ids, cursor, n)
+            us = _measure_sync(config.fn, ids, cursor, n)
             config.us.append(us)
             if adjacent is not None:
                 config.ratio.append(us / adjacent)
@@ -233,14 +218,9 @@ def _rounds_sync(configs: list[Config], rounds: int, n: int, ids: list[str],
 
 
 async def _rounds_async(url: str, prefix: str, rounds: int, n: int,
-                        ids: list[str], private: bool) -> list[Config]:
-    import redis.asyncio
-
+                        ids: list[str]) -> list[Config]:
     closers: list[Callable[[], Awaitable[Any]]] = []
     configs = _async_configs(url, prefix, closers)
-    stats = redis.asyncio.Redis.from_url(url) if private else None
-    if stats is not None:
-        closers.append(stats.aclose)
     try:
         for config in configs:
             await _measure_async(config.fn, ids, 0, 200)
@@ -250,13 +230,7 @@ async def _rounds_async(url: str, prefix: str, rounds: int, n: int,
             for config in rotated(configs, r):
                 adjacent = (await _measure_async(ping.fn, ids, cursor, n // 2)
                             if _compares_to_ping(config) else None)
-                if stats is not None and config.backend != "memory":
-                    before = _server_usec(await stats.info("commandstats"))
-                    us = await _measure_async(config.fn, ids, cursor, n)
-                    after = _server_usec(await stats.info("commandstats"))
-                    config.server_us.append((after - before) / n)
-                else:
-                    us = await _measure_async(config.fn, ids, cursor, n)
+                us = await _measure_async(config.fn, ids, cursor, n)
                 config.us.append(us)
                 if adjacent is not None:
                     config.ratio.append(us / adjacent)
@@ -274,17 +248,12 @@ def event_loop_name() -> str:
 
 def run(url: str, *, rounds: int, n: int, shared_server: bool) -> dict[str, Any]:
     """Measure and return the ``core`` section of benchmarks.json."""
-    import redis
-
     prefix = f"rlbench{int(time.time() * 1000) % 10**9}"
     ids = _identities()
     sync_closers: list[Callable[[], Any]] = []
     try:
         sync_configs = _sync_configs(url, prefix, sync_closers)
-        stats = None if shared_server else redis.Redis.from_url(url)
-        if stats is not None:
-            sync_closers.append(stats.close)
-        _rounds_sync(sync_configs, rounds, n, ids, stats)
+        _rounds_sync(sync_configs, rounds, n, ids)
     finally:
         for close in sync_closers:
             close()
@@ -292,9 +261,9 @@ def run(url: str, *, rounds: int, n: int, shared_server: bool) -> dict[str, Any]
     if loop == "uvloop":
         import uvloop
 
-        async_configs = uvloop.run(_rounds_async(url, prefix, rounds, n, ids, not shared_server))
+        async_configs = uvloop.run(_rounds_async(url, prefix, rounds, n, ids))
     else:
-        async_configs = asyncio.run(_rounds_async(url, prefix, rounds, n, ids, not shared_server))
+        async_configs = asyncio.run(_rounds_async(url, prefix, rounds, n, ids))
     if shared_server:
         delete_prefix(url, prefix)
     rows = [
@@ -307,7 +276,6 @@ def run(url: str, *, rounds: int, n: int, shared_server: bool) -> dict[str, Any]
             "tiers": config.tiers,
             "us": spread_dict(config.us),
             "x_ping": spread_dict(config.ratio),
-            "redis_us": spread_dict(config.server_us),
         }
         for config in [*sync_configs, *async_configs]
     ]

@@ -17,7 +17,11 @@ from _util import fmt, fmt_spread, importable
 
 BEGIN = "<!-- benchmarks:begin (written by benchmarks/run.py; edits here are overwritten) -->"
 END = "<!-- benchmarks:end -->"
-SECTIONS = ("core", "asgi", "wsgi", "memory")
+SECTIONS = ("core", "redis_time", "capacity", "asgi", "wsgi", "memory")
+CHART_TITLES = {
+    "performance.png": "throughput ratios and per-check latency",
+    "capacity.png": "fleet capacity per Redis core",
+}
 
 PING_TARGET = 1.15
 MEMORY_BACKEND_TARGET_US = 5.0
@@ -34,9 +38,8 @@ def core_table(section: dict[str, Any]) -> str:
         key = (row["impl"], row["backend"], row["algorithm"], row["tiers"])
         rows.setdefault(key, {})[row["mode"]] = row
     lines = [
-        "| check | backend | tiers | sync µs | sync × PING | async µs | async × PING "
-        "| in Redis µs |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| check | backend | tiers | sync µs | sync × PING | async µs | async × PING |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for (impl, backend, algorithm, tiers), modes in rows.items():
         name = "PING" if impl == "PING" else f"{impl} {algorithm}"
@@ -58,8 +61,6 @@ def core_table(section: dict[str, Any]) -> str:
             else:
                 ratio_text = "—"
             cells += [us, ratio_text]
-        server = (modes.get("sync") or modes.get("async") or {}).get("redis_us")
-        cells.append(fmt(server["median"], 2) if server else "—")
         lines.append(f"| {name} | {backend} | {tiers or '—'} | " + " | ".join(cells) + " |")
     notes = (
         f"\nµs per admitted check, median of {section['rounds']} rounds of "
@@ -70,15 +71,98 @@ def core_table(section: dict[str, Any]) -> str:
         f"{section['identities']:,} identities, `deny_cache=0`. `limits`: one `hit` (one "
         f"round trip) per limit, as slowapi and Flask-Limiter call it; sliding-log ↔ "
         f"MovingWindowRateLimiter, sliding-window ↔ SlidingWindowCounterRateLimiter. Async "
-        f"event loop: {section['event_loop']}. In Redis µs: the time Redis spent executing "
-        f"the commands of one check (INFO commandstats, sync runs; a private server only): "
-        f"the script's own cost, which no client can save."
+        f"event loop: {section['event_loop']}. The time Redis spends inside each check is the "
+        f"next table's."
+    )
+    return "\n".join(lines) + "\n" + notes
+
+
+# -- time inside Redis ---------------------------------------------------------------------------
+def _calls_text(calls: dict[str, float]) -> str:
+    return ", ".join(f"{name} {n:g}" for name, n in calls.items())
+
+
+def redis_time_table(section: dict[str, Any]) -> str:
+    target = section["target_x_limits"]
+    lines = [
+        "| algorithm | tiers | ratelimit_mw µs | limits µs | ours × limits | INCR+PEXPIRE µs "
+        "| commands per check: ours / limits |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    rows = {(r["impl"], r["algorithm"], r["tiers"]): r for r in section["rows"]}
+    keys = sorted({(r["algorithm"], r["tiers"]) for r in section["rows"]},
+                  key=lambda k: ([r["algorithm"] for r in section["rows"]].index(k[0]), k[1]))
+    for algorithm, tiers in keys:
+        ours = rows.get(("ratelimit_mw", algorithm, tiers))
+        peer = rows.get(("limits", algorithm, tiers))
+        plain = rows.get(("INCR+PEXPIRE", algorithm, tiers))
+        ratio = ours.get("x_limits") if ours else None
+        ratio_text = (fmt_spread(ratio, 2) + _mark(ratio["median"] <= target)) if ratio else "—"
+        calls = " / ".join(_calls_text(r["calls_per_check"]) if r else "—" for r in (ours, peer))
+        lines.append(
+            f"| {algorithm} | {tiers} | {fmt_spread(ours['usec'], 2) if ours else '—'} | "
+            f"{fmt_spread(peer['usec'], 2) if peer else '—'} | {ratio_text} | "
+            f"{fmt_spread(plain['usec'], 2) if plain else '—'} | {calls} |"
+        )
+    notes = (
+        f"\nµs Redis spent executing the commands one admitted check sends (INFO commandstats "
+        f"usec on a private redis-server, summed over the commands the client sent: a script's "
+        f"usec already holds the commands it calls, listed at the right, which are not added "
+        f"again), median of {section['rounds']} interleaved rounds of "
+        f"{section['checks_per_round']} sequential checks (min–max). ours × limits: the ratio "
+        f"in the same round (target ≤ {target}, ✓/✗). limits: one `hit` per limit, as "
+        f"slowapi and Flask-Limiter call it (no GCRA there). INCR+PEXPIRE: the plain "
+        f"fixed-window counter, one INCR and one PEXPIRE per tier in one pipeline. Tiers as "
+        f"in the latency table, {section['identities']:,} identities, all admitted."
+    )
+    return "\n".join(lines) + "\n" + notes
+
+
+# -- fleet capacity -----------------------------------------------------------------------------
+CAPACITY_IMPLS = ("ratelimit_mw", "limits", "INCR+PEXPIRE")
+
+
+def capacity_table(section: dict[str, Any]) -> str:
+    lines = [
+        "| algorithm | tiers | implementation | checks per Redis core-second | checks/s "
+        "| Redis CPU | in Redis µs / check | × limits (per core) |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    rows = {(r["impl"], r["algorithm"], r["tiers"]): r for r in section["rows"]}
+    for row in section["rows"]:
+        peer = rows.get(("limits", row["algorithm"], row["tiers"]))
+        if row["impl"] != "limits" and peer and peer["per_redis_core"]["median"]:
+            ratio = f"{row['per_redis_core']['median'] / peer['per_redis_core']['median']:.2f}"
+        else:
+            ratio = "—"
+        cpu = row["redis_cpu"]
+        lines.append(
+            f"| {row['algorithm']} | {row['tiers']} | {row['impl']} | "
+            f"{fmt_spread(row['per_redis_core'], 0)} | {fmt_spread(row['checks_per_s'], 0)} | "
+            f"{cpu['median'] * 100:.0f}% ({cpu['min'] * 100:.0f}–{cpu['max'] * 100:.0f}%) | "
+            f"{fmt_spread(row['redis_us'], 1)} | {ratio} |"
+            + (f" ({row['errors']} failed checks)" if row.get("errors") else "")
+        )
+    notes = (
+        f"\nA private redis-server loaded by {section['processes']} client processes "
+        f"({section['cpus']} CPUs on this machine), each on {section['event_loop']} with "
+        f"{section['concurrency']} checks in flight, {section['duration_s']:g} s measured per "
+        f"configuration and round, {section['rounds']} interleaved rounds, median (min–max). "
+        f"checks/s: admitted checks completed by all clients; Redis CPU: the main thread's CPU "
+        f"time over the window (INFO cpu) as a share of one core; checks per Redis "
+        f"core-second = checks/s ÷ Redis CPU: what one fully busy Redis core (one Redis, or "
+        f"one cluster shard) sustains for the whole fleet. Where Redis CPU is well below "
+        f"100%, the clients, not Redis, were the limit (a small machine): the per-core figure "
+        f"is then the one that measures Redis, and it is a lower bound (a busier Redis reads "
+        f"more commands per wake-up). ratelimit_mw: AsyncLimiter on AsyncRedisBackend; limits: "
+        f"limits.aio strategies, one hit per limit; INCR+PEXPIRE: the plain counter floor, "
+        f"written raw and pipelined. × limits: the per-core ratio of the medians."
     )
     return "\n".join(lines) + "\n" + notes
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
-def _calls_text(row: dict[str, Any]) -> str:
+def _flood_calls_text(row: dict[str, Any]) -> str:
     calls = row.get("redis_calls")
     if not calls:
         return "—"
@@ -118,7 +202,7 @@ def http_table(section: dict[str, Any], title: str) -> str:
         lines.append(
             f"| {row['label']} | {fmt_spread(row['rps'], 0)} | {ratio} | "
             f"{fmt(row['p50_ms']['median'], 2)} | {fmt(row['p99_ms']['median'], 2)} | "
-            f"{non2xx:.0f}% | {_calls_text(row)} | {_target_text(row)} |"
+            f"{non2xx:.0f}% | {_flood_calls_text(row)} | {_target_text(row)} |"
         )
     if server["server"] == "uvicorn":
         where = (f"uvicorn {server['version']}, 1 worker, loop={server['loop']}, "
@@ -178,11 +262,22 @@ def _meta_text(results: dict[str, Any]) -> str:
         run = results.get(name, {}).get("run")
         if run:
             runs.append(f"{name}: {run['date']}{' (--quick: noisy)' if run['quick'] else ''}")
+    loads = []
+    for name in SECTIONS:
+        run = results.get(name, {}).get("run") or {}
+        if run.get("load_average_before"):
+            loads.append(f"{name} {run['load_average_before'][0]:g} → "
+                         f"{(run.get('load_average_after') or ['?'])[0]}")
     return (
-        f"Machine: {env.get('platform')}, {env.get('cpus')} CPUs, Python "
-        f"{env.get('python')}, Redis {env.get('redis_server')}, revision "
-        f"{env.get('revision')}.  \nPackages: {shown}; wrk: {env.get('wrk') or 'not installed'}."
-        f"  \nRuns: {'; '.join(runs)}."
+        f"Machine: {env.get('cpu_model') or 'CPU model unknown'}, {env.get('cpus')} CPUs, "
+        f"{env.get('platform')}, Python {env.get('python')}, Redis "
+        f"{env.get('redis_server')} (private server), revision {env.get('revision')}.  \n"
+        f"Packages: {shown}.  \nLoad generator: wrk "
+        f"{env.get('wrk_source') or env.get('wrk') or 'not installed'}.  \n"
+        f"Runs: {'; '.join(runs)}.  \n"
+        f"1-minute load average before → after each section (other work on the machine: "
+        f"above ~1 on 2 CPUs the figures are noisy; the ranges show how much): "
+        f"{'; '.join(loads) or 'not recorded'}."
     )
 
 
@@ -190,6 +285,8 @@ def render(results: dict[str, Any]) -> str:
     parts = ["### Environment", "", _meta_text(results)]
     titles = {
         "core": "Per-check latency",
+        "redis_time": "Time inside Redis per check",
+        "capacity": "Fleet capacity per Redis core",
         "asgi": "ASGI throughput (Starlette, FastAPI)",
         "wsgi": "WSGI throughput (Flask)",
         "memory": "Redis memory per identity",
@@ -200,6 +297,10 @@ def render(results: dict[str, Any]) -> str:
             continue
         if name == "core":
             table = core_table(section)
+        elif name == "redis_time":
+            table = redis_time_table(section)
+        elif name == "capacity":
+            table = capacity_table(section)
         elif name == "memory":
             table = memory_table(section)
         else:
@@ -243,7 +344,63 @@ def update_doc(doc: Path, markdown: str) -> bool:
     return True
 
 
-# -- chart --------------------------------------------------------------------------------------
+# -- charts --------------------------------------------------------------------------------------
+def charts(results: dict[str, Any], out: Path) -> dict[str, str | None]:
+    """Draw every chart into `out`: file name -> None, or why it was not drawn."""
+    return {"performance.png": chart(results, out / "performance.png"),
+            "capacity.png": capacity_chart(results, out / "capacity.png")}
+
+
+def capacity_chart(results: dict[str, Any], path: Path) -> str | None:
+    """Grouped bars: checks per Redis core-second, per algorithm × tiers, per implementation."""
+    section = results.get("capacity")
+    if not section:
+        return "no capacity results"
+    why = importable("matplotlib")
+    if why is not None:
+        return f"matplotlib not importable ({why}): pip install matplotlib"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {(r["impl"], r["algorithm"], r["tiers"]): r for r in section["rows"]}
+    groups: list[tuple[str, int]] = []
+    for r in section["rows"]:
+        if (r["algorithm"], r["tiers"]) not in groups:
+            groups.append((r["algorithm"], r["tiers"]))
+    colors = {"ratelimit_mw": "tab:blue", "limits": "tab:orange", "INCR+PEXPIRE": "tab:gray"}
+    width = 0.27
+    fig, ax = plt.subplots(figsize=(11, 4.8))
+    for i, impl in enumerate(CAPACITY_IMPLS):
+        xs, med, lo, hi = [], [], [], []
+        for g, (algorithm, tiers) in enumerate(groups):
+            row = rows.get((impl, algorithm, tiers))
+            if row is None:
+                continue
+            d = row["per_redis_core"]
+            xs.append(g + (i - 1) * width)
+            med.append(d["median"] / 1000)
+            lo.append((d["median"] - d["min"]) / 1000)
+            hi.append((d["max"] - d["median"]) / 1000)
+        if xs:
+            label = impl if impl != "INCR+PEXPIRE" else "plain INCR+PEXPIRE (floor)"
+            ax.bar(xs, med, width=width, yerr=[lo, hi], capsize=2, color=colors[impl],
+                   label=label)
+    ax.set_xticks(range(len(groups)),
+                  [f"{a}\n{t} tier{'s' * (t > 1)}" for a, t in groups], fontsize=8)
+    ax.set_ylabel("thousand checks per Redis core-second")
+    ax.set_title(f"Fleet capacity per Redis core ({section['processes']} client processes × "
+                 f"{section['concurrency']} in flight; median, bars min–max)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", linewidth=0.3)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
 def chart(results: dict[str, Any], path: Path) -> str | None:
     """Draw the chart; the reason when it cannot be drawn."""
     why = importable("matplotlib")
