@@ -26,11 +26,16 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 import ratelimit_mw as rl
-from ratelimit_mw.asgi import RateLimitMiddleware, Rule
+from ratelimit_mw.asgi import Config, RateLimitMiddleware, Rule
 
 FAILED_LOGINS = rl.Policy("5/15 minutes", name="failed-logins")
 CLIENT = "203.0.113.7"  # the demo's client address; keys.client_ip() keys it "ip:203.0.113.7"
 USERS = {"dana": "correct horse battery staple"}
+# Built at import time, so a mistake shows when the module loads.
+RATE_LIMITS = Config(
+    rules=[Rule("/login", FAILED_LOGINS, methods=["POST"])],
+    count_when=lambda status: status == 401,  # only failures use up the quota
+)
 
 
 async def login(request: Request) -> JSONResponse:
@@ -42,12 +47,7 @@ async def login(request: Request) -> JSONResponse:
 
 def build_app(limiter: rl.AsyncLimiter) -> Starlette:
     app = Starlette(routes=[Route("/login", login, methods=["POST"])])
-    app.add_middleware(
-        RateLimitMiddleware,
-        limiter=limiter,
-        rules=[Rule("/login", FAILED_LOGINS, methods=["POST"])],
-        count_when=lambda status: status == 401,  # only failures use up the quota
-    )
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, config=RATE_LIMITS)
     return app
 
 

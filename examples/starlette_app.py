@@ -16,7 +16,7 @@ from starlette.routing import Mount, Route
 
 import ratelimit_mw as rl
 from ratelimit_mw import keys
-from ratelimit_mw.asgi import RateLimitMiddleware, Rule
+from ratelimit_mw.asgi import Config, RateLimitMiddleware, Rule
 
 REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL")
 backend = rl.AsyncRedisBackend.from_url(REDIS_URL) if REDIS_URL else rl.MemoryBackend()
@@ -48,6 +48,16 @@ async def login(request: Request) -> Response:
     return JSONResponse({"token": "demo"})
 
 
+# Built (and checked) at import time: a mistyped option fails at start-up.
+RATE_LIMITS = Config(
+    default="60/minute",
+    rules=[
+        Rule("/login", "5/minute", methods=["POST"]),
+        # Each API endpoint its own 30 a minute per client, by route template.
+        Rule("/api/*", "30/minute", key=keys.compose(keys.client_ip(), keys.route())),
+    ],
+)
+
 app = Starlette(
     routes=[
         Route("/", index),
@@ -56,18 +66,7 @@ app = Starlette(
         Route("/login", login, methods=["POST"]),
         Mount("/api", routes=[Route("/users/{user_id:int}", user)]),
     ],
-    middleware=[
-        Middleware(
-            RateLimitMiddleware,
-            limiter=limiter,
-            default="60/minute",
-            rules=[
-                Rule("/login", "5/minute", methods=["POST"]),
-                # Each API endpoint its own 30 a minute per client, by route template.
-                Rule("/api/*", "30/minute", key=keys.compose(keys.client_ip(), keys.route())),
-            ],
-        )
-    ],
+    middleware=[Middleware(RateLimitMiddleware, limiter=limiter, config=RATE_LIMITS)],
 )
 
 
