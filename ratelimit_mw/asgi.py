@@ -95,6 +95,8 @@ class RateLimitMiddleware:
         # scope["app"], which Starlette sets before running its middleware stack.
         self._root: object = app if routes_of(app) is not None else None
         self._resolver = RouteResolver(always=any(map(needs_route, self.guard.keys_in_use)))
+        # The last default 429's encoded headers, with the Refuse they encode (see _refuse).
+        self._last_raw: tuple[Refuse, RawHeaders] | None = None
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, {self.limiter!r})"
@@ -176,13 +178,25 @@ class RateLimitMiddleware:
                 await response(scope, receive,
                                _with_missing_headers(send, _encode(refusal.headers)))
                 return
-        await _send(send, refusal.status, refusal.headers, refusal.body)
+        last = self._last_raw
+        if last is not None and last[0] is refusal:
+            raw = last[1]
+        else:  # the guard hands a flood the same Refuse while its numbers hold: encode once
+            raw = _raw_headers(refusal.headers, refusal.body)
+            self._last_raw = (refusal, raw)
+        # A copy: a server or an outer middleware may add to the list it is given.
+        await send({"type": "http.response.start", "status": refusal.status, "headers": [*raw]})
+        await send({"type": "http.response.body", "body": refusal.body})
+
+
+def _raw_headers(headers: Headers, body: bytes) -> RawHeaders:
+    return [(b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *_encode([item for item in headers if item[0] != "Content-Type"])]
 
 
 async def _send(send: Send, status: int, headers: Headers, body: bytes) -> None:
-    raw = [(b"content-type", b"application/json"),
-           (b"content-length", str(len(body)).encode()),
-           *_encode([item for item in headers if item[0] != "Content-Type"])]
+    raw = _raw_headers(headers, body)
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 

@@ -20,7 +20,7 @@ from ratelimit_mw.backends.base import AsyncBackend, SyncBackend
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.decision import Booking, Decision
-from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache
+from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, LAPSED, DenyCache, Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, as_policy
@@ -416,6 +416,10 @@ class AsyncLimiter(_Shared):
             )
         super().__init__(backend, prefix, **options)
         self._sleep = sleep or asyncio.sleep
+        # The checks whose lapsed refusal one call is asking the store about again, and the
+        # future that call's end resolves: True if it got no answer (see `_refresh`). Empty
+        # but during such a call.
+        self._flights: dict[tuple[Check, ...], asyncio.Future[bool]] = {}
 
     async def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -436,6 +440,67 @@ class AsyncLimiter(_Shared):
 
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing (what the middleware calls)."""
+        found = self.replay(checks)
+        if isinstance(found, Decision):
+            return found
+        return await self.ask(checks, found is LAPSED)
+
+    def replay(self, checks: Sequence[Check]) -> Decision | Lapsed | None:
+        """The first half of `check`, without I/O: the deny cache's answer to this very call
+        (a Decision), LAPSED when a refusal it held for the call has just lapsed, else None.
+        The middleware bounds only the second half, `ask`, by its deadline: an answer from
+        the cache needs no timer."""
+        deny = self._deny
+        if deny is None or not len(deny):
+            return None
+        found = deny.find(checks, self._cache_now())
+        if self.metrics is not None and isinstance(found, Decision):
+            self._report(checks, REFUSED, 0.0)
+        return found
+
+    async def ask(self, checks: Sequence[Check], lapsed: bool = False) -> Decision:
+        """The second half of `check`, after `replay` found no answer (`lapsed`: it said
+        LAPSED): the store's answer, shared with the requests of the same call that come
+        while it is asked when a refusal lapsed (see `_refresh`)."""
+        if lapsed:
+            return await self._refresh(checks)
+        if self._flights:
+            leader = self._flights.get(tuple(checks))
+            if leader is not None:
+                return await self._follow(leader, checks)
+        return await self._ask(checks)
+
+    async def _refresh(self, checks: Sequence[Check]) -> Decision:
+        """A refusal of this very call has just lapsed (the age bound, or its numbers'
+        validity): ask the store once for every request of the same call that comes while
+        the question is out. A flood from one refused client, spread over many connections,
+        would otherwise send one call per connection each time the refusal lapses."""
+        key = tuple(checks)
+        flights = self._flights
+        leader = flights.get(key)
+        if leader is not None:
+            return await self._follow(leader, checks)
+        leader = flights[key] = asyncio.get_running_loop().create_future()
+        answered = False
+        try:
+            decision = await self._ask(checks)
+            answered = True
+            return decision
+        finally:
+            del flights[key]
+            leader.set_result(not answered)
+
+    async def _follow(self, leader: asyncio.Future[bool], checks: Sequence[Check]) -> Decision:
+        """Wait for the call another request sent for the same checks, then decide as if
+        this request came just after it: the store's refusal from the deny cache, or, if
+        that call was admitted (nothing to replay), a call of its own. If it failed or was
+        cancelled, the waiting requests ask again together: the first to wake sends the
+        call. Shielded: a follower's deadline must not cancel the leader's future."""
+        if await asyncio.shield(leader):
+            return await self._refresh(checks)
+        return await self._ask(checks)
+
+    async def _ask(self, checks: Sequence[Check]) -> Decision:
         if self.metrics is None:  # the common case, without a generator
             step = self._first_step(checks)
             if isinstance(step, ScriptCall):
@@ -447,7 +512,8 @@ class AsyncLimiter(_Shared):
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        call = self._fast_call(policy, identity, cost)
+        # While a lapsed refusal is asked about again, a hit may be one that waits for it.
+        call = None if self._flights else self._fast_call(policy, identity, cost)
         if call is not None:
             sent = self._sent()
             return self._fast_decided(policy, identity, cost, call,  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ a client can send (methods, paths, headers, peers, garbage included).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from hypothesis import given, settings
@@ -16,11 +17,12 @@ from starlette.requests import Request
 
 import ratelimit_mw as rl
 from ratelimit_mw import keys
+from ratelimit_mw.asgi import RateLimitMiddleware
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.drive import check_sync
 from ratelimit_mw.http.guard import Admit, Guard, Refuse
 from ratelimit_mw.http.routing import RouteLimit
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, StepClock
 
 
 def _raising(request: Any) -> str:
@@ -138,3 +140,88 @@ def test_fast_and_generic_plans_give_the_same_verdicts_and_headers(
         assert fast.headers == generic.headers
         if isinstance(fast, Refuse) and isinstance(generic, Refuse):
             assert (fast.status, fast.body) == (generic.status, generic.body)
+
+
+# -- a flood's 429, rendered once per Decision ------------------------------------------------
+# The guard hands back the Refuse it rendered last when the deny cache replays the same
+# Decision object for the same selection, and the ASGI middleware the bytes it encoded for it.
+# Against a twin whose memos are cleared before every request, every response must be the
+# same, byte for byte.
+
+
+class _Fresh:
+    """The ASGI middleware with its refusal memos cleared before every request: the plain
+    path, rendering and encoding every 429 from scratch."""
+
+    def __init__(self, middleware: Any) -> None:
+        self.middleware = middleware
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.middleware.guard._last_refusal = None
+        self.middleware._last_raw = None
+        await self.middleware(scope, receive, send)
+
+
+async def _hello(scope: Any, receive: Any, send: Any) -> None:
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+def _middleware(clock: StepClock, legacy: bool) -> RateLimitMiddleware:
+    limiter = rl.AsyncLimiter(rl.MemoryBackend(), clock=clock)
+    return RateLimitMiddleware(_hello, limiter=limiter, default="2/10s;5/minute",
+                               legacy_headers=legacy)
+
+
+async def _respond(app: Any, peer: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    scope = {"type": "http", "method": "GET", "path": "/", "root_path": "", "query_string": b"",
+             "headers": [], "client": (peer, 50000)}
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start, body = sent
+    return start["status"], start["headers"], body["body"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(legacy=st.booleans(),
+       steps=st.lists(st.tuples(st.sampled_from([0, 0, 0, 1, 999, 1_000, 400_000, 1_000_000,
+                                                 9_000_000]),
+                                st.sampled_from(["203.0.113.1", "203.0.113.2"])),
+                      min_size=1, max_size=40))
+def test_a_floods_refusals_rendered_once_are_the_refusals_rendered_fresh(
+    legacy: bool, steps: list[tuple[int, str]]
+) -> None:
+    async def play() -> None:
+        memo_clock, fresh_clock = StepClock(), StepClock()
+        memo = _middleware(memo_clock, legacy)
+        fresh = _Fresh(_middleware(fresh_clock, legacy))
+        for advance_us, peer in steps:
+            memo_clock.us += advance_us
+            fresh_clock.us += advance_us
+            assert await _respond(memo, peer) == await _respond(fresh, peer)
+
+    asyncio.run(play())
+
+
+async def test_a_flood_at_a_standing_clock_reuses_one_rendering_in_fresh_lists() -> None:
+    clock = StepClock()
+    app = _middleware(clock, legacy=False)
+    for _ in range(3):  # admitted, admitted, refused by the store (then held by the cache)
+        await _respond(app, "203.0.113.1")
+    first = await _respond(app, "203.0.113.1")  # replayed by the deny cache
+    refusal = app.guard._last_refusal
+    assert first[0] == 429 and refusal is not None
+    first[1].append((b"x-added-by-an-outer-middleware", b"1"))
+    second = await _respond(app, "203.0.113.1")
+    assert app.guard._last_refusal is refusal  # rendered once
+    assert second[0] == 429
+    assert (b"x-added-by-an-outer-middleware", b"1") not in second[1]
+    assert second[1] == first[1][:-1]

@@ -44,6 +44,18 @@ _ENTRY_BYTES = 1_100
 _TIER_BYTES = 280
 
 _Key = tuple[Check, ...]
+
+
+class Lapsed:
+    """The type of LAPSED (see `DenyCache.find`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "LAPSED"
+
+
+LAPSED = Lapsed()
 # What a write touches: a policy's counters are named by its key segment (its name and
 # algorithm), so two Policy objects with one name share them, and a reset through either one
 # must forget what the other holds.
@@ -107,6 +119,14 @@ class DenyCache:
 
     def lookup(self, checks: Sequence[Check], now_us: int) -> Decision | None:
         """The store's answer to this very hit now, if a refusal held for it still says it."""
+        found = self.find(checks, now_us)
+        return None if found is LAPSED else found  # type: ignore[return-value]
+
+    def find(self, checks: Sequence[Check], now_us: int) -> Decision | Lapsed | None:
+        """`lookup`, telling the two misses apart: None, nothing was held for this call;
+        LAPSED, a refusal of this very call was held and no longer holds (dropped now), so
+        the store will most likely refuse again: the async limiter lets one call ask it for
+        every request waiting on the same answer."""
         entries = self._entries
         if not entries:
             return None
@@ -117,7 +137,7 @@ class DenyCache:
         if not entry.decided <= now_us < entry.until:
             with self._lock:
                 self._drop(key)
-            return None
+            return LAPSED
         memo = entry.memo
         if memo is not None and entry.memo_from <= now_us < entry.memo_until:
             return memo

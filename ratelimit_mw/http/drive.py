@@ -13,6 +13,8 @@ from collections.abc import Awaitable
 from time import perf_counter
 from typing import Any, TypeVar
 
+from ratelimit_mw.core.decision import Decision
+from ratelimit_mw.core.deny_cache import LAPSED
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Unavailable
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
@@ -51,10 +53,14 @@ async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: 
         return guard.failed(request, plan, None)
     start = perf_counter() if guard.shadow else 0.0
     try:
-        if guard.timeout is None:
-            decision = await limiter.check(plan.checks)
+        # The deny cache answers without I/O: no deadline (a timer per request) for that.
+        found = limiter.replay(plan.checks)
+        if isinstance(found, Decision):
+            decision = found
+        elif guard.timeout is None:
+            decision = await limiter.ask(plan.checks, found is LAPSED)
         else:
-            decision = await bounded(limiter.check(plan.checks), guard.timeout)
+            decision = await bounded(limiter.ask(plan.checks, found is LAPSED), guard.timeout)
     except Exception as exc:  # "never a 500" covers whatever a backend raises
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)

@@ -182,6 +182,11 @@ class Guard:
         self.unavailable = Unavailable(
             503, [_JSON, _NO_STORE, ("Retry-After", str(retry))], unavailable_body(retry)
         )
+        # The last refusal rendered, with the Decision and Selection it was rendered from: a
+        # flood gets the same Decision object from the deny cache while its numbers stay
+        # the same (about a millisecond), and the same objects render the same 429. One
+        # tuple, replaced whole (threads may share the guard).
+        self._last_refusal: tuple[Decision, Selection, Refuse] | None = None
         # Handed to an on_backend_error callable while the breaker skips the backend.
         self._cooling = BackendError(
             "the rate-limit backend failed recently; not calling it during the cool-down"
@@ -388,8 +393,13 @@ class Guard:
                           perf_counter() - started if started else 0.0)
             headers = self.served_headers(decision, selection) if self.headers else None
             return Admit(decision, headers, None)
-        return Refuse(decision, 429, self.refusal_headers(decision, selection),
-                      too_many_requests_body(decision))
+        last = self._last_refusal
+        if last is not None and last[0] is decision and last[1] is selection:
+            return last[2]
+        refusal = Refuse(decision, 429, self.refusal_headers(decision, selection),
+                         too_many_requests_body(decision))
+        self._last_refusal = (decision, selection, refusal)
+        return refusal
 
     def failed(self, request: Any, plan: Plan, exc: BaseException | None) -> Admit | Unavailable:
         """The failure policy; `exc` None: the breaker skipped the backend."""
