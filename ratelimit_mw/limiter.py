@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-from ratelimit_mw.backends.base import AsyncBackend, SyncBackend
+from ratelimit_mw.backends.base import AsyncBackend, SyncBackend, bounded
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.decision import Booking, Decision
@@ -420,6 +420,11 @@ class AsyncLimiter(_Shared):
         # future that call's end resolves: True if it got no answer (see `_refresh`). Empty
         # but during such a call.
         self._flights: dict[tuple[Check, ...], asyncio.Future[bool]] = {}
+        # `arun_within(call, seconds)`: the backend keeps a deadline itself (see `ask`); not
+        # for a cluster, where one request may need a call per slot.
+        within = getattr(backend, "arun_within", None)
+        self._within: Callable[[ScriptCall, float], Awaitable[list[int]]] | None = (
+            None if backend.is_cluster or not callable(within) else within)
 
     async def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -458,10 +463,24 @@ class AsyncLimiter(_Shared):
             self._report(checks, REFUSED, 0.0)
         return found
 
-    async def ask(self, checks: Sequence[Check], lapsed: bool = False) -> Decision:
+    async def ask(self, checks: Sequence[Check], lapsed: bool = False,
+                  timeout: float | None = None) -> Decision:
         """The second half of `check`, after `replay` found no answer (`lapsed`: it said
         LAPSED): the store's answer, shared with the requests of the same call that come
-        while it is asked when a refusal lapsed (see `_refresh`)."""
+        while it is asked when a refusal lapsed (see `_refresh`); TimeoutError after
+        `timeout` seconds (the middleware's deadline).
+
+        The common call (one store call, no metrics hook, nothing being refreshed) gives the
+        deadline to a backend that can keep it without a timer of its own (`arun_within`:
+        the pipelined connection's give-up time); anything else runs under one."""
+        if timeout is not None:
+            within = self._within
+            if within is None or lapsed or self._flights or self.metrics is not None:
+                return await bounded(self.ask(checks, lapsed), timeout)
+            call = self._build(plans.HIT, checks, self.prefix, now_us=self._now_us(),
+                               clock_ms=self._clock_ms)
+            sent = self._sent()
+            return self._decided(checks, call, await within(call, timeout), sent)
         if lapsed:
             return await self._refresh(checks)
         if self._flights:

@@ -11,9 +11,14 @@ its integer reply. Capabilities are declared as attributes so that callers never
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+import sys
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
 
 from ratelimit_mw.core.plans import ScriptCall
+
+T = TypeVar("T")
 
 
 class SyncBackend(Protocol):
@@ -28,3 +33,18 @@ class AsyncBackend(Protocol):
     in_process: bool
 
     async def arun(self, call: ScriptCall) -> list[int]: ...
+
+
+if sys.version_info >= (3, 11):
+
+    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
+        """`awaitable`, cancelled with TimeoutError after `seconds` (None: no deadline)."""
+        if seconds is None:
+            return await awaitable
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # pragma: no cover - exercised on Python 3.10 only
+
+    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
+        return await (awaitable if seconds is None else asyncio.wait_for(awaitable, seconds))

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ratelimit_mw.backends import urls
+from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
@@ -421,6 +422,20 @@ class AsyncRedisBackend:
             except NoScriptError:
                 await self.client.script_load(scripts.source())
                 return await self._evalsha(call)
+        except STORE_ERRORS as exc:
+            raise store_error(exc) from exc
+
+    async def arun_within(self, call: ScriptCall, seconds: float) -> list[int]:
+        """`arun`, failing with TimeoutError after `seconds`. On the pipelined connection
+        the deadline costs no timer of its own (see pipeline._Protocol); elsewhere it is an
+        ``asyncio.timeout`` around the call."""
+        pipe = self._pipe
+        if pipe is None or self.is_cluster:
+            return await bounded(self.arun(call), seconds)
+        try:
+            return await pipe.evalsha_within(call.keys, call.args, seconds)  # type: ignore[no-any-return]
+        except TimeoutError:
+            raise  # the caller's deadline, as `bounded` raises it: "timed out after 100 ms"
         except STORE_ERRORS as exc:
             raise store_error(exc) from exc
 

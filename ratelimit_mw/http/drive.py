@@ -7,12 +7,10 @@ failure policy, and the async half bounds the call by the guard's deadline.
 
 from __future__ import annotations
 
-import asyncio
-import sys
-from collections.abc import Awaitable
 from time import perf_counter
-from typing import Any, TypeVar
+from typing import Any
 
+from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.deny_cache import LAPSED
 from ratelimit_mw.core.errors import ConfigurationError
@@ -20,20 +18,6 @@ from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Unavailable
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
 
 Verdict = Admit | Refuse | Unavailable
-T = TypeVar("T")
-
-if sys.version_info >= (3, 11):
-
-    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
-        if seconds is None:
-            return await awaitable
-        async with asyncio.timeout(seconds):
-            return await awaitable
-
-else:  # pragma: no cover - exercised on Python 3.10 only
-
-    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
-        return await (awaitable if seconds is None else asyncio.wait_for(awaitable, seconds))
 
 
 def check_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verdict:
@@ -53,14 +37,13 @@ async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: 
         return guard.failed(request, plan, None)
     start = perf_counter() if guard.shadow else 0.0
     try:
-        # The deny cache answers without I/O: no deadline (a timer per request) for that.
+        # The deny cache answers without I/O: no deadline for that; the store's answer is
+        # bounded by the limiter (see AsyncLimiter.ask).
         found = limiter.replay(plan.checks)
         if isinstance(found, Decision):
             decision = found
-        elif guard.timeout is None:
-            decision = await limiter.ask(plan.checks, found is LAPSED)
         else:
-            decision = await bounded(limiter.ask(plan.checks, found is LAPSED), guard.timeout)
+            decision = await limiter.ask(plan.checks, found is LAPSED, guard.timeout)
     except Exception as exc:  # "never a 500" covers whatever a backend raises
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)

@@ -1,0 +1,174 @@
+"""The pipelined connection keeps the middleware's deadline without a timer per call.
+
+A caller's give-up time goes into one heap per connection, served by one timer: past it the
+call fails with TimeoutError and the connection stays, its reply read in turn and dropped.
+These tests hold it to what ``asyncio.timeout`` around the call did: the same error, the
+same replies for everyone else, nothing left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+
+import ratelimit_mw as rl
+from ratelimit_mw.backends import pipeline as _pipeline
+from ratelimit_mw.core import plans
+from ratelimit_mw.core.plans import Check
+from tests.conftest import REDIS_URL
+
+
+class _Loop:
+    """The running loop, but for the clock and timers, which the test drives: `time()` is
+    `now`, and `call_at` records what the protocol schedules instead of scheduling it."""
+
+    def __init__(self) -> None:
+        self.real = asyncio.get_running_loop()
+        self.now = 1000.0
+        self.timers: list[tuple[float, Any]] = []
+
+    def time(self) -> float:
+        return self.now
+
+    def create_future(self) -> asyncio.Future[Any]:
+        return self.real.create_future()
+
+    def call_soon(self, callback: Any, *args: Any) -> Any:
+        return self.real.call_soon(callback, *args)
+
+    def call_at(self, when: float, callback: Any) -> Any:
+        handle = asyncio.TimerHandle(when, callback, (), self.real)
+        self.timers.append((when, handle))
+        return handle
+
+    def fire(self) -> None:
+        """Run the live timers that are due, as the loop would."""
+        due = [(w, h) for w, h in self.timers if w <= self.now and not h.cancelled()]
+        self.timers = [(w, h) for w, h in self.timers if (w, h) not in due]
+        for _, handle in due:
+            handle._run()
+
+    def live(self) -> list[float]:
+        return sorted(w for w, h in self.timers if not h.cancelled())
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+
+    def close(self) -> None:
+        pass
+
+
+def _protocol(loop: _Loop) -> _pipeline._Protocol:
+    protocol = _pipeline._Protocol(loop, None)  # type: ignore[arg-type]
+    protocol.connection_made(_Transport())  # type: ignore[arg-type]
+    return protocol
+
+
+async def test_each_call_gives_up_at_its_own_time_whatever_the_order_they_were_sent() -> None:
+    loop = _Loop()
+    protocol = _protocol(loop)
+    late = protocol.send(b"a", give_up=1000.2)
+    early = protocol.send(b"b", give_up=1000.05)
+    never = protocol.send(b"c")
+    assert loop.live() == [1000.05]  # one timer, at the earliest give-up
+    loop.now = 1000.05
+    loop.fire()
+    assert isinstance(early.exception(), TimeoutError)
+    assert not late.done() and not never.done()
+    assert loop.live() == [1000.2]
+    # Replies come in order: the first answers `late`, the second is `early`'s, dropped.
+    protocol.data_received(b":1\r\n:2\r\n:3\r\n")
+    assert late.result() == 1 and never.result() == 3
+    loop.now = 1000.2
+    loop.fire()  # nothing left to give up: the answered entry is dropped, no timer re-armed
+    assert protocol.give_ups == [] and loop.live() == []
+
+
+async def test_answered_calls_cost_the_timer_nothing() -> None:
+    loop = _Loop()
+    protocol = _protocol(loop)
+    waiters = [protocol.send(b"x", give_up=1000.1 + i / 1000) for i in range(100)]
+    assert len(loop.live()) == 1  # later give-ups never re-arm it
+    protocol.data_received(b":7\r\n" * 100)
+    assert all(w.result() == 7 for w in waiters)
+    loop.now = 1000.1
+    loop.fire()
+    assert protocol.give_ups == [] and loop.live() == []
+
+
+async def test_a_lost_connection_fails_the_calls_and_clears_the_give_ups() -> None:
+    loop = _Loop()
+    protocol = _protocol(loop)
+    waiter = protocol.send(b"x", give_up=1000.1)
+    protocol.connection_lost(None)
+    assert isinstance(waiter.exception(), redis.exceptions.ConnectionError)
+    assert protocol.give_ups == [] and loop.live() == []
+
+
+# -- on the real server ----------------------------------------------------------------------
+def _call(prefix: str, identity: str) -> plans.ScriptCall:
+    policy = rl.Policy("10/minute", algorithm="gcra", name="give-up")
+    return plans.build(plans.HIT, [Check(policy, identity)], prefix)
+
+
+async def test_a_call_past_its_time_fails_and_the_connection_keeps_serving(
+    prefix: str, redis_client: redis.Redis
+) -> None:
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS_URL))
+    try:
+        await backend.arun(_call(prefix, "warm"))  # connected: the give-up path applies
+        pipe = backend._pipe
+        protocol = pipe.ready()
+        assert protocol is not None
+        redis_client.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        with pytest.raises(TimeoutError):
+            await backend.arun_within(_call(prefix, "slow"), 0.05)
+        # Answered once the pause ends: its own reply, not the dropped one before it.
+        reply = await backend.arun_within(_call(prefix, "next"), 5.0)
+        assert reply[:3] == [1, 1, 9]
+        assert pipe.ready() is protocol  # the same connection, never dropped
+        assert protocol.give_ups == [] or all(w.done() for _, _, w in protocol.give_ups)
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+        await backend.aclose()
+
+
+async def test_the_middleware_deadline_through_the_limiter_says_timed_out(prefix: str,
+                                                                          redis_client: redis.Redis
+                                                                          ) -> None:
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS_URL))
+    limiter = rl.AsyncLimiter(backend, prefix=prefix)
+    checks = [Check(rl.Policy("10/minute", name=uuid.uuid4().hex[:8]), "ip:1")]
+    try:
+        await limiter.check(checks)
+        redis_client.execute_command("CLIENT", "PAUSE", 300, "ALL")
+        outcomes = await asyncio.gather(*(limiter.ask(checks, timeout=0.05) for _ in range(5)),
+                                        return_exceptions=True)
+        assert all(type(o) is TimeoutError and not str(o) for o in outcomes)
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+        await backend.aclose()
+
+
+async def test_a_backend_without_its_own_deadline_runs_under_a_timer() -> None:
+    class Hung:
+        is_cluster = False
+        in_process = False
+
+        async def arun(self, call: Any) -> list[int]:
+            await asyncio.Event().wait()
+            raise AssertionError("never answered")
+
+    limiter = rl.AsyncLimiter(Hung())  # type: ignore[arg-type]
+    with pytest.raises(TimeoutError):
+        await limiter.ask([Check(rl.Policy("1/minute"), "ip:1")], timeout=0.01)
