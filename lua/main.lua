@@ -62,6 +62,28 @@ if n == 1 and op == 'H' and argv[10] == '0' then
       sl_commit(key, now, cost, token, now)
       return {1, 1, before - cost, retry, reset_hit, 0}
     end
+  elseif algo == 'fw' and argv[12] == '' then
+    -- fixed_window.lua's check for an epoch-aligned window, inline: building the algorithm's
+    -- closures would cost more than the check itself. A refusal goes on to the loop, which
+    -- decides it with fixed_window() from the value read here.
+    local v = redis.call('GET', key)
+    values = {v}
+    local start = now - (now % period)
+    local count, keep = 0, false
+    if v then
+      local s, c = string.match(v, '^(%-?%d+):(%d+)$')
+      if s and s + 0 == start then count, keep = c + 0, own_clock end
+    end
+    if count + cost <= limit then
+      local reset_hit = start + period - now
+      local value = string.format('%d:%d', start, count + cost)
+      if keep then
+        redis.call('SET', key, value, 'KEEPTTL')
+      else
+        redis.call('SET', key, value, 'PX', string.format('%d', reset_hit))
+      end
+      return {1, 1, limit - count - cost, 0, reset_hit, 0}
+    end
   else
     local v = redis.call('GET', key)
     values = {v}
