@@ -355,6 +355,8 @@ class PipelinedConnection:
             packed = pack_evalsha(keys, args)
             try:
                 reply = await protocol.send(packed, give_up=give_up)
+            except TimeoutError:
+                raise  # given up (an OSError too, but never to be sent again)
             except (RedisConnectionError, OSError):
                 reply = None  # dropped meanwhile: the plain path below reconnects and retries
             if reply is not None and not (isinstance(reply, hiredis.ReplyError)
