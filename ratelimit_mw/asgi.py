@@ -22,7 +22,13 @@ from typing import Any, TypeAlias
 
 from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path, routes_of
 from ratelimit_mw.http.config import Config, build_config
-from ratelimit_mw.http.drive import async_timeout, check_async, refund_async, require_async_limiter
+from ratelimit_mw.http.drive import (
+    async_timeout,
+    check_async,
+    lane_async,
+    refund_async,
+    require_async_limiter,
+)
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Guard, Refuse
 from ratelimit_mw.http.headers import Headers
@@ -62,8 +68,26 @@ def _name(name: str) -> bytes:
     return raw
 
 
+# Header pairs that repeat whole (a selection's RateLimit-Policy, fixed 429 fields), encoded
+# once; bounded, dropped whole when full, like the path caches.
+_ENCODED: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+_ENCODED_SIZE = 1024
+_REPEATING = frozenset({"RateLimit-Policy", "Cache-Control", "Content-Type"})
+
+
 def _encode(pairs: Headers) -> RawHeaders:
-    return [(_name(name), value.encode("latin-1")) for name, value in pairs]
+    raw: RawHeaders = []
+    for pair in pairs:
+        found = _ENCODED.get(pair)
+        if found is None:
+            name, value = pair
+            found = (_name(name), value.encode("latin-1"))
+            if name in _REPEATING:
+                if len(_ENCODED) >= _ENCODED_SIZE:
+                    _ENCODED.clear()
+                _ENCODED[pair] = found
+        raw.append(found)
+    return raw
 
 
 def _is_preflight(scope: Scope) -> bool:
@@ -126,12 +150,22 @@ class RateLimitMiddleware:
             return
         # One Request for every key function, hook and handler of this request.
         request = Request(scope)
-        plan = guard.plan(selection, request, method,
-                          method == "OPTIONS" and _is_preflight(scope))
-        if plan is None:
-            await self.app(scope, receive, send)
-            return
-        verdict = await check_async(guard, self.limiter, plan, request)
+        preflight = method == "OPTIONS" and _is_preflight(scope)
+        lane = selection.lane
+        if lane is not None and method == "OPTIONS":
+            lane = guard.lane(selection, method, preflight)
+        if lane is not None:  # the common request: one check, precompiled
+            identity = guard.identity(selection.single, request, method)  # type: ignore[arg-type]
+            if identity is None:
+                await self.app(scope, receive, send)
+                return
+            verdict = await lane_async(guard, self.limiter, lane, selection, identity, request)
+        else:
+            plan = guard.plan(selection, request, method, preflight)
+            if plan is None:
+                await self.app(scope, receive, send)
+                return
+            verdict = await check_async(guard, self.limiter, plan, request)
         if isinstance(verdict, Admit):
             state["ratelimit"] = verdict.decision
             if verdict.refund is None:

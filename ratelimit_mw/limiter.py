@@ -22,6 +22,7 @@ from ratelimit_mw.core import plans
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, LAPSED, DenyCache, Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.core.wire import wire
@@ -425,6 +426,11 @@ class AsyncLimiter(_Shared):
         within = getattr(backend, "arun_within", None)
         self._within: Callable[[ScriptCall, float], Awaitable[list[int]]] | None = (
             None if backend.is_cluster or not callable(within) else within)
+        # `post(packed, give_up)` and `settle(outcome)`: a backend that queues a packed call
+        # and hands back its connection's future (see `lane_hit`).
+        post, settle = getattr(backend, "post", None), getattr(backend, "settle", None)
+        self._post: Callable[[bytes, float], asyncio.Future[Any] | None] | None = (
+            post if self._within is not None and callable(post) and callable(settle) else None)
 
     async def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -488,6 +494,61 @@ class AsyncLimiter(_Shared):
             if leader is not None:
                 return await self._follow(leader, checks)
         return await self._ask(checks)
+
+    async def lane_hit(self, lane: Lane, identity: str, timeout: float | None = None
+                       ) -> Decision:
+        """``check([lane.check(identity)])`` with the deadline of `ask`: the same Decision,
+        from the deny cache or the store, the same deny-cache records and the same errors,
+        in fewer steps (what the middleware calls for its common request).
+
+        The fewer steps: a backend that can `post` a packed call gets the lane's
+        precomputed bytes (no argument list, no packing per argument) and its connection's
+        future is awaited here, with no coroutine of the backend's in between. Anything
+        else (a metrics hook, a test clock, a refusal being asked about again, no open
+        connection, a reply that is not a plain one) takes `replay` and `ask`, the plain
+        path; tests/test_lane.py holds the two to the same answers."""
+        post = self._post
+        if post is None or timeout is None or self.metrics is not None or self.clock is not None:
+            return await self._replay_ask((lane.check(identity),), timeout)
+        deny = self._deny
+        checks = None
+        if deny is not None and len(deny):
+            checks = (lane.check(identity),)
+            found = deny.find(checks, self._cache_now())
+            if found is not None:
+                if isinstance(found, Decision):
+                    return found
+                return await self.ask(checks, True, timeout)
+        if self._flights:
+            return await self.ask(checks or (lane.check(identity),), False, timeout)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout
+        waiter = post(lane.packed(identity), give_up)
+        if waiter is None:  # no open connection on this loop: the plain path connects
+            return await self.ask(checks or (lane.check(identity),), False, timeout)
+        sent = 0 if deny is None else self._cache_now()
+        try:
+            reply = await waiter
+        except Exception as exc:
+            reply = self.backend.settle(exc)
+        else:
+            if type(reply) is not list:
+                reply = self.backend.settle(reply)
+        if reply is None:  # dropped or NOSCRIPT: the plain path, in the time that is left
+            left = give_up - loop.time()
+            if left <= 0:
+                raise asyncio.TimeoutError()
+            return await self.ask(checks or (lane.check(identity),), False, left)
+        if deny is not None and (checks is not None or reply[0] != 1):
+            deny.record(checks or (lane.check(identity),), lane.call(identity), reply, sent)
+        return lane.decide(identity, reply)
+
+    async def _replay_ask(self, checks: Sequence[Check], timeout: float | None) -> Decision:
+        """`check` with the deadline of `ask`: the deny cache's answer, else the store's."""
+        found = self.replay(checks)
+        if isinstance(found, Decision):
+            return found
+        return await self.ask(checks, found is LAPSED, timeout)
 
     async def _refresh(self, checks: Sequence[Check]) -> Decision:
         """A refusal of this very call has just lapsed (the age bound, or its numbers'

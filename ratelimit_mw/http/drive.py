@@ -14,7 +14,8 @@ from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.deny_cache import LAPSED
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Unavailable
+from ratelimit_mw.core.lane import Lane
+from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Selection, Unavailable
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
 
 Verdict = Admit | Refuse | Unavailable
@@ -47,6 +48,20 @@ async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: 
     except Exception as exc:  # "never a 500" covers whatever a backend raises
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)
+
+
+async def lane_async(guard: Guard, limiter: AsyncLimiter, lane: Lane, selection: Selection,
+                     identity: str, request: Any) -> Verdict:
+    """`check_async` of the plan ``Plan([lane.check(identity)], selection)``, the plan
+    built only where a verdict needs it (a failure, a refusal, a refund to watch for)."""
+    if not guard.may_call():
+        return guard.failed(request, Plan([lane.check(identity)], selection), None)
+    start = perf_counter() if guard.shadow else 0.0
+    try:
+        decision = await limiter.lane_hit(lane, identity, guard.timeout)
+    except Exception as exc:  # "never a 500" covers whatever a backend raises
+        return guard.failed(request, Plan([lane.check(identity)], selection), exc)
+    return guard.lane_decided(request, lane, identity, selection, decision, start)
 
 
 def refund_sync(guard: Guard, limiter: Limiter, admit: Admit, status: int) -> None:

@@ -26,8 +26,10 @@ from typing import Any, NamedTuple
 from ratelimit_mw import keys as _keys
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.wire import wire
 from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
@@ -85,7 +87,7 @@ class Selection:
     decorated route is never left without a limit by a missing header.
     """
 
-    __slots__ = ("applied", "dynamic", "fallback", "policy_header", "routed", "single")
+    __slots__ = ("applied", "dynamic", "fallback", "lane", "policy_header", "routed", "single")
 
     def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
                  fallback: Selection | None = None) -> None:
@@ -103,6 +105,8 @@ class Selection:
             and only.dynamic is None and only.exempt_when is None
             and type(only.cost) is int else None
         )
+        # The single check precompiled for the guard's limiter (`Guard._lane_for`).
+        self.lane: Lane | None = None
 
 
 class Plan(NamedTuple):
@@ -164,6 +168,9 @@ class Guard:
         self.charge_preflight = config.charge_preflight
         self.charge_405 = config.charge_method_not_allowed
         self.exempt_when = config.exempt_when
+        # Lanes (core.lane) for limiters that take them: their key prefix.
+        self._lane_prefix: str | None = (
+            limiter.prefix if callable(getattr(limiter, "lane_hit", None)) else None)
         policy = config.on_backend_error
         self.breaker = Breaker(config.backend_cooldown,
                                repr(policy) if isinstance(policy, str) else "<callable>")
@@ -251,9 +258,21 @@ class Guard:
             selection: Selection | None = Selection(routed + from_rules, len(routed), fallback)
         else:
             selection = Selection(plain) if plain else None
+        if selection is not None:
+            selection.lane = self._lane_for(selection)
         # The key holds ids of objects that live as long as the app (routes, rules).
         self._selection_cache[cache_key] = selection
         return selection
+
+    def _lane_for(self, selection: Selection) -> Lane | None:
+        """A lane for the selection's single check, built once with the selection: when
+        the limiter takes lanes, no global exempt_when is asked first, and the policy's
+        arguments depend on the cost alone."""
+        single = selection.single
+        if (single is None or single.policy is None or self._lane_prefix is None
+                or self.exempt_when is not None or not wire(single.policy).static):
+            return None
+        return Lane(single.policy, single.cost, self._lane_prefix)  # type: ignore[arg-type]
 
     # -- the checks of one request ---------------------------------------------------------
     def plan(self, selection: Selection, request: Any, method: str,
@@ -272,6 +291,23 @@ class Guard:
                      method: str) -> Plan | None:
         """`_plan_generic` for a `Selection.single` item: the same result, fewer steps
         (held equal by tests/test_http_fast_path.py)."""
+        identity = self.identity(item, request, method)
+        if identity is None:
+            return None
+        return Plan([Check(item.policy, identity, item.cost)],  # type: ignore[arg-type]
+                    selection)
+
+    def lane(self, selection: Selection, method: str, preflight: bool) -> Lane | None:
+        """The selection's `Lane` when this request may take it: the plan would be the
+        lane's one check (no preflight rule, no exempt_when to ask first), so the adapter
+        asks `identity` and the limiter's `lane_hit` instead of `plan` and `check`."""
+        lane = selection.lane
+        if lane is None or (preflight and not self.charge_preflight):
+            return None
+        return lane
+
+    def identity(self, item: Applied, request: Any, method: str) -> str | None:
+        """The identity `item` counts this request under (None: it does not apply)."""
         try:
             identity = item.key(request)
         except Exception as exc:
@@ -284,8 +320,7 @@ class Guard:
         if item.per_method:
             verb = "GET" if method == "HEAD" else (method if method in _METHODS else "OTHER")
             identity = f"{verb} {identity}"
-        return Plan([Check(item.policy, identity, item.cost)],  # type: ignore[arg-type]
-                    selection)
+        return identity
 
     def _plan_generic(self, selection: Selection, request: Any, method: str) -> Plan | None:
         checks: list[Check] = []
@@ -382,10 +417,7 @@ class Guard:
         self.breaker.succeeded()
         selection = plan.selection
         if decision.allowed:
-            # served_headers, less the Retry-After filter an admitted response never needs.
-            headers = rate_limit_headers(decision, selection.policy_header,
-                                         self.legacy) if self.headers else None
-            return Admit(decision, headers, plan.checks if self.watch_status else None)
+            return self._admit(decision, selection, plan.checks)
         self._notify_refusal(request, decision)
         if self.shadow:
             self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
@@ -400,6 +432,21 @@ class Guard:
                          too_many_requests_body(decision))
         self._last_refusal = (decision, selection, refusal)
         return refusal
+
+    def lane_decided(self, request: Any, lane: Lane, identity: str, selection: Selection,
+                     decision: Decision, started: float = 0.0) -> Admit | Refuse:
+        """`decided` for the answer to a lane's check: its plan, ``Plan([lane.check(identity)],
+        selection)``, is built only where a refusal needs it."""
+        if decision.allowed:
+            self.breaker.succeeded()
+            return self._admit(decision, selection, [lane.check(identity)])
+        return self.decided(request, Plan([lane.check(identity)], selection), decision, started)
+
+    def _admit(self, decision: Decision, selection: Selection, checks: list[Check]) -> Admit:
+        # served_headers, less the Retry-After filter an admitted response never needs.
+        headers = rate_limit_headers(decision, selection.policy_header,
+                                     self.legacy) if self.headers else None
+        return Admit(decision, headers, checks if self.watch_status else None)
 
     def failed(self, request: Any, plan: Plan, exc: BaseException | None) -> Admit | Unavailable:
         """The failure policy; `exc` None: the breaker skipped the backend."""

@@ -1,0 +1,117 @@
+"""A lane: one (policy, cost) hit with everything but the identity computed once.
+
+The middleware's common request is one check of one policy whose arguments depend on the
+cost alone (no penalty, no calendar): `plans.build_static` already builds its call from what
+the policy precomputed, but still builds the argument list, and a Redis connection then packs
+the whole command again, argument by argument, for every request. A `Lane` keeps what is the
+same for every identity:
+
+- the call's keys as a head and suffixes, its argument tail (`call`);
+- the call as Redis's wire bytes (RESP): the command header, the script's SHA, the argument
+  tail, packed once, so that a request costs one key's bytes and a few concatenations
+  (`packed`);
+- how to read the reply (`decide`).
+
+Every method gives exactly what the plain path gives for the same check:
+``call(identity)`` is ``plans.build(HIT, [Check(policy, identity, cost)], prefix)``,
+``packed(identity)`` is that call as ``hiredis.pack_command`` packs it, ``decide(identity,
+reply)`` is ``plans.decide(call, reply)`` (tests/test_lane.py holds them to it on random
+policies, identities and replies). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from ratelimit_mw.core import scripts
+from ratelimit_mw.core.decision import Decision
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.identity import encode_identity
+from ratelimit_mw.core.plans import (
+    HIT,
+    Check,
+    ScriptCall,
+    decode_generic,
+    decode_one,
+    new_token,
+    validate_cost,
+)
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.wire import Arg, wire
+
+_new = tuple.__new__
+
+
+def _bulk(value: Arg) -> bytes:
+    """One RESP bulk string, as hiredis packs a str or an int argument."""
+    raw = value.encode("utf-8") if isinstance(value, str) else str(value).encode("ascii")
+    return b"$%d\r\n%s\r\n" % (len(raw), raw)
+
+
+class Lane:
+    """The hit of `cost` on `policy` under the limiter prefix `prefix`, for any identity."""
+
+    __slots__ = ("_after_key", "_after_token", "_before_token", "_head", "_key_tail", "cost",
+                 "log", "policy", "prefix", "rate", "suffixes", "tail")
+
+    def __init__(self, policy: Policy, cost: int, prefix: str) -> None:
+        validate_cost(cost)
+        form = wire(policy)
+        if not form.static:
+            raise ConfigurationError(
+                f"a lane needs a policy whose arguments depend on the cost alone (no penalty, "
+                f"no tz=), got {policy!r}; use plans.build for it"
+            )
+        self.policy = policy
+        self.cost = cost
+        self.prefix = prefix
+        self.rate = policy.rates[0] if len(policy.rates) == 1 else None
+        self.suffixes = suffixes = form.suffixes
+        self.tail: tuple[Arg, ...] = (len(suffixes), *form.static_args(cost))
+        # A sliding log names each hit's members by a token unique to the call.
+        self.log = form.code == "sl"
+        # RESP: *<count> EVALSHA <sha> <number of keys> <keys...> H "" <token> "" <n> <tier args>
+        count = 3 + len(suffixes) + 4 + len(self.tail)
+        self._head = (b"*%d\r\n" % count + _bulk("EVALSHA") + _bulk(scripts.sha1())
+                      + _bulk(len(suffixes)))
+        self._key_tail = [s.encode("utf-8") for s in suffixes]
+        self._before_token = _bulk(HIT) + _bulk("")
+        self._after_token = _bulk("") + b"".join(_bulk(arg) for arg in self.tail)
+        # The common lane: one key, no token, so the request's bytes are three pieces.
+        self._after_key = self._before_token + _bulk("") + self._after_token
+
+    def __repr__(self) -> str:
+        return f"Lane({self.policy!r}, cost={self.cost}, prefix={self.prefix!r})"
+
+    def check(self, identity: str) -> Check:
+        """The plain path's Check for this identity (the deny cache's key, refunds)."""
+        return Check(self.policy, identity, self.cost)
+
+    def call(self, identity: str) -> ScriptCall:
+        """The script call, as `plans.build` builds it (a fresh token for a sliding log)."""
+        head = f"{self.prefix}:{{{encode_identity(identity)}}}:"
+        suffixes = self.suffixes
+        keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
+        args: list[Arg] = [HIT, "", new_token() if self.log else "", "", *self.tail]
+        return _new(ScriptCall, (keys, args, ((self.policy, identity),), HIT, None))
+
+    def packed(self, identity: str) -> bytes:
+        """The EVALSHA of `call(identity)` in Redis's wire format."""
+        head = f"{self.prefix}:{{{encode_identity(identity)}}}:".encode()
+        key_tail = self._key_tail
+        if len(key_tail) == 1 and not self.log:
+            key = head + key_tail[0]
+            return b"%s$%d\r\n%s\r\n%s" % (self._head, len(key), key, self._after_key)
+        parts = [self._head]
+        for suffix in key_tail:
+            key = head + suffix
+            parts.append(b"$%d\r\n%s\r\n" % (len(key), key))
+        parts.append(self._before_token)
+        parts.append(_bulk(new_token()) if self.log else _bulk(""))
+        parts.append(self._after_token)
+        return b"".join(parts)
+
+    def decide(self, identity: str, reply: list[int]) -> Decision:
+        """The reply to `call(identity)` as a Decision, as `plans.decide` reads it."""
+        rate = self.rate
+        if rate is not None:
+            return decode_one(self.policy, rate, identity, reply[0] == 1, reply, None)
+        return decode_generic(((self.policy, identity),), reply, None)
