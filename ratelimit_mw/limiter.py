@@ -504,11 +504,11 @@ class AsyncLimiter(_Shared):
         The fewer steps: a backend that can `post` a packed call gets the lane's
         precomputed bytes (no argument list, no packing per argument) and its connection's
         future is awaited here, with no coroutine of the backend's in between. Anything
-        else (a metrics hook, a test clock, a refusal being asked about again, no open
+        else (a metrics hook, a refusal being asked about again, no open
         connection, a reply that is not a plain one) takes `replay` and `ask`, the plain
         path; tests/test_lane.py holds the two to the same answers."""
         post = self._post
-        if post is None or timeout is None or self.metrics is not None or self.clock is not None:
+        if post is None or timeout is None or self.metrics is not None:
             return await self._replay_ask((lane.check(identity),), timeout)
         deny = self._deny
         checks = None
@@ -523,7 +523,7 @@ class AsyncLimiter(_Shared):
             return await self.ask(checks or (lane.check(identity),), False, timeout)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout
-        waiter = post(lane.packed(identity), give_up)
+        waiter = post(lane.packed(identity, self._now_us()), give_up)
         if waiter is None:  # no open connection on this loop: the plain path connects
             return await self.ask(checks or (lane.check(identity),), False, timeout)
         sent = 0 if deny is None else self._cache_now()
@@ -540,7 +540,9 @@ class AsyncLimiter(_Shared):
                 raise asyncio.TimeoutError()
             return await self.ask(checks or (lane.check(identity),), False, left)
         if deny is not None and (checks is not None or reply[0] != 1):
-            deny.record(checks or (lane.check(identity),), lane.call(identity), reply, sent)
+            # The record reads the call's layout alone: no token drawn for it.
+            deny.record(checks or (lane.check(identity),), lane.call(identity, token=""),
+                        reply, sent)
         return lane.decide(identity, reply)
 
     async def _replay_ask(self, checks: Sequence[Check], timeout: float | None) -> Decision:

@@ -9,9 +9,13 @@ a client can send (methods, paths, headers, peers, garbage included).
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import Any
 
-from hypothesis import given, settings
+import pytest
+import redis
+import redis.asyncio
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.requests import Request
 
@@ -23,6 +27,8 @@ from ratelimit_mw.http.drive import check_sync
 from ratelimit_mw.http.guard import Admit, Guard, Refuse
 from ratelimit_mw.http.routing import RouteLimit
 from tests.conftest import FakeClock, StepClock
+
+REDIS_URL = "redis://127.0.0.1:6379"
 
 
 def _raising(request: Any) -> str:
@@ -225,3 +231,99 @@ async def test_a_flood_at_a_standing_clock_reuses_one_rendering_in_fresh_lists()
     assert second[0] == 429
     assert (b"x-added-by-an-outer-middleware", b"1") not in second[1]
     assert second[1] == first[1][:-1]
+
+
+# -- lanes: the ASGI middleware's common request through core.lane --------------------------
+# A selection of one policy whose arguments depend on the cost alone gets a Lane; the
+# middleware then asks `Guard.identity` and `AsyncLimiter.lane_hit` instead of `Guard.plan` and
+# `check_async`. Against a twin without lanes, every response and every decision left for the
+# app must be the same, on the memory backend and on the real Redis (where the lane posts
+# packed bytes on the pipelined connection).
+
+
+def _lane_middleware(backend: Any, prefix: str, clock: StepClock, lanes: bool, legacy: bool,
+                     per_method: bool, policy: rl.Policy) -> RateLimitMiddleware:
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, clock=clock)
+    middleware = RateLimitMiddleware(_hello, limiter=limiter, legacy_headers=legacy,
+                                     per_method=per_method, default=policy,
+                                     charge_preflight=per_method)
+    if not lanes:
+        middleware.guard._lane_prefix = None
+    return middleware
+
+
+async def _respond_to(app: Any, method: str, peer: str, headers: list[tuple[bytes, bytes]]
+                      ) -> tuple[Any, ...]:
+    scope = {"type": "http", "method": method, "path": "/", "root_path": "",
+             "query_string": b"", "headers": headers, "client": (peer, 50000)}
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start, body = sent
+    return start["status"], start["headers"], body["body"], scope["state"]["ratelimit"]
+
+
+lane_requests = st.lists(
+    st.tuples(st.sampled_from([0, 0, 0, 1, 999, 1_000, 400_000, 3_000_000, 11_000_000]),
+              st.sampled_from(["GET", "GET", "HEAD", "POST", "OPTIONS", "BREW"]),
+              st.sampled_from(["203.0.113.1", "203.0.113.2", "2001:db8::7", "garbage"]),
+              st.sampled_from([[], [(b"access-control-request-method", b"GET")]])),
+    min_size=1, max_size=30)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(legacy=st.booleans(), per_method=st.booleans(),
+       algorithm=st.sampled_from(sorted(rl.ALGORITHMS)), requests=lane_requests)
+def test_the_middleware_through_lanes_answers_as_through_plans(
+    store: str, legacy: bool, per_method: bool, algorithm: str, requests: list[Any]
+) -> None:
+    if store == "redis":
+        # Real TTLs against a test clock: only the sliding log's (one period from the last
+        # write) never end inside a window the clock still sees.
+        algorithm = "sliding-log"
+    prefix = f"lanemw-{uuid.uuid4().hex[:8]}"
+
+    async def play() -> None:
+        def backend() -> Any:
+            if store == "memory":
+                return rl.MemoryBackend()
+            return rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS_URL))
+
+        lane_clock, plan_clock = StepClock(), StepClock()
+        # One policy object for both: a Decision names the policy that governed it.
+        policy = rl.Policy("3/10s;5/minute", algorithm=algorithm, name="d")  # type: ignore[arg-type]
+        through_lanes = _lane_middleware(backend(), prefix + "a", lane_clock, True, legacy,
+                                         per_method, policy)
+        through_plans = _lane_middleware(backend(), prefix + "b", plan_clock, False, legacy,
+                                         per_method, policy)
+        try:
+            for advance_us, method, peer, headers in requests:
+                lane_clock.us += advance_us
+                plan_clock.us += advance_us
+                laned = await _respond_to(through_lanes, method, peer, headers)
+                planned = await _respond_to(through_plans, method, peer, headers)
+                assert laned == planned
+            assert all(s.lane is not None for s in through_lanes.guard._selection_cache.values()
+                       if s is not None)
+        finally:
+            for middleware in (through_lanes, through_plans):
+                close = getattr(middleware.limiter.backend, "aclose", None)
+                if close is not None:
+                    await close()
+
+    try:
+        asyncio.run(play())
+    finally:
+        if store == "redis":
+            client = redis.Redis.from_url(REDIS_URL)
+            for key in client.scan_iter(match=f"{prefix}*"):
+                client.delete(key)
+            client.close()

@@ -49,7 +49,7 @@ def _bulk(value: Arg) -> bytes:
 class Lane:
     """The hit of `cost` on `policy` under the limiter prefix `prefix`, for any identity."""
 
-    __slots__ = ("_after_key", "_after_token", "_before_token", "_head", "_key_tail", "cost",
+    __slots__ = ("_after_key", "_after_token", "_head", "_key_tail", "cost",
                  "log", "policy", "prefix", "rate", "suffixes", "tail")
 
     def __init__(self, policy: Policy, cost: int, prefix: str) -> None:
@@ -73,10 +73,9 @@ class Lane:
         self._head = (b"*%d\r\n" % count + _bulk("EVALSHA") + _bulk(scripts.sha1())
                       + _bulk(len(suffixes)))
         self._key_tail = [s.encode("utf-8") for s in suffixes]
-        self._before_token = _bulk(HIT) + _bulk("")
         self._after_token = _bulk("") + b"".join(_bulk(arg) for arg in self.tail)
-        # The common lane: one key, no token, so the request's bytes are three pieces.
-        self._after_key = self._before_token + _bulk("") + self._after_token
+        # The common request: one key, no token, Redis's clock: three pieces.
+        self._after_key = _bulk(HIT) + _bulk("") + _bulk("") + self._after_token
 
     def __repr__(self) -> str:
         return f"Lane({self.policy!r}, cost={self.cost}, prefix={self.prefix!r})"
@@ -85,27 +84,35 @@ class Lane:
         """The plain path's Check for this identity (the deny cache's key, refunds)."""
         return Check(self.policy, identity, self.cost)
 
-    def call(self, identity: str) -> ScriptCall:
-        """The script call, as `plans.build` builds it (a fresh token for a sliding log)."""
+    def call(self, identity: str, now_us: int | None = None, token: str | None = None
+             ) -> ScriptCall:
+        """The script call, as `plans.build` builds it: `now_us` overrides Redis's clock
+        (tests); a sliding log's members are named by `token` (default: a fresh one)."""
         head = f"{self.prefix}:{{{encode_identity(identity)}}}:"
         suffixes = self.suffixes
         keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
-        args: list[Arg] = [HIT, "", new_token() if self.log else "", "", *self.tail]
+        if self.log and token is None:
+            token = new_token()
+        args: list[Arg] = [HIT, "" if now_us is None else now_us, token or "", "", *self.tail]
         return _new(ScriptCall, (keys, args, ((self.policy, identity),), HIT, None))
 
-    def packed(self, identity: str) -> bytes:
-        """The EVALSHA of `call(identity)` in Redis's wire format."""
+    def packed(self, identity: str, now_us: int | None = None, token: str | None = None
+               ) -> bytes:
+        """The EVALSHA of `call(identity, now_us, token)` in Redis's wire format."""
         head = f"{self.prefix}:{{{encode_identity(identity)}}}:".encode()
         key_tail = self._key_tail
-        if len(key_tail) == 1 and not self.log:
+        if len(key_tail) == 1 and not self.log and now_us is None:
             key = head + key_tail[0]
             return b"%s$%d\r\n%s\r\n%s" % (self._head, len(key), key, self._after_key)
         parts = [self._head]
         for suffix in key_tail:
             key = head + suffix
             parts.append(b"$%d\r\n%s\r\n" % (len(key), key))
-        parts.append(self._before_token)
-        parts.append(_bulk(new_token()) if self.log else _bulk(""))
+        if self.log and token is None:
+            token = new_token()
+        parts.append(_bulk(HIT))
+        parts.append(_bulk("" if now_us is None else now_us))
+        parts.append(_bulk(token or ""))
         parts.append(self._after_token)
         return b"".join(parts)
 

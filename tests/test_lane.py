@@ -1,0 +1,382 @@
+"""Lanes (core.lane, AsyncLimiter.lane_hit) against the plain path.
+
+A lane precomputes one (policy, cost) hit: its call, its packed bytes, its reply reading.
+The limiter posts those bytes on the pipelined connection and awaits the connection's future
+itself. Everything it does must be what the plain path (`replay`, then `ask`: `plans.build`,
+``hiredis.pack_command``, `plans.decide`, the deny cache's record) does for the same check:
+
+- pure: the lane's call, bytes and Decision against the plain builders on random policies,
+  identities, costs, clocks and replies;
+- recorded: a random sequence runs through lanes on the real Redis; every command the lane
+  sent and every reply it got is recorded, and the same sequence runs through the plain path
+  on a backend that answers from the recording, checking that the plain path sends the very
+  same bytes at the same steps: identical Decisions, identical deny-cache contents;
+- the failures: NOSCRIPT, a dropped connection, the caller's deadline, a cold start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import hiredis
+import pytest
+import redis
+import redis.asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ratelimit_mw as rl
+from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core.lane import Lane
+from ratelimit_mw.core.plans import Check, ScriptCall
+from ratelimit_mw.core.wire import wire
+from tests.conftest import StepClock
+from tests.test_differential import policies
+
+REDIS = "redis://127.0.0.1:6379"
+
+
+class _CountedTokens:
+    """Sliding-log member tokens from a counter: two runs of one sequence name the same
+    members, so their bytes can be compared."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        return f"t{next(self._counter)}"
+
+
+def _pack(call: ScriptCall) -> bytes:
+    return hiredis.pack_command(  # type: ignore[no-any-return]
+        ("EVALSHA", scripts.sha1(), len(call.keys), *call.keys, *call.args))
+
+
+def _static(policy: rl.Policy) -> bool:
+    return wire(policy).static
+
+
+# -- pure ---------------------------------------------------------------------------------
+
+
+def _replies(tiers: int) -> st.SearchStrategy[list[int]]:
+    values = st.integers(-1, 10**13)
+    admitted = st.lists(values, min_size=5 * tiers, max_size=5 * tiers).map(lambda v: [1, *v])
+    refused = st.lists(values, min_size=8 * tiers, max_size=8 * tiers).map(lambda v: [0, *v])
+    return st.one_of(admitted, refused)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    policy=policies().filter(_static),
+    cost=st.integers(1, 50),
+    identity=st.text(min_size=1, max_size=90),
+    prefix=st.sampled_from(["rl", "a.b:c", "x-1"]),
+    now_us=st.one_of(st.none(), st.integers(0, 2**52)),
+    data=st.data(),
+)
+def test_a_lane_builds_packs_and_reads_as_the_plain_path(
+    policy: rl.Policy, cost: int, identity: str, prefix: str, now_us: int | None, data: Any
+) -> None:
+    lane = Lane(policy, cost, prefix)
+    check = Check(policy, identity, cost)
+    plain = plans.build(plans.HIT, [check], prefix, now_us=now_us)
+    token = str(plain.args[2]) or None  # a sliding log's member token: fresh on every call
+    assert lane.check(identity) == check
+    assert lane.call(identity, now_us, token) == plain
+    assert lane.packed(identity, now_us, token) == _pack(plain)
+    reply = data.draw(_replies(len(policy.rates)))
+    assert lane.decide(identity, reply) == plans.decide(plain, reply)
+
+
+def test_a_lane_takes_only_policies_whose_arguments_depend_on_the_cost_alone() -> None:
+    with pytest.raises(rl.ConfigurationError, match="penalty"):
+        Lane(rl.Policy("1/second", penalty=5), 1, "rl")
+    with pytest.raises(rl.ConfigurationError, match="tz"):
+        Lane(rl.Policy("1/day", algorithm="fixed-window", tz="Europe/Paris"), 1, "rl")
+    with pytest.raises(rl.ConfigurationError, match="cost"):
+        Lane(rl.Policy("1/second"), 0, "rl")
+
+
+def test_a_sliding_log_lane_names_every_hit_with_a_fresh_token() -> None:
+    lane = Lane(rl.Policy("5/minute;9/hour", algorithm="sliding-log"), 1, "rl")
+    assert lane.packed("u") != lane.packed("u")
+    assert lane.call("u").args[2] != lane.call("u").args[2]
+
+
+# -- recorded: the lane on the real Redis, the plain path on its recording -------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    kind: str  # hit (through the lane / the plain path), reset, refund
+    lane: int
+    identity: int
+    advance_ms: int
+
+
+steps = st.builds(
+    Step,
+    kind=st.sampled_from(["hit"] * 8 + ["reset", "refund"]),
+    lane=st.sampled_from([0, 0, 1, 1, 2, 3]),  # mostly the two lanes sharing a policy
+    identity=st.integers(0, 1),
+    advance_ms=st.sampled_from([0, 0, 0, 1, 7, 250, 999, 1_000, 1_001, 9_999, 61_000]),
+)
+
+
+class _Recording:
+    """The real backend, recording every command sent to Redis and its reply, in order:
+    through `post` (the lane) and through `arun`/`arun_within` (the plain path the lane falls
+    back to: a refusal asked about again, a reset, a refund)."""
+
+    is_cluster = False
+    in_process = False
+
+    def __init__(self, backend: rl.AsyncRedisBackend) -> None:
+        self.backend = backend
+        self.sent: list[tuple[bytes, Any]] = []
+        self.posted = 0
+
+    def post(self, packed: bytes, give_up: float) -> Any:
+        waiter = self.backend.post(packed, give_up)
+        if waiter is not None:
+            self.posted += 1
+            waiter.add_done_callback(lambda done: self.sent.append((packed, done.result())))
+        return waiter
+
+    def settle(self, outcome: Any) -> Any:
+        return self.backend.settle(outcome)
+
+    async def arun(self, call: ScriptCall) -> list[int]:
+        reply = await self.backend.arun(call)
+        self.sent.append((_pack(call), reply))
+        return reply
+
+    async def arun_within(self, call: ScriptCall, seconds: float) -> list[int]:
+        return await self.arun(call)
+
+
+class _Replaying:
+    """A backend for the plain path that answers from the recording, and fails the test if
+    the plain path sends anything else, or at another step, than the lane sent."""
+
+    is_cluster = False
+    in_process = False
+
+    def __init__(self, sent: list[tuple[bytes, Any]]) -> None:
+        self.sent = list(sent)
+
+    async def arun(self, call: ScriptCall) -> list[int]:
+        assert self.sent, f"the plain path sent {call} where the lane sent nothing"
+        packed, reply = self.sent.pop(0)
+        assert _pack(call) == packed
+        return reply  # type: ignore[no-any-return]
+
+    async def arun_within(self, call: ScriptCall, seconds: float) -> list[int]:
+        return await self.arun(call)
+
+
+def _deny_state(limiter: rl.AsyncLimiter) -> Any:
+    deny = limiter._deny
+    if deny is None:
+        return None
+    return [(key, entry.until, entry.decided, list(entry.reply))
+            for key, entry in deny._entries.items()], deny.bytes
+
+
+async def _play(limiter: rl.AsyncLimiter, lanes: list[Lane], sequence: list[Step],
+                through_lanes: bool) -> list[Any]:
+    clock: StepClock = limiter.clock  # type: ignore[assignment]
+    answers: list[Any] = []
+    for step in sequence:
+        clock.advance_ms(step.advance_ms)
+        lane, identity = lanes[step.lane], f"u{step.identity}"
+        if step.kind == "hit":
+            if through_lanes:
+                answers.append(await limiter.lane_hit(lane, identity, 5.0))
+            else:
+                answers.append(await limiter._replay_ask([lane.check(identity)], 5.0))
+        elif step.kind == "reset":
+            await limiter.reset(lane.policy, identity)
+        else:
+            await limiter.refund(lane.policy, identity, lane.cost)
+        answers.append(_deny_state(limiter))
+    return answers
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    pols=st.lists(policies().filter(_static), min_size=4, max_size=4),
+    costs=st.lists(st.sampled_from([1, 1, 2, 3, 5]), min_size=4, max_size=4),
+    deny_cache=st.sampled_from([0, 100]),
+    sequence=st.lists(steps, min_size=1, max_size=40),
+)
+def test_lane_hits_on_the_real_redis_are_the_plain_paths_answers(
+    monkeypatch: pytest.MonkeyPatch, pols: list[rl.Policy], costs: list[int], deny_cache: int,
+    sequence: list[Step],
+) -> None:
+    prefix = f"lanetest-{uuid.uuid4().hex[:8]}"
+    # Lanes 0 and 1 share a policy at two costs: a hit through one may write what a refusal
+    # held for the other counted, which the deny cache must then forget.
+    lanes = [Lane(p, c, prefix) for p, c in zip([pols[0], *pols[:3]], costs, strict=True)]
+
+    async def through_lanes() -> tuple[list[Any], list[tuple[bytes, Any]], int]:
+        backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+        recording = _Recording(backend)
+        limiter = rl.AsyncLimiter(recording, prefix=prefix, clock=StepClock(),  # type: ignore[arg-type]
+                                  deny_cache=deny_cache)
+        await backend._pipe.command("PING")  # connected: the lane posts from the first hit
+        recording.sent.clear()
+        try:
+            answers = await _play(limiter, lanes, sequence, True)
+        finally:
+            await backend.aclose()
+        return answers, recording.sent, recording.posted
+
+    async def through_plain_path(sent: list[tuple[bytes, Any]]) -> list[Any]:
+        replaying = _Replaying(sent)
+        limiter = rl.AsyncLimiter(replaying, prefix=prefix, clock=StepClock(),  # type: ignore[arg-type]
+                                  deny_cache=deny_cache)
+        answers = await _play(limiter, lanes, sequence, False)
+        assert replaying.sent == [], "the lane sent commands the plain path did not"
+        return answers
+
+    try:
+        monkeypatch.setattr(plans, "_tokens", _CountedTokens())
+        lane_answers, sent, posted = asyncio.run(through_lanes())
+        monkeypatch.setattr(plans, "_tokens", _CountedTokens())
+        assert asyncio.run(through_plain_path(sent)) == lane_answers
+        hits = sum(step.kind == "hit" for step in sequence)
+        # The lane was taken (not only its fallbacks): every hit the deny cache did not answer.
+        assert posted >= (hits if deny_cache == 0 else min(hits, 1))
+    finally:
+        client = redis.Redis.from_url(REDIS)
+        for key in client.scan_iter(match=f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+
+
+# -- the failures: what the lane's limiter does when the post brings no plain reply ---------
+
+
+def _lane(prefix: str, limit: str = "5/minute", algorithm: str = "fixed-window") -> Lane:
+    policy = rl.Policy(limit, algorithm=algorithm, name=uuid.uuid4().hex[:8])  # type: ignore[arg-type]
+    return Lane(policy, 1, prefix)
+
+
+async def _connected(prefix: str) -> tuple[rl.AsyncRedisBackend, rl.AsyncLimiter]:
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    await backend._pipe.command("PING")
+    return backend, rl.AsyncLimiter(backend, prefix=prefix)
+
+
+async def test_a_cold_start_connects_through_the_plain_path_then_posts(prefix: str) -> None:
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    limiter = rl.AsyncLimiter(backend, prefix=prefix)
+    lane = _lane(prefix)
+    posted: list[bytes] = []
+    post = limiter._post
+    assert post is not None
+
+    def counting(packed: bytes, give_up: float) -> Any:
+        waiter = post(packed, give_up)
+        if waiter is not None:
+            posted.append(packed)
+        return waiter
+
+    limiter._post = counting
+    try:
+        first = await limiter.lane_hit(lane, "ip:1", 1.0)  # no connection yet: not posted
+        second = await limiter.lane_hit(lane, "ip:1", 1.0)
+        assert (first.remaining, second.remaining) == (4, 3)
+        assert posted == [lane.packed("ip:1")]
+    finally:
+        await backend.aclose()
+
+
+async def test_after_a_script_flush_the_lane_loads_the_script_and_counts_once(
+    prefix: str, redis_client: redis.Redis
+) -> None:
+    backend, limiter = await _connected(prefix)
+    lane = _lane(prefix)
+    try:
+        assert (await limiter.lane_hit(lane, "ip:1", 1.0)).remaining == 4
+        redis_client.script_flush()
+        assert (await limiter.lane_hit(lane, "ip:1", 1.0)).remaining == 3
+        assert (await limiter.peek(lane.policy, "ip:1")).remaining == 3
+    finally:
+        await backend.aclose()
+
+
+async def test_a_dropped_connection_is_reopened_and_the_hit_counted_once(
+    prefix: str, redis_client: redis.Redis
+) -> None:
+    backend, limiter = await _connected(prefix)
+    lane = _lane(prefix)
+    try:
+        assert (await limiter.lane_hit(lane, "ip:1", 1.0)).remaining == 4
+        redis_client.client_kill_filter(_type="normal", skipme=True)
+        decisions = await asyncio.gather(*(limiter.lane_hit(lane, "ip:1", 1.0)
+                                           for _ in range(3)))
+        assert sorted(d.remaining for d in decisions) == [1, 2, 3]
+        assert (await limiter.peek(lane.policy, "ip:1")).remaining == 1
+    finally:
+        await backend.aclose()
+
+
+async def test_a_call_past_the_deadline_fails_and_is_never_sent_again(
+    prefix: str, redis_client: redis.Redis
+) -> None:
+    backend, limiter = await _connected(prefix)
+    lane = _lane(prefix)
+    try:
+        redis_client.execute_command("CLIENT", "PAUSE", 200, "WRITE")
+        with pytest.raises(TimeoutError):
+            await limiter.lane_hit(lane, "ip:1", 0.05)
+        # Redis ran it once the pause ended (a call that gave up may still have been
+        # applied); the lane did not send it a second time.
+        assert (await limiter.lane_hit(lane, "ip:1", 5.0)).remaining == 3
+    finally:
+        redis_client.execute_command("CLIENT", "UNPAUSE")
+        await backend.aclose()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "means"),
+    [
+        (TimeoutError(), TimeoutError),
+        (asyncio.TimeoutError(), TimeoutError),
+        (redis.exceptions.ConnectionError("lost"), None),
+        (ConnectionResetError(), None),
+        (hiredis.ReplyError("NOSCRIPT No matching script"), None),
+        (hiredis.ReplyError("OOM command not allowed"), rl.BackendError),
+        (redis.exceptions.TimeoutError("Timeout reading from Redis"), rl.BackendError),
+        ("not a list", rl.BackendError),
+    ],
+    ids=["deadline", "asyncio-deadline", "dropped", "reset", "noscript", "oom",
+         "socket-timeout", "garbage"],
+)
+def test_settle_says_which_posts_the_plain_path_sends_again(outcome: Any, means: Any) -> None:
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    if means is None:
+        assert backend.settle(outcome) is None
+    else:
+        with pytest.raises(means):
+            backend.settle(outcome)
+
+
+async def test_without_a_connection_that_posts_the_lane_is_the_plain_path(prefix: str) -> None:
+    # The memory backend, a cluster, redis-py's own client: nothing to post on.
+    for backend in (rl.MemoryBackend(),
+                    rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS, protocol=3))):
+        limiter = rl.AsyncLimiter(backend, prefix=prefix)  # type: ignore[arg-type]
+        assert limiter._post is None or limiter._post(b"", 0.0) is None
+        lane = _lane(prefix, "2/minute")
+        answers = [await limiter.lane_hit(lane, "ip:1", 1.0) for _ in range(3)]
+        assert [d.allowed for d in answers] == [True, True, False]
+        await limiter.reset(lane.policy, "ip:1")
