@@ -31,7 +31,7 @@ from ratelimit_mw.http.drive import (
 )
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Guard, Refuse
-from ratelimit_mw.http.headers import Headers
+from ratelimit_mw.http.headers import Headers, RawHeaders, encode_raw
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter
@@ -46,48 +46,8 @@ Message: TypeAlias = MutableMapping[str, Any]
 Receive: TypeAlias = Callable[[], Awaitable[Message]]
 Send: TypeAlias = Callable[[Message], Awaitable[None]]
 ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
-RawHeaders: TypeAlias = list[tuple[bytes, bytes]]
 
 _PREFLIGHT = b"access-control-request-method"
-
-
-# ASGI header names are lower case (HTTP/2 requires it); the names the guard writes are
-# encoded here once, any other (an on_blocked response's) on first use.
-_NAMES: dict[str, bytes] = {
-    name: name.lower().encode("latin-1")
-    for name in ("RateLimit-Policy", "RateLimit", "Retry-After", "Cache-Control",
-                 "Content-Type", "X-RateLimit-Limit", "X-RateLimit-Remaining",
-                 "X-RateLimit-Reset")
-}
-
-
-def _name(name: str) -> bytes:
-    raw = _NAMES.get(name)
-    if raw is None:
-        raw = _NAMES.setdefault(name, name.lower().encode("latin-1"))
-    return raw
-
-
-# Header pairs that repeat whole (a selection's RateLimit-Policy, fixed 429 fields), encoded
-# once; bounded, dropped whole when full, like the path caches.
-_ENCODED: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-_ENCODED_SIZE = 1024
-_REPEATING = frozenset({"RateLimit-Policy", "Cache-Control", "Content-Type"})
-
-
-def _encode(pairs: Headers) -> RawHeaders:
-    raw: RawHeaders = []
-    for pair in pairs:
-        found = _ENCODED.get(pair)
-        if found is None:
-            name, value = pair
-            found = (_name(name), value.encode("latin-1"))
-            if name in _REPEATING:
-                if len(_ENCODED) >= _ENCODED_SIZE:
-                    _ENCODED.clear()
-                _ENCODED[pair] = found
-        raw.append(found)
-    return raw
 
 
 def _is_preflight(scope: Scope) -> bool:
@@ -113,7 +73,8 @@ class RateLimitMiddleware:
         self.limiter = require_async_limiter(limiter, "the ASGI middleware")
         self.config = build_config(config, options)
         self.guard = Guard(self.config, self.limiter,
-                           timeout=async_timeout(self.limiter, self.config.backend_timeout))
+                           timeout=async_timeout(self.limiter, self.config.backend_timeout),
+                           raw=True)
         # Route resolution: keyed on the app this middleware wraps when its route tree can be
         # reached from here (through .app of the middleware below it); otherwise on
         # scope["app"], which Starlette sets before running its middleware stack.
@@ -173,7 +134,7 @@ class RateLimitMiddleware:
                 return
             # Serve, watching the status for a response that gives its hit back (inline: one
             # coroutine fewer on the common path).
-            extra = None if verdict.headers is None else _encode(verdict.headers)
+            extra = verdict.raw
             watch = _Watch(send, extra)
             try:
                 await self.app(scope, receive, watch.send)
@@ -189,9 +150,9 @@ class RateLimitMiddleware:
     def _serve(self, admit: Admit, scope: Scope, receive: Receive, send: Send
                ) -> Awaitable[None]:
         """The app's own coroutine, awaited by the caller: no frame of ours in between."""
-        if admit.headers is None:
+        if admit.raw is None:
             return self.app(scope, receive, send)
-        return self.app(scope, receive, _with_headers(send, _encode(admit.headers)))
+        return self.app(scope, receive, _with_headers(send, admit.raw))
 
     async def _refuse(self, request: Request, refusal: Refuse, scope: Scope, receive: Receive,
                       send: Send) -> None:
@@ -210,7 +171,7 @@ class RateLimitMiddleware:
                 # A 429 always carries Retry-After and the RateLimit fields: the user's response
                 # gets those it does not set itself.
                 await response(scope, receive,
-                               _with_missing_headers(send, _encode(refusal.headers)))
+                               _with_missing_headers(send, encode_raw(refusal.headers)))
                 return
         last = self._last_raw
         if last is not None and last[0] is refusal:
@@ -226,7 +187,7 @@ class RateLimitMiddleware:
 def _raw_headers(headers: Headers, body: bytes) -> RawHeaders:
     return [(b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            *_encode([item for item in headers if item[0] != "Content-Type"])]
+            *encode_raw([item for item in headers if item[0] != "Content-Type"])]
 
 
 async def _send(send: Send, status: int, headers: Headers, body: bytes) -> None:

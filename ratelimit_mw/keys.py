@@ -141,7 +141,9 @@ class _ClientIP:
             # malformed value from an odd server cannot raise here.
             peer = client[0] if isinstance(client, (tuple, list)) and client else None
             if self._trusted is None:
-                return self._peer_key(peer)
+                # The cached key of a peer seen before, else `_peer_key` (any odd value).
+                found = self._by_peer.get(peer) if type(peer) is str else None
+                return found if found is not None else self._peer_key(peer)
             headers = request.headers
             forwarded = _joined(headers.getlist("forwarded"))
             if forwarded is None:

@@ -82,7 +82,7 @@ class Lane:
 
     def check(self, identity: str) -> Check:
         """The plain path's Check for this identity (the deny cache's key, refunds)."""
-        return Check(self.policy, identity, self.cost)
+        return _new(Check, (self.policy, identity, self.cost))
 
     def call(self, identity: str, now_us: int | None = None, token: str | None = None
              ) -> ScriptCall:

@@ -16,7 +16,6 @@ import os
 import random
 import secrets
 from collections.abc import Callable, Generator, Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from ratelimit_mw.core.decision import Booking, Decision, TierState
@@ -34,9 +33,9 @@ BOOK = "B"
 CANCEL = "C"
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One policy applied to one identity in one call."""
+class Check(NamedTuple):
+    """One policy applied to one identity in one call (immutable, hashable: the deny cache's
+    key; a NamedTuple because the middleware builds one per request)."""
 
     policy: Policy
     identity: str

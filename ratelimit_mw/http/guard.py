@@ -35,6 +35,9 @@ from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
     Headers,
     PolicyHeader,
+    RawHeaders,
+    admitted_raw,
+    encode_raw,
     rate_limit_headers,
     too_many_requests_body,
     unavailable_body,
@@ -117,11 +120,13 @@ class Plan(NamedTuple):
 
 
 class Admit(NamedTuple):
-    """Serve the request; add `headers`; give `refund` back if `Guard.refund_due(status)`."""
+    """Serve the request; add `headers` (`raw`, for a guard built with ``raw=True``); give
+    `refund` back if `Guard.refund_due(status)`."""
 
     decision: Decision | None
     headers: Headers | None
     refund: list[Check] | None
+    raw: RawHeaders | None = None
 
 
 class Refuse(NamedTuple):
@@ -137,7 +142,9 @@ class Unavailable(NamedTuple):
     body: bytes
 
 
-PASS = Admit(None, None, None)
+PASS = Admit(None, None, None, None)
+# NamedTuples built per request skip their generated __new__ (fields given in order).
+_new = tuple.__new__
 
 
 def _fallback_identity(request: Any) -> str:
@@ -155,8 +162,11 @@ class Guard:
     its metrics hook.
     """
 
-    def __init__(self, config: Config, limiter: Any, *, timeout: float | None) -> None:
+    def __init__(self, config: Config, limiter: Any, *, timeout: float | None,
+                 raw: bool = False) -> None:
         self.config = config
+        # Admitted responses' headers as RawHeaders (the ASGI adapter's), else as Headers.
+        self.raw = raw
         self.limiter = limiter
         self.timeout = timeout
         self.shadow = config.shadow
@@ -423,8 +433,9 @@ class Guard:
             self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
                                            if check.policy is decision.policy],
                           perf_counter() - started if started else 0.0)
-            headers = self.served_headers(decision, selection) if self.headers else None
-            return Admit(decision, headers, None)
+            if not self.headers:
+                return _new(Admit, (decision, None, None, None))
+            return self._headed(decision, self.served_headers(decision, selection), None)
         last = self._last_refusal
         if last is not None and last[0] is decision and last[1] is selection:
             return last[2]
@@ -443,10 +454,22 @@ class Guard:
         return self.decided(request, Plan([lane.check(identity)], selection), decision, started)
 
     def _admit(self, decision: Decision, selection: Selection, checks: list[Check]) -> Admit:
+        refund = checks if self.watch_status else None
+        if not self.headers:
+            return _new(Admit, (decision, None, refund, None))
+        if self.raw and not self.legacy:
+            return _new(Admit, (decision, None, refund,
+                                admitted_raw(decision, selection.policy_header)))
         # served_headers, less the Retry-After filter an admitted response never needs.
-        headers = rate_limit_headers(decision, selection.policy_header,
-                                     self.legacy) if self.headers else None
-        return Admit(decision, headers, checks if self.watch_status else None)
+        return self._headed(decision, rate_limit_headers(decision, selection.policy_header,
+                                                         self.legacy), refund)
+
+    def _headed(self, decision: Decision, headers: Headers, refund: list[Check] | None
+                ) -> Admit:
+        """An Admit with these headers, in the form the adapter sends (`raw` or not)."""
+        if self.raw:
+            return _new(Admit, (decision, None, refund, encode_raw(headers)))
+        return _new(Admit, (decision, headers, refund, None))
 
     def failed(self, request: Any, plan: Plan, exc: BaseException | None) -> Admit | Unavailable:
         """The failure policy; `exc` None: the breaker skipped the backend."""

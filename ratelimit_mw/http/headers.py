@@ -22,6 +22,8 @@ from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.policy import Policy
 
 Headers = list[tuple[str, str]]
+#: Headers as ASGI sends them: lower-case names (HTTP/2 requires it), latin-1 bytes.
+RawHeaders = list[tuple[bytes, bytes]]
 
 
 def retry_after_seconds(decision: Decision) -> int:
@@ -51,7 +53,7 @@ class PolicyHeader:
     label is labelled by its name.
     """
 
-    __slots__ = ("item", "names", "value")
+    __slots__ = ("item", "names", "raw_item", "value")
 
     def __init__(self, policies: Sequence[Policy | tuple[Policy, str]]) -> None:
         labelled: dict[Policy, str] = {}
@@ -71,6 +73,7 @@ class PolicyHeader:
         self.value = ", ".join(items)
         # The header as the adapters add it: built once, shared by every response.
         self.item = ("RateLimit-Policy", self.value)
+        self.raw_item = (b"ratelimit-policy", self.value.encode("latin-1"))
 
     def ratelimit(self, decision: Decision) -> str:
         """The ``RateLimit`` value for the governing tier of `decision`."""
@@ -97,6 +100,51 @@ def rate_limit_headers(decision: Decision, policy_header: PolicyHeader,
             ("X-RateLimit-Reset", str(reset)),
         ]
     return headers
+
+
+def admitted_raw(decision: Decision, policy_header: PolicyHeader) -> RawHeaders:
+    """`rate_limit_headers` of an admitted decision (no legacy fields) as `RawHeaders`,
+    the policy field's bytes rendered once per set of policies."""
+    return [policy_header.raw_item,
+            (b"ratelimit", policy_header.ratelimit(decision).encode("latin-1"))]
+
+
+# Names encoded once: the ones the guard writes up front, any other (an on_blocked
+# response's) on first use.
+_RAW_NAMES: dict[str, bytes] = {
+    name: name.lower().encode("latin-1")
+    for name in ("RateLimit-Policy", "RateLimit", "Retry-After", "Cache-Control",
+                 "Content-Type", "X-RateLimit-Limit", "X-RateLimit-Remaining",
+                 "X-RateLimit-Reset")
+}
+# Header pairs that repeat whole (a selection's RateLimit-Policy, fixed 429 fields), encoded
+# once; bounded, dropped whole when full, like the path caches.
+_RAW_PAIRS: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+_RAW_PAIRS_SIZE = 1024
+_REPEATING = frozenset({"RateLimit-Policy", "Cache-Control", "Content-Type"})
+
+
+def _raw_name(name: str) -> bytes:
+    raw = _RAW_NAMES.get(name)
+    if raw is None:
+        raw = _RAW_NAMES.setdefault(name, name.lower().encode("latin-1"))
+    return raw
+
+
+def encode_raw(pairs: Headers) -> RawHeaders:
+    """Any headers as `RawHeaders`."""
+    raw: RawHeaders = []
+    for pair in pairs:
+        found = _RAW_PAIRS.get(pair)
+        if found is None:
+            name, value = pair
+            found = (_raw_name(name), value.encode("latin-1"))
+            if name in _REPEATING:
+                if len(_RAW_PAIRS) >= _RAW_PAIRS_SIZE:
+                    _RAW_PAIRS.clear()
+                _RAW_PAIRS[pair] = found
+        raw.append(found)
+    return raw
 
 
 def too_many_requests_body(decision: Decision) -> bytes:
