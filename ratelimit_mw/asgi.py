@@ -24,8 +24,7 @@ from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path
 from ratelimit_mw.http.config import Config, build_config
 from ratelimit_mw.http.drive import (
     async_timeout,
-    check_async,
-    lane_async,
+    decide_async,
     refund_async,
     require_async_limiter,
 )
@@ -111,22 +110,11 @@ class RateLimitMiddleware:
             return
         # One Request for every key function, hook and handler of this request.
         request = Request(scope)
-        preflight = method == "OPTIONS" and _is_preflight(scope)
-        lane = selection.lane
-        if lane is not None and method == "OPTIONS":
-            lane = guard.lane(selection, method, preflight)
-        if lane is not None:  # the common request: one check, precompiled
-            identity = guard.identity(selection.single, request, method)  # type: ignore[arg-type]
-            if identity is None:
-                await self.app(scope, receive, send)
-                return
-            verdict = await lane_async(guard, self.limiter, lane, selection, identity, request)
-        else:
-            plan = guard.plan(selection, request, method, preflight)
-            if plan is None:
-                await self.app(scope, receive, send)
-                return
-            verdict = await check_async(guard, self.limiter, plan, request)
+        verdict = await decide_async(guard, self.limiter, selection, request, method,
+                                     method == "OPTIONS" and _is_preflight(scope))
+        if verdict is None:
+            await self.app(scope, receive, send)
+            return
         if isinstance(verdict, Admit):
             state["ratelimit"] = verdict.decision
             if verdict.refund is None:

@@ -33,7 +33,7 @@ from typing import Any, cast
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.http.config import Config, build_config
-from ratelimit_mw.http.drive import check_sync, refund_sync, require_sync_limiter
+from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
 from ratelimit_mw.http.headers import Headers, retry_after_seconds
@@ -206,11 +206,10 @@ class _AppState:
         guard = self.guard
         method: str = request.method
         preflight = method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
-        plan = guard.plan(selection, request, method, preflight)
-        if plan is None:
+        verdict = decide_sync(guard, self.limiter, selection, request, method, preflight)
+        if verdict is None:
             environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
             return None
-        verdict = check_sync(guard, self.limiter, plan, request)
         if isinstance(verdict, Admit):
             environ[DECISION_KEY] = _g._get_current_object().ratelimit = verdict.decision
             if verdict.headers or verdict.refund is not None:

@@ -202,6 +202,34 @@ class _Shared:
             self._deny.record(checks, call, reply, sent)
         return self._decide(call, reply)
 
+    # -- lanes (core.lane): `check` of one precompiled check, fewer steps ------------------
+    def _lane_plain(self) -> bool:
+        """Whether lanes take the plain path here: a metrics hook reports per call, and a
+        cluster may split a call over slots (both belong to `check`)."""
+        return self.metrics is not None or self.backend.is_cluster
+
+    def _lane_replay(self, lane: Lane, identity: str
+                     ) -> tuple[Decision | Lapsed | None, tuple[Check, ...] | None]:
+        """`replay` for a lane: the deny cache's answer (a Decision, LAPSED, None) and the
+        call's checks, built only when the cache holds anything (else None, None)."""
+        deny = self._deny
+        if deny is None or not len(deny):
+            return None, None
+        checks = (lane.check(identity),)
+        return deny.find(checks, self._cache_now()), checks
+
+    def _lane_decided(self, lane: Lane, identity: str, checks: tuple[Check, ...] | None,
+                      reply: list[int], sent: int) -> Decision:
+        """`_decided` for a lane's reply: the deny cache records a refusal, and an admitted
+        hit forgets what the cache held for its (policy, identity), as `record` does; with
+        the cache empty (`checks` None) an admitted hit has nothing to forget."""
+        deny = self._deny
+        if deny is not None and (checks is not None or reply[0] != 1):
+            # The record reads the call's layout alone: no token drawn for it.
+            deny.record(checks or (lane.check(identity),), lane.call(identity, token=""),
+                        reply, sent)
+        return lane.decide(identity, reply)
+
     def _check_plan(self, checks: Sequence[Check]) -> plans.Plan:
         return plans.plan_check(checks, lambda: self._calls(plans.HIT, checks), self._deny,
                                self._cache_now)
@@ -351,6 +379,21 @@ class Limiter(_Shared):
                                       self.backend.run(call), sent)
         return self.check((_check(policy, identity, cost),))
 
+    def lane_hit(self, lane: Lane, identity: str) -> Decision:
+        """``check([lane.check(identity)])``: the same Decision and deny-cache records, from
+        the lane's precomputed call (what the WSGI middleware and Flask call for their
+        common request; tests/test_lane.py holds the two to the same answers)."""
+        if self._lane_plain():
+            return self.check((lane.check(identity),))
+        found, checks = self._lane_replay(lane, identity)
+        if found is not None:
+            # A refusal held (a Decision), or one that has just lapsed: `find` dropped it, so
+            # `check` asks the store, as it would have.
+            return found if isinstance(found, Decision) else self.check(checks)  # type: ignore[arg-type]
+        sent = self._sent()
+        reply = self.backend.run(lane.call(identity, self._now_us()))
+        return self._lane_decided(lane, identity, checks, reply, sent)
+
     def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
         self._forget(checks)
@@ -431,6 +474,11 @@ class AsyncLimiter(_Shared):
         post, settle = getattr(backend, "post", None), getattr(backend, "settle", None)
         self._post: Callable[[bytes, float], asyncio.Future[Any] | None] | None = (
             post if self._within is not None and callable(post) and callable(settle) else None)
+        # An in-process backend's sync `run`, which answers without yielding (MemoryBackend's
+        # arun is that call): lanes call it directly.
+        run = getattr(backend, "run", None)
+        self._inline: Callable[[ScriptCall], list[int]] | None = (
+            run if getattr(backend, "in_process", False) and callable(run) else None)
 
     async def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -499,34 +547,39 @@ class AsyncLimiter(_Shared):
                        ) -> Decision:
         """``check([lane.check(identity)])`` with the deadline of `ask`: the same Decision,
         from the deny cache or the store, the same deny-cache records and the same errors,
-        in fewer steps (what the middleware calls for its common request).
+        in fewer steps (what the ASGI middleware calls for its common request).
 
-        The fewer steps: a backend that can `post` a packed call gets the lane's
-        precomputed bytes (no argument list, no packing per argument) and its connection's
-        future is awaited here, with no coroutine of the backend's in between. Anything
-        else (a metrics hook, a refusal being asked about again, no open
-        connection, a reply that is not a plain one) takes `replay` and `ask`, the plain
-        path; tests/test_lane.py holds the two to the same answers."""
-        post = self._post
-        if post is None or timeout is None or self.metrics is not None:
+        The fewer steps: an in-process backend runs the lane's call at once; a backend that
+        can `post` a packed call gets the lane's precomputed bytes (no argument list, no
+        packing per argument) and its connection's future is awaited here, with no
+        coroutine of the backend's in between. Anything else (a metrics hook, a cluster, a
+        refusal being asked about again, no open connection, a reply that is not a plain
+        one) takes `replay` and `ask`, the plain path; tests/test_lane.py holds the two to
+        the same answers."""
+        post, inline = self._post, self._inline
+        if self._lane_plain() or not (inline is not None
+                                      or (post is not None and timeout is not None)):
             return await self._replay_ask((lane.check(identity),), timeout)
-        deny = self._deny
         checks = None
+        deny = self._deny
         if deny is not None and len(deny):
-            checks = (lane.check(identity),)
-            found = deny.find(checks, self._cache_now())
+            found, checks = self._lane_replay(lane, identity)
             if found is not None:
                 if isinstance(found, Decision):
                     return found
-                return await self.ask(checks, True, timeout)
+                return await self.ask(checks, True, timeout)  # type: ignore[arg-type]
         if self._flights:
             return await self.ask(checks or (lane.check(identity),), False, timeout)
+        if inline is not None:
+            sent = self._sent()
+            reply = inline(lane.call(identity, self._now_us()))
+            return self._lane_decided(lane, identity, checks, reply, sent)
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout
-        waiter = post(lane.packed(identity, self._now_us()), give_up)
+        give_up = loop.time() + timeout  # type: ignore[operator]
+        waiter = post(lane.packed(identity, self._now_us()), give_up)  # type: ignore[misc]
         if waiter is None:  # no open connection on this loop: the plain path connects
             return await self.ask(checks or (lane.check(identity),), False, timeout)
-        sent = 0 if deny is None else self._cache_now()
+        sent = self._sent()
         try:
             reply = await waiter
         except Exception as exc:
@@ -539,11 +592,9 @@ class AsyncLimiter(_Shared):
             if left <= 0:
                 raise asyncio.TimeoutError()
             return await self.ask(checks or (lane.check(identity),), False, left)
-        if deny is not None and (checks is not None or reply[0] != 1):
-            # The record reads the call's layout alone: no token drawn for it.
-            deny.record(checks or (lane.check(identity),), lane.call(identity, token=""),
-                        reply, sent)
-        return lane.decide(identity, reply)
+        if checks is None and reply[0] == 1:  # admitted, the deny cache empty: nothing to do
+            return lane.decide(identity, reply)
+        return self._lane_decided(lane, identity, checks, reply, sent)
 
     async def _replay_ask(self, checks: Sequence[Check], timeout: float | None) -> Decision:
         """`check` with the deadline of `ask`: the deny cache's answer, else the store's."""

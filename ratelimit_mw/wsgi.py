@@ -28,7 +28,7 @@ from typing import Any, TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, build_config
-from ratelimit_mw.http.drive import check_sync, refund_sync, require_sync_limiter
+from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
 from ratelimit_mw.http.headers import Headers
@@ -190,10 +190,9 @@ class RateLimitMiddleware:
             return self.app(environ, start_response)
         request = _DeferredRequest(environ)
         preflight = method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
-        plan = guard.plan(selection, request, method, preflight)
-        if plan is None:
+        verdict = decide_sync(guard, self.limiter, selection, request, method, preflight)
+        if verdict is None:
             return self.app(environ, start_response)
-        verdict = check_sync(guard, self.limiter, plan, request)
         if isinstance(verdict, Admit):
             environ[DECISION_KEY] = verdict.decision
             return self._serve(verdict, environ, start_response)

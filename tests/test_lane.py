@@ -380,3 +380,92 @@ async def test_without_a_connection_that_posts_the_lane_is_the_plain_path(prefix
         answers = [await limiter.lane_hit(lane, "ip:1", 1.0) for _ in range(3)]
         assert [d.allowed for d in answers] == [True, True, False]
         await limiter.reset(lane.policy, "ip:1")
+
+
+# -- in process, and the sync limiter: lane_hit against check on twin memory backends -------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pols=st.lists(policies().filter(_static), min_size=3, max_size=3),
+    costs=st.lists(st.sampled_from([1, 1, 2, 3, 5]), min_size=4, max_size=4),
+    deny_cache=st.sampled_from([0, 100]),
+    sequence=st.lists(steps, min_size=1, max_size=40),
+)
+def test_lane_hits_in_process_and_sync_are_checks(
+    pols: list[rl.Policy], costs: list[int], deny_cache: int, sequence: list[Step]
+) -> None:
+    """Four limiters on four MemoryBackends under one clock: the sync Limiter through
+    lane_hit and through check, the AsyncLimiter through lane_hit (its in-process path) and
+    through replay and ask. Every answer and every deny cache must be the same."""
+    lanes = [Lane(p, c, "rl") for p, c in zip([pols[0], *pols], costs, strict=True)]
+    clock = StepClock()
+    sync_lane, sync_plain = (rl.Limiter(rl.MemoryBackend(), clock=clock, deny_cache=deny_cache)
+                             for _ in range(2))
+    async_lane, async_plain = (rl.AsyncLimiter(rl.MemoryBackend(), clock=clock,
+                                               deny_cache=deny_cache) for _ in range(2))
+
+    async def play() -> None:
+        for step in sequence:
+            clock.advance_ms(step.advance_ms)
+            lane, identity = lanes[step.lane], f"u{step.identity}"
+            if step.kind == "hit":
+                answers = [sync_lane.lane_hit(lane, identity),
+                           sync_plain.check([lane.check(identity)]),
+                           await async_lane.lane_hit(lane, identity),
+                           await async_plain._replay_ask([lane.check(identity)], None)]
+                assert answers.count(answers[0]) == 4, (step, answers)
+            else:
+                for limiter in (sync_lane, sync_plain):
+                    getattr(limiter, step.kind)(lane.policy, identity)
+                for alimiter in (async_lane, async_plain):
+                    await getattr(alimiter, step.kind)(lane.policy, identity)
+            states = [_deny_state(limiter) for limiter in  # type: ignore[arg-type]
+                      (sync_lane, sync_plain, async_lane, async_plain)]
+            assert states.count(states[0]) == 4, step
+
+    asyncio.run(play())
+
+
+def test_lanes_take_the_plain_path_under_a_metrics_hook() -> None:
+    seen: list[tuple[str, str]] = []
+
+    class Hook:
+        def observe(self, event: str, policy: str, seconds: float) -> None:
+            seen.append((event, policy))
+
+    limiter = rl.Limiter(rl.MemoryBackend(), metrics=Hook())
+    lane = Lane(rl.Policy("1/minute", name="m"), 1, "rl")
+    assert [limiter.lane_hit(lane, "u").allowed for _ in range(2)] == [True, False]
+    assert seen == [("admitted", "m"), ("refused", "m")]
+
+
+async def test_an_admitted_lane_hit_forgets_the_refusals_held_for_its_identity(
+    prefix: str
+) -> None:
+    """A hit of cost 1 admitted while a refusal of cost 3 is held for the same policy and
+    identity wrote what that refusal counted: the deny cache must drop it (as `record` does
+    on the plain path), on every way a lane reaches a store."""
+    policy = rl.Policy("3/minute", algorithm="fixed-window", name=uuid.uuid4().hex[:8])
+    big, small = Lane(policy, 3, prefix), Lane(policy, 1, prefix)
+
+    sync = rl.Limiter(rl.MemoryBackend(), prefix=prefix)
+    assert sync.lane_hit(small, "u").remaining == 2
+    assert not sync.lane_hit(big, "u").allowed
+    assert sync._deny is not None and len(sync._deny) == 1
+    assert sync.lane_hit(small, "u").remaining == 1
+    assert len(sync._deny) == 0
+
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    await backend._pipe.command("PING")
+    try:
+        for limiter in (rl.AsyncLimiter(rl.MemoryBackend(), prefix=prefix),
+                        rl.AsyncLimiter(backend, prefix=prefix)):
+            assert (await limiter.lane_hit(small, "u", 1.0)).remaining == 2
+            assert not (await limiter.lane_hit(big, "u", 1.0)).allowed
+            assert limiter._deny is not None and len(limiter._deny) == 1
+            assert (await limiter.lane_hit(small, "u", 1.0)).remaining == 1
+            assert len(limiter._deny) == 0
+            await limiter.reset(policy, "u")
+    finally:
+        await backend.aclose()

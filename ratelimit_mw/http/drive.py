@@ -50,10 +50,53 @@ async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: 
     return guard.decided(request, plan, decision, start)
 
 
+def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: Any,
+                method: str, preflight: bool) -> Verdict | None:
+    """The verdict on one request that `selection` applies to; None: no limit applies to it
+    (its keys said None, a preflight not charged, exempt_when). The common request, one
+    check with a `Lane`, goes through `lane_sync`; any other is planned and checked."""
+    lane = guard.lane(selection, preflight)
+    if lane is not None:
+        identity = guard.identity(selection.single, request, method)  # type: ignore[arg-type]
+        if identity is None:
+            return None
+        return lane_sync(guard, limiter, lane, selection, identity, request)
+    plan = guard.plan(selection, request, method, preflight)
+    if plan is None:
+        return None
+    return check_sync(guard, limiter, plan, request)
+
+
+async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
+                       request: Any, method: str, preflight: bool) -> Verdict | None:
+    lane = guard.lane(selection, preflight)
+    if lane is not None:
+        identity = guard.identity(selection.single, request, method)  # type: ignore[arg-type]
+        if identity is None:
+            return None
+        return await lane_async(guard, limiter, lane, selection, identity, request)
+    plan = guard.plan(selection, request, method, preflight)
+    if plan is None:
+        return None
+    return await check_async(guard, limiter, plan, request)
+
+
+def lane_sync(guard: Guard, limiter: Limiter, lane: Lane, selection: Selection,
+              identity: str, request: Any) -> Verdict:
+    """`check_sync` of the plan ``Plan([lane.check(identity)], selection)``, the plan built
+    only where a verdict needs it (a failure, a refusal)."""
+    if not guard.may_call():
+        return guard.failed(request, Plan([lane.check(identity)], selection), None)
+    start = perf_counter() if guard.shadow else 0.0
+    try:
+        decision = limiter.lane_hit(lane, identity)
+    except Exception as exc:  # anything from the backend call: never a 500
+        return guard.failed(request, Plan([lane.check(identity)], selection), exc)
+    return guard.lane_decided(request, lane, identity, selection, decision, start)
+
+
 async def lane_async(guard: Guard, limiter: AsyncLimiter, lane: Lane, selection: Selection,
                      identity: str, request: Any) -> Verdict:
-    """`check_async` of the plan ``Plan([lane.check(identity)], selection)``, the plan
-    built only where a verdict needs it (a failure, a refusal, a refund to watch for)."""
     if not guard.may_call():
         return guard.failed(request, Plan([lane.check(identity)], selection), None)
     start = perf_counter() if guard.shadow else 0.0

@@ -10,7 +10,11 @@ and renders the verdict in its own protocol::
         except Exception as exc:  verdict = guard.failed(request, plan, exc)
     else:       verdict = guard.failed(request, plan, None)
 
-(`ratelimit_mw.http.drive` holds that loop once for sync and once for async limiters.) A
+The common request, one policy whose arguments depend on the cost alone, takes a lane
+instead: `Selection.lane` (a `core.lane.Lane`, built once with the selection) stands for the
+plan, ``guard.identity`` runs the key function, ``limiter.lane_hit`` decides and
+``guard.lane_decided`` renders; a plan is built only where a failure or a refusal needs one.
+(`ratelimit_mw.http.drive` holds both loops once for sync and once for async limiters.) A
 verdict is `Admit` (headers to add, checks to give back if the response's status says so),
 `Refuse` (429: status, headers, body) or `Unavailable` (503). Nothing here raises for
 anything a client sends.
@@ -307,7 +311,7 @@ class Guard:
         return Plan([Check(item.policy, identity, item.cost)],  # type: ignore[arg-type]
                     selection)
 
-    def lane(self, selection: Selection, method: str, preflight: bool) -> Lane | None:
+    def lane(self, selection: Selection, preflight: bool) -> Lane | None:
         """The selection's `Lane` when this request may take it: the plan would be the
         lane's one check (no preflight rule, no exempt_when to ask first), so the adapter
         asks `identity` and the limiter's `lane_hit` instead of `plan` and `check`."""
