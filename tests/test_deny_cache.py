@@ -456,3 +456,32 @@ def test_with_and_without_the_cache_every_decision_is_identical_on_redis(
             keys = list(redis_client.scan_iter(match=f"{prefix}:*", count=1000))
             if keys:
                 redis_client.delete(*keys)
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_a_ban_started_by_one_policy_binds_its_namesake_in_the_same_reply(
+    store: str, redis_client: redis.Redis, prefix: str
+) -> None:
+    """Two policy objects of one name share counters and ban. A call whose first check
+    starts the ban must report the second one banned too: that is what the store answers
+    from then on, and the reply is what the deny cache replays (found by
+    test_coalesced_refresh's differential test: the cache had replayed the second check as
+    admitted)."""
+    pair = [rl.Policy("1/second", algorithm="sliding-log", name="twin", penalty=1)
+            for _ in range(2)]
+    checks = [Check(pair[0], "ip:0", 2), Check(pair[1], "ip:0", 1)]
+    clock = StepClock()
+
+    def backend() -> Any:
+        return rl.MemoryBackend() if store == "memory" else rl.RedisBackend(redis_client)
+
+    cached = rl.Limiter(backend(), prefix=prefix + "c", clock=clock)
+    plain = rl.Limiter(backend(), prefix=prefix + "p", clock=clock, deny_cache=0)
+    for _ in range(3):
+        answer = cached.check(checks)
+        assert answer == plain.check(checks)
+        assert [(t.allowed, t.banned) for t in answer.tiers] == [(False, True), (False, True)]
+    call = plans.build(plans.HIT, checks, "rl")
+    assert call.keys.count(call.keys[-1]) == 1  # one KEYS entry for the shared ban key
+    for limiter in (cached, plain):
+        limiter.reset(pair[0], "ip:0")

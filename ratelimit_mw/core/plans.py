@@ -177,8 +177,13 @@ def build_generic(op: str, checks: Sequence[Check], prefix: str, *, now_us: int 
         ban_index = 0
         ban = ""
         if policy.penalty is not None:
-            ban_keys.append(head + form.ban_suffix)
-            ban_index = -len(ban_keys)  # fixed up once the number of tier keys is known
+            # One KEYS entry per ban key: two policies of one name (and algorithm) share
+            # their counters and their ban, so a ban one starts must bind the other in the
+            # same reply, as it will in every later one (the deny cache replays that reply).
+            ban_key = head + form.ban_suffix
+            if ban_key not in ban_keys:
+                ban_keys.append(ban_key)
+            ban_index = -(ban_keys.index(ban_key) + 1)  # fixed up once the tier keys are known
             if op == HIT:
                 ban = ban_end(policy)
         if callable(clock_ms):
