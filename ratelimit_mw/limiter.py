@@ -186,8 +186,10 @@ class _Shared:
                       reply: list[int], sent: int) -> Decision:
         """`_decided` for a `_fast_call`: an admitted hit leaves the (empty) deny cache as it
         is, so its Check is built only for a refusal, which the cache records."""
-        if reply[0] != 1 and self._deny is not None:
-            self._deny.record((Check(policy, identity, cost),), call, reply, sent)
+        deny = self._deny
+        if deny is not None and (reply[0] != 1 or deny.watching):
+            # Asked after the reply: a refusal recorded while the call was out is forgotten.
+            deny.record((Check(policy, identity, cost),), call, reply, sent)
         rates = policy.rates
         if len(rates) == 1:
             return plans.decode_one(policy, rates[0], identity, reply[0] == 1, reply, None)
@@ -221,10 +223,11 @@ class _Shared:
     def _lane_decided(self, lane: Lane, identity: str, checks: tuple[Check, ...] | None,
                       reply: list[int], sent: int) -> Decision:
         """`_decided` for a lane's reply: the deny cache records a refusal, and an admitted
-        hit forgets what the cache held for its (policy, identity), as `record` does; with
-        the cache empty (`checks` None) an admitted hit has nothing to forget."""
+        hit forgets what the cache holds for its (policy, identity), as `record` does. The
+        cache is asked after the reply: a refusal another request recorded while this call
+        was out is forgotten too."""
         deny = self._deny
-        if deny is not None and (checks is not None or reply[0] != 1):
+        if deny is not None and (reply[0] != 1 or deny.watching):
             # The record reads the call's layout alone: no token drawn for it.
             deny.record(checks or (lane.check(identity),), lane.call(identity, token=""),
                         reply, sent)
@@ -474,11 +477,11 @@ class AsyncLimiter(_Shared):
         post, settle = getattr(backend, "post", None), getattr(backend, "settle", None)
         self._post: Callable[[bytes, float], asyncio.Future[Any] | None] | None = (
             post if self._within is not None and callable(post) and callable(settle) else None)
-        # An in-process backend's sync `run`, which answers without yielding (MemoryBackend's
-        # arun is that call): lanes call it directly.
-        run = getattr(backend, "run", None)
+        # MemoryBackend's `arun` is its sync `run`, which answers without yielding: lanes call
+        # `run` directly (not for a subclass with an `arun` of its own, which must be asked).
         self._inline: Callable[[ScriptCall], list[int]] | None = (
-            run if getattr(backend, "in_process", False) and callable(run) else None)
+            backend.run if isinstance(backend, MemoryBackend)
+            and type(backend).arun is MemoryBackend.arun else None)
 
     async def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -576,7 +579,8 @@ class AsyncLimiter(_Shared):
             return self._lane_decided(lane, identity, checks, reply, sent)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout  # type: ignore[operator]
-        waiter = post(lane.packed(identity, self._now_us()), give_up)  # type: ignore[misc]
+        now_us, token = self._now_us(), lane.token()
+        waiter = post(lane.packed(identity, now_us, token), give_up)  # type: ignore[misc]
         if waiter is None:  # no open connection on this loop: the plain path connects
             return await self.ask(checks or (lane.check(identity),), False, timeout)
         sent = self._sent()
@@ -587,13 +591,14 @@ class AsyncLimiter(_Shared):
         else:
             if type(reply) is not list:
                 reply = self.backend.settle(reply)
-        if reply is None:  # dropped or NOSCRIPT: the plain path, in the time that is left
+        if reply is None:
+            # Dropped or NOSCRIPT: the very same call again (token and clock), the complete
+            # way, in the time that is left, as the pipelined connection resends its bytes:
+            # if the first copy reached Redis, a sliding log gets the same members again.
             left = give_up - loop.time()
             if left <= 0:
                 raise asyncio.TimeoutError()
-            return await self.ask(checks or (lane.check(identity),), False, left)
-        if checks is None and reply[0] == 1:  # admitted, the deny cache empty: nothing to do
-            return lane.decide(identity, reply)
+            reply = await self._within(lane.call(identity, now_us, token), left)  # type: ignore[misc]
         return self._lane_decided(lane, identity, checks, reply, sent)
 
     async def _replay_ask(self, checks: Sequence[Check], timeout: float | None) -> Decision:

@@ -469,3 +469,83 @@ async def test_an_admitted_lane_hit_forgets_the_refusals_held_for_its_identity(
             await limiter.reset(policy, "u")
     finally:
         await backend.aclose()
+
+
+async def test_a_refusal_recorded_while_a_hit_was_out_is_forgotten_by_its_admission(
+    prefix: str
+) -> None:
+    """Found in review: the deny cache must be asked after the reply. A cost-5 hit refused
+    and recorded while a cost-1 hit of the same identity is out; the cost-1 hit is admitted
+    and wrote what the refusal counted, so the refusal must go: the next cost-5 hit asks the
+    store (remaining 2), as the plain path does, rather than replaying remaining 3."""
+    policy = rl.Policy("6/hour", algorithm="fixed-window", name=uuid.uuid4().hex[:8])
+
+    async def play(through_lanes: bool, tag: str) -> list[tuple[bool, int]]:
+        backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+        limiter = rl.AsyncLimiter(backend, prefix=prefix + tag)
+        small, big = Lane(policy, 1, prefix + tag), Lane(policy, 5, prefix + tag)
+
+        async def hit(lane: Lane) -> rl.Decision:
+            if through_lanes:
+                return await limiter.lane_hit(lane, "u", 1.0)
+            return await limiter._replay_ask([lane.check("u")], 1.0)
+
+        try:
+            for _ in range(3):
+                await hit(small)
+            refused, admitted = await asyncio.gather(hit(big), hit(small))
+            again = await hit(big)
+            return [(d.allowed, d.remaining) for d in (refused, admitted, again)]
+        finally:
+            await limiter.reset(policy, "u")
+            await backend.aclose()
+
+    assert await play(True, "l") == await play(False, "p") == [(False, 3), (True, 2), (False, 2)]
+
+
+async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
+    prefix: str, monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis
+) -> None:
+    """Found in review: the connection drops after the bytes were written (Redis ran the
+    call, its reply is lost). The call sent again must be the very same one (same token), so
+    the log holds one entry per request, as on the plain path, not two."""
+    from ratelimit_mw.backends import pipeline
+
+    flush = pipeline._Protocol._flush
+    armed = [False]
+
+    def flush_then_drop(self: Any) -> None:
+        flush(self)
+        if armed[0]:
+            armed[0] = False
+            self.close(redis.exceptions.ConnectionError("dropped after the write"))
+
+    monkeypatch.setattr(pipeline._Protocol, "_flush", flush_then_drop)
+    backend, limiter = await _connected(prefix)
+    lane = _lane(prefix, "10/hour", "sliding-log")
+    try:
+        await limiter.lane_hit(lane, "u", 1.0)
+        armed[0] = True
+        decision = await limiter.lane_hit(lane, "u", 1.0)
+        # The copy sent again saw the first copy's entry (remaining 7, as the plain path
+        # answers too), and wrote the same member over it: two entries for two requests.
+        assert decision.allowed and decision.remaining == 7
+        (key,) = redis_client.scan_iter(match=f"{prefix}:*")
+        assert redis_client.zcard(key) == 2
+    finally:
+        await backend.aclose()
+
+
+async def test_a_memory_backend_with_an_arun_of_its_own_is_asked_through_it() -> None:
+    asked: list[ScriptCall] = []
+
+    class Watched(rl.MemoryBackend):
+        async def arun(self, call: ScriptCall) -> list[int]:
+            asked.append(call)
+            return await super().arun(call)
+
+    limiter = rl.AsyncLimiter(Watched())
+    lane = Lane(rl.Policy("2/minute"), 1, "rl")
+    assert (await limiter.lane_hit(lane, "u")).remaining == 1
+    assert len(asked) == 1
+    assert rl.AsyncLimiter(rl.MemoryBackend())._inline is not None

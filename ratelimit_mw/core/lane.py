@@ -80,6 +80,11 @@ class Lane:
     def __repr__(self) -> str:
         return f"Lane({self.policy!r}, cost={self.cost}, prefix={self.prefix!r})"
 
+    def token(self) -> str | None:
+        """A member token for one hit (a sliding log's), None for other algorithms: drawn
+        once per request, so that a call sent again is the very same call."""
+        return new_token() if self.log else None
+
     def check(self, identity: str) -> Check:
         """The plain path's Check for this identity (the deny cache's key, refunds)."""
         return _new(Check, (self.policy, identity, self.cost))
