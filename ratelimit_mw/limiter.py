@@ -579,7 +579,8 @@ class AsyncLimiter(_Shared):
             return self._lane_decided(lane, identity, checks, reply, sent)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout  # type: ignore[operator]
-        now_us, token = self._now_us(), lane.token()
+        now_us = self._now_us()
+        token = lane.token() if lane.log else None
         waiter = post(lane.packed(identity, now_us, token), give_up)  # type: ignore[misc]
         if waiter is None:  # no open connection on this loop: the plain path connects
             return await self.ask(checks or (lane.check(identity),), False, timeout)
@@ -599,6 +600,8 @@ class AsyncLimiter(_Shared):
             if left <= 0:
                 raise asyncio.TimeoutError()
             reply = await self._within(lane.call(identity, now_us, token), left)  # type: ignore[misc]
+        if reply[0] == 1 and (deny is None or not deny.watching):
+            return lane.decide(identity, reply)  # admitted, nothing held to forget
         return self._lane_decided(lane, identity, checks, reply, sent)
 
     async def _replay_ask(self, checks: Sequence[Check], timeout: float | None) -> Decision:
