@@ -180,22 +180,6 @@ def _middleware(clock: StepClock, legacy: bool) -> RateLimitMiddleware:
                                legacy_headers=legacy)
 
 
-async def _respond(app: Any, peer: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    scope = {"type": "http", "method": "GET", "path": "/", "root_path": "", "query_string": b"",
-             "headers": [], "client": (peer, 50000)}
-    sent: list[Any] = []
-
-    async def receive() -> Any:
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message: Any) -> None:
-        sent.append(message)
-
-    await app(scope, receive, send)
-    start, body = sent
-    return start["status"], start["headers"], body["body"]
-
-
 @settings(max_examples=80, deadline=None)
 @given(legacy=st.booleans(),
        steps=st.lists(st.tuples(st.sampled_from([0, 0, 0, 1, 999, 1_000, 400_000, 1_000_000,
@@ -253,7 +237,9 @@ def _lane_middleware(backend: Any, prefix: str, clock: StepClock, lanes: bool, l
 
 
 async def _respond_to(app: Any, method: str, peer: str, headers: list[tuple[bytes, bytes]]
-                      ) -> tuple[Any, ...]:
+                      ) -> tuple[int, list[tuple[bytes, bytes]], bytes, Any]:
+    """The response to one request (status, headers, body) and the decision left for the
+    app."""
     scope = {"type": "http", "method": method, "path": "/", "root_path": "",
              "query_string": b"", "headers": headers, "client": (peer, 50000)}
     sent: list[Any] = []
@@ -267,6 +253,11 @@ async def _respond_to(app: Any, method: str, peer: str, headers: list[tuple[byte
     await app(scope, receive, send)
     start, body = sent
     return start["status"], start["headers"], body["body"], scope["state"]["ratelimit"]
+
+
+async def _respond(app: Any, peer: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    status, headers, body, _ = await _respond_to(app, "GET", peer, [])
+    return status, headers, body
 
 
 lane_requests = st.lists(
