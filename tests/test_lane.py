@@ -17,8 +17,10 @@ itself. Everything it does must be what the plain path (`replay`, then `ask`: `p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,10 +271,16 @@ def _lane(prefix: str, limit: str = "5/minute", algorithm: str = "fixed-window")
     return Lane(policy, 1, prefix)
 
 
-async def _connected(prefix: str) -> tuple[rl.AsyncRedisBackend, rl.AsyncLimiter]:
+@contextlib.asynccontextmanager
+async def _connected(prefix: str) -> AsyncIterator[rl.AsyncLimiter]:
+    """A limiter on the real Redis whose pipelined connection is open (lanes post at once),
+    closed afterwards."""
     backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
     await backend._pipe.command("PING")
-    return backend, rl.AsyncLimiter(backend, prefix=prefix)
+    try:
+        yield rl.AsyncLimiter(backend, prefix=prefix)
+    finally:
+        await backend.aclose()
 
 
 async def test_a_cold_start_connects_through_the_plain_path_then_posts(prefix: str) -> None:
@@ -302,48 +310,41 @@ async def test_a_cold_start_connects_through_the_plain_path_then_posts(prefix: s
 async def test_after_a_script_flush_the_lane_loads_the_script_and_counts_once(
     prefix: str, redis_client: redis.Redis
 ) -> None:
-    backend, limiter = await _connected(prefix)
     lane = _lane(prefix)
-    try:
+    async with _connected(prefix) as limiter:
         assert (await limiter.lane_hit(lane, "ip:1", 1.0)).remaining == 4
         redis_client.script_flush()
         assert (await limiter.lane_hit(lane, "ip:1", 1.0)).remaining == 3
         assert (await limiter.peek(lane.policy, "ip:1")).remaining == 3
-    finally:
-        await backend.aclose()
 
 
 async def test_a_dropped_connection_is_reopened_and_the_hit_counted_once(
     prefix: str, redis_client: redis.Redis
 ) -> None:
-    backend, limiter = await _connected(prefix)
     lane = _lane(prefix)
-    try:
+    async with _connected(prefix) as limiter:
         assert (await limiter.lane_hit(lane, "ip:1", 1.0)).remaining == 4
         redis_client.client_kill_filter(_type="normal", skipme=True)
         decisions = await asyncio.gather(*(limiter.lane_hit(lane, "ip:1", 1.0)
                                            for _ in range(3)))
         assert sorted(d.remaining for d in decisions) == [1, 2, 3]
         assert (await limiter.peek(lane.policy, "ip:1")).remaining == 1
-    finally:
-        await backend.aclose()
 
 
 async def test_a_call_past_the_deadline_fails_and_is_never_sent_again(
     prefix: str, redis_client: redis.Redis
 ) -> None:
-    backend, limiter = await _connected(prefix)
     lane = _lane(prefix)
-    try:
-        redis_client.execute_command("CLIENT", "PAUSE", 200, "WRITE")
-        with pytest.raises(TimeoutError):
-            await limiter.lane_hit(lane, "ip:1", 0.05)
-        # Redis ran it once the pause ended (a call that gave up may still have been
-        # applied); the lane did not send it a second time.
-        assert (await limiter.lane_hit(lane, "ip:1", 5.0)).remaining == 3
-    finally:
-        redis_client.execute_command("CLIENT", "UNPAUSE")
-        await backend.aclose()
+    async with _connected(prefix) as limiter:
+        try:
+            redis_client.execute_command("CLIENT", "PAUSE", 200, "WRITE")
+            with pytest.raises(TimeoutError):
+                await limiter.lane_hit(lane, "ip:1", 0.05)
+            # Redis ran it once the pause ended (a call that gave up may still have been
+            # applied); the lane did not send it a second time.
+            assert (await limiter.lane_hit(lane, "ip:1", 5.0)).remaining == 3
+        finally:
+            redis_client.execute_command("CLIENT", "UNPAUSE")
 
 
 @pytest.mark.parametrize(
@@ -521,9 +522,8 @@ async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
             self.close(redis.exceptions.ConnectionError("dropped after the write"))
 
     monkeypatch.setattr(pipeline._Protocol, "_flush", flush_then_drop)
-    backend, limiter = await _connected(prefix)
     lane = _lane(prefix, "10/hour", "sliding-log")
-    try:
+    async with _connected(prefix) as limiter:
         await limiter.lane_hit(lane, "u", 1.0)
         armed[0] = True
         decision = await limiter.lane_hit(lane, "u", 1.0)
@@ -532,8 +532,6 @@ async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
         assert decision.allowed and decision.remaining == 7
         (key,) = redis_client.scan_iter(match=f"{prefix}:*")
         assert redis_client.zcard(key) == 2
-    finally:
-        await backend.aclose()
 
 
 async def test_a_memory_backend_with_an_arun_of_its_own_is_asked_through_it() -> None:
