@@ -18,7 +18,12 @@ Three implementations of the same policy (``TIERS`` of core_latency, all admitte
 - ``ratelimit_mw``: ``Limiter.hit`` on ``RedisBackend.from_url`` (one call for all tiers);
 - ``limits``: the strategy slowapi and Flask-Limiter use, one ``hit`` per limit;
 - ``INCR+PEXPIRE``: the plain counter floor of a fixed window, one INCR and one PEXPIRE per
-  tier in one pipeline (what no exact limiter can go below; fixed-window rows only).
+  tier in one pipeline (what no exact limiter can go below; fixed-window rows only);
+- ``TIME floor``: a script that reads Redis's clock and returns, touching no key: what any
+  check pays that decides on Redis's clock, as the design requires (limits reads the app
+  server's clock instead: its fixed window starts at the first hit, its moving window is
+  stamped with ``time.time()``). Where this floor alone exceeds the 0.8 × limits target, no
+  exact script on Redis's clock can meet it.
 """
 
 from __future__ import annotations
@@ -43,10 +48,13 @@ from core_latency import ALGORITHMS, LIMITS_STRATEGY, TIERS
 TARGET_X_LIMITS = 0.8
 IDENTITIES = 10_000
 
+# Reads Redis's clock and returns a reply of one admitted tier's size; touches no key.
+CLOCK_FLOOR_SCRIPT = "local t = redis.call('TIME') return {1, 1, t[1] % 2, 0, t[2] % 2, 0}"
+
 
 @dataclass
 class Config:
-    impl: str  # "ratelimit_mw", "limits", "INCR+PEXPIRE"
+    impl: str  # "ratelimit_mw", "limits", "INCR+PEXPIRE", "TIME floor"
     algorithm: str
     tiers: int
     fn: Callable[[str], Any]
@@ -68,6 +76,16 @@ def counter_pipeline(client: Any, prefix: str, tiers: int) -> Callable[[str], An
             pipe.incr(key)
             pipe.pexpire(key, window)
         return pipe.execute()
+
+    return check
+
+
+def clock_floor(client: Any, prefix: str) -> Callable[[str], Any]:
+    """One EVALSHA of `CLOCK_FLOOR_SCRIPT` with the identity's key (never read or written)."""
+    sha = client.script_load(CLOCK_FLOOR_SCRIPT)
+
+    def check(identity: str) -> Any:
+        return client.evalsha(sha, 1, f"{prefix}:{identity}")
 
     return check
 
@@ -114,6 +132,8 @@ def _configs(url: str, prefix: str, closers: list[Callable[[], Any]]) -> list[Co
             if algorithm == "fixed-window":
                 configs.append(Config("INCR+PEXPIRE", algorithm, tiers,
                                       counter_pipeline(plain, f"{prefix}plain{tiers}", tiers)))
+            configs.append(Config("TIME floor", algorithm, tiers,
+                                  clock_floor(plain, f"{prefix}clock")))
     return configs
 
 
@@ -164,7 +184,7 @@ def run(url: str, *, rounds: int, n: int) -> dict[str, Any]:
             "algorithm": c.algorithm,
             "tiers": c.tiers,
             "usec": spread_dict(c.usec),
-            "x_limits": spread_dict(c.x_limits) if c.impl != "limits" else None,
+            "x_limits": spread_dict(c.x_limits) if c.impl != "limits" and c.x_limits else None,
             "calls_per_check": {k: round(v, 3) for k, v in sorted(c.calls.items())},
         }
         for c in configs

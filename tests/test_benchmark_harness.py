@@ -73,6 +73,11 @@ def test_redis_time_table_marks_the_target_against_limits() -> None:
              "usec": _spread(10.0), "x_limits": _spread(0.5), "calls_per_check": {"evalsha": 1}},
             {"impl": "ratelimit_mw", "algorithm": "gcra", "tiers": 1, "usec": _spread(8.0),
              "x_limits": None, "calls_per_check": {"evalsha": 1}},
+            {"impl": "TIME floor", "algorithm": "fixed-window", "tiers": 1,
+             "usec": _spread(4.0), "x_limits": _spread(0.67),
+             "calls_per_check": {"evalsha": 1, "time": 1}},
+            {"impl": "TIME floor", "algorithm": "gcra", "tiers": 1, "usec": _spread(4.0),
+             "x_limits": None, "calls_per_check": {"evalsha": 1, "time": 1}},
         ],
     }
     table = report.redis_time_table(section)
@@ -81,6 +86,11 @@ def test_redis_time_table_marks_the_target_against_limits() -> None:
     assert "1.50 (1.35–1.65) ✗" in lines["| fixed-window1"]
     assert "0.50 (0.45–0.55) ✓" in lines["| fixed-window3"]
     assert "| — |" in lines["| gcra1"]  # limits has no GCRA: no ratio, no mark
+    # The Redis-clock floor, with its own ratio to limits where limits has the algorithm.
+    assert "| 4.00 (3.60–4.40) (0.67×) |" in lines["| fixed-window1"]
+    assert "| 4.00 (3.60–4.40) |" in lines["| gcra1"]
+    # No INCR+PEXPIRE row and no floor row measured for it: dashes, not a crash.
+    assert lines["| fixed-window3"].endswith("| — | — | evalsha 1 / — |")
 
 
 def test_capacity_table_divides_by_redis_cpu_and_compares_per_core() -> None:
