@@ -22,10 +22,11 @@ from ratelimit_mw.core import plans
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, LAPSED, DenyCache, Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.identity import encode_identity
 from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, as_policy
-from ratelimit_mw.core.wire import wire
+from ratelimit_mw.core.wire import Wire, wire
 from ratelimit_mw.http.routing import RouteLimit, exempt, limit_decorator
 from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
 
@@ -102,6 +103,10 @@ class _Shared:
             )
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
         self._deny = deny if deny_cache else None
+        # MemoryBackend itself (a subclass may run or record calls its own way: it gets
+        # them): a one-tier hit goes to its `hit_one` as the call's parts (`_in_process`).
+        self._hit_one: Callable[[str, Sequence[Any], str, int | str], list[int]] | None = (
+            backend.hit_one if type(backend) is MemoryBackend and self._fast else None)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -167,11 +172,11 @@ class _Shared:
         return self._build(plans.HIT, checks, self.prefix, now_us=self._now_us(),
                            clock_ms=self._clock_ms)
 
-    def _fast_call(self, policy: Policy | str, identity: str, cost: int) -> ScriptCall | None:
-        """The call of the common hit, built from what the policy precomputed, or None:
-        take `check`. Common: one policy object without penalty or calendar (its arguments
-        depend on the cost alone), valid arguments, one store (no cluster), no metrics hook,
-        and a deny cache holding nothing (so it has nothing to answer or forget)."""
+    def _fast_form(self, policy: Policy | str, identity: str, cost: int) -> Wire | None:
+        """The policy's wire form if this hit is the common one, else None: take `check`.
+        Common: one policy object without penalty or calendar (its arguments depend on the
+        cost alone), valid arguments, one store (no cluster), no metrics hook, and a deny
+        cache holding nothing (so it has nothing to answer or forget)."""
         if (type(cost) is not int or cost < 1 or not isinstance(policy, Policy)
                 or not isinstance(identity, str) or self.metrics is not None or not self._fast):
             return None
@@ -179,21 +184,62 @@ class _Shared:
         deny = self._deny
         if not form.static or self.backend.is_cluster or (deny is not None and len(deny)):
             return None
-        return plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
+        return form
+
+    def _fast_call(self, policy: Policy | str, identity: str, cost: int) -> ScriptCall | None:
+        """The call of the common hit (see `_fast_form`), built from what the policy
+        precomputed, or None: take `check`."""
+        form = self._fast_form(policy, identity, cost)
+        if form is None:
+            return None
+        return plans.build_static(plans.HIT, policy, identity, cost, self.prefix,  # type: ignore[arg-type]
                                   self._now_us(), form)
 
-    def _fast_decided(self, policy: Policy, identity: str, cost: int, call: ScriptCall,
+    def _fast_decided(self, policy: Policy, identity: str, cost: int, call: ScriptCall | None,
                       reply: list[int], sent: int) -> Decision:
         """`_decided` for a `_fast_call`: an admitted hit leaves the (empty) deny cache as it
-        is, so its Check is built only for a refusal, which the cache records."""
+        is, so its Check is built only for a refusal, which the cache records. `call` None:
+        a one-tier hit run from its parts (`_in_process`), whose call is built only for the
+        record, which reads its layout alone."""
         deny = self._deny
         if deny is not None and (reply[0] != 1 or deny.watching):
             # Asked after the reply: a refusal recorded while the call was out is forgotten.
+            if call is None:
+                call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix, None,
+                                          wire(policy))
             deny.record((Check(policy, identity, cost),), call, reply, sent)
         rates = policy.rates
         if len(rates) == 1:
             return plans.decode_one(policy, rates[0], identity, reply[0] == 1, reply, None)
-        return plans.decide(call, reply)
+        return plans.decide(call, reply)  # type: ignore[arg-type]
+
+    def _in_process(self, policy: Policy, identity: str, cost: int, form: Wire) -> Decision:
+        """The common hit (`_fast_form`) of a one-tier policy on MemoryBackend itself: the
+        call's parts — key, tier arguments, token, clock, exactly as `plans.build_static`
+        puts them in the call — go to `hit_one`, which answers as `run` of that call
+        (tests/test_fast_path.py and tests/test_lane.py hold the two to it)."""
+        now_us = self._now_us()
+        sent = self._sent()
+        reply = self._hit_one(  # type: ignore[misc]
+            f"{self.prefix}:{{{encode_identity(identity)}}}:{form.suffixes[0]}",
+            form.by_cost.get(cost) or form.static_args(cost),
+            plans.new_token() if form.code == "sl" else "",
+            "" if now_us is None else now_us)
+        deny = self._deny
+        if reply[0] == 1 and (deny is None or not deny.watching):
+            return plans.decode_one(policy, policy.rates[0], identity, True, reply, None)
+        return self._fast_decided(policy, identity, cost, None, reply, sent)
+
+    def _lane_run(self, lane: Lane, identity: str, run: Callable[[ScriptCall], list[int]]
+                  ) -> list[int]:
+        """`run(lane.call(identity, clock))` on an in-process backend: a one-tier lane on
+        MemoryBackend itself as the call's parts (see `_in_process`)."""
+        now_us = self._now_us()
+        hit_one, tier = self._hit_one, lane.tier
+        if hit_one is not None and tier is not None:
+            return hit_one(lane.key(identity), tier, lane.token() or "",
+                           "" if now_us is None else now_us)
+        return run(lane.call(identity, now_us))
 
     def _sent(self) -> int:
         return 0 if self._deny is None else self._cache_now()
@@ -375,11 +421,14 @@ class Limiter(_Shared):
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        call = self._fast_call(policy, identity, cost)
-        if call is not None:
+        form = self._fast_form(policy, identity, cost)
+        if form is not None and isinstance(policy, Policy):  # (isinstance: for the type checker)
+            if self._hit_one is not None and len(policy.rates) == 1:
+                return self._in_process(policy, identity, cost, form)
+            call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
+                                      self._now_us(), form)
             sent = self._sent()
-            return self._fast_decided(policy, identity, cost, call,  # type: ignore[arg-type]
-                                      self.backend.run(call), sent)
+            return self._fast_decided(policy, identity, cost, call, self.backend.run(call), sent)
         return self.check((_check(policy, identity, cost),))
 
     def lane_hit(self, lane: Lane, identity: str) -> Decision:
@@ -394,7 +443,7 @@ class Limiter(_Shared):
             # `check` asks the store, as it would have.
             return found if isinstance(found, Decision) else self.check(checks)  # type: ignore[arg-type]
         sent = self._sent()
-        reply = self.backend.run(lane.call(identity, self._now_us()))
+        reply = self._lane_run(lane, identity, self.backend.run)
         return self._lane_decided(lane, identity, checks, reply, sent)
 
     def uncheck(self, checks: Sequence[Check]) -> None:
@@ -575,7 +624,7 @@ class AsyncLimiter(_Shared):
             return await self.ask(checks or (lane.check(identity),), False, timeout)
         if inline is not None:
             sent = self._sent()
-            reply = inline(lane.call(identity, self._now_us()))
+            reply = self._lane_run(lane, identity, inline)
             return self._lane_decided(lane, identity, checks, reply, sent)
         loop = asyncio.get_running_loop()
         give_up = loop.time() + timeout  # type: ignore[operator]
@@ -654,10 +703,15 @@ class AsyncLimiter(_Shared):
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
         # While a lapsed refusal is asked about again, a hit may be one that waits for it.
-        call = None if self._flights else self._fast_call(policy, identity, cost)
-        if call is not None:
+        form = None if self._flights else self._fast_form(policy, identity, cost)
+        if form is not None and isinstance(policy, Policy):  # (isinstance: for the type checker)
+            if self._hit_one is not None and len(policy.rates) == 1:
+                # MemoryBackend's `arun` is its `run`: it answers without yielding.
+                return self._in_process(policy, identity, cost, form)
+            call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
+                                      self._now_us(), form)
             sent = self._sent()
-            return self._fast_decided(policy, identity, cost, call,  # type: ignore[arg-type]
+            return self._fast_decided(policy, identity, cost, call,
                                       await self.backend.arun(call), sent)
         return await self.check((_check(policy, identity, cost),))
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import plans
+from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.wire import wire
 from tests.conftest import FakeClock
 from tests.test_differential import policies
 
@@ -144,3 +147,66 @@ def test_the_async_fast_path_decides_as_the_generic_path() -> None:
 
     asyncio.run(run())
     assert fast._deny is not None and len(fast._deny) == 1  # the last refusal, remembered
+
+
+async def _async_bursts(policy: rl.Policy, lane: Lane, clock: FakeClock) -> list[list[bool]]:
+    limiter = rl.AsyncLimiter(MemoryBackend(), clock=clock, deny_cache=0)
+    hits = [(await limiter.hit(policy, "u")).allowed for _ in range(6)]
+    lanes = [(await limiter.lane_hit(lane, "v")).allowed for _ in range(6)]
+    return [hits, lanes]
+
+
+@pytest.mark.parametrize("algorithm", sorted(rl.ALGORITHMS))
+def test_hits_at_one_instant_fill_the_quota_on_every_in_process_path(algorithm: str) -> None:
+    """Many hits in one millisecond, where a sliding log tells its hits apart by their
+    tokens alone: the in-process shortcuts (`hit`, `lane_hit`, sync and async) admit up to
+    the limit and refuse the rest, as the generic path does. The random sequence above
+    rarely puts enough hits of one identity into one window to show this."""
+    policy = rl.Policy("4/second", algorithm=algorithm, name="burst")  # type: ignore[arg-type]
+    clock = FakeClock()
+    generic = _GenericLimiter(MemoryBackend(), clock=clock, deny_cache=0)
+    expected = [generic.hit(policy, "u").allowed for _ in range(6)]
+    assert expected == [True] * 4 + [False] * 2
+    lane = Lane(policy, 1, "rl")
+    sync = rl.Limiter(MemoryBackend(), clock=clock, deny_cache=0)
+    assert sync._hit_one is not None  # the shortcut under test
+    assert [sync.hit(policy, "u").allowed for _ in range(6)] == expected
+    assert [sync.lane_hit(lane, "v").allowed for _ in range(6)] == expected
+    assert asyncio.run(_async_bursts(policy, lane, clock)) == [expected, expected]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pol=policies().filter(lambda p: wire(p).static and len(p.rates) == 1),
+    identity=st.text(min_size=1, max_size=80),
+    cost=st.integers(1, 50),
+    prefix=st.sampled_from(["rl", "a.b:c"]),
+)
+def test_the_in_process_hit_sends_the_parts_of_the_call_it_stands_for(
+    pol: rl.Policy, identity: str, cost: int, prefix: str
+) -> None:
+    """What `hit` gives MemoryBackend.hit_one is the call `plans.build` builds: its key (an
+    identity of any characters, encoded), its tier arguments, its clock, and for a sliding
+    log a fresh token per hit (tests/backends/test_memory_perf_equivalence.py holds hit_one
+    to `run` of that call)."""
+    clock = FakeClock()
+    limiter = rl.Limiter(MemoryBackend(), prefix, clock=clock, deny_cache=0)
+    given_parts: list[tuple[object, ...]] = []
+    run = limiter._hit_one
+    assert run is not None
+
+    def recorded(*parts: object) -> list[int]:
+        given_parts.append(parts)
+        return run(*parts)  # type: ignore[arg-type]
+
+    limiter._hit_one = recorded
+    for _ in range(2):
+        limiter.hit(pol, identity, cost)
+    call = plans.build(plans.HIT, [Check(pol, identity, cost)], prefix,
+                       now_us=limiter._now_us())
+    for key, tier, token, now in given_parts:
+        assert (key, tier, now) == (call.keys[0], tuple(call.args[5:]), call.args[1])
+        assert bool(token) == (pol.algorithm == "sliding-log")
+    assert len(given_parts) == 2
+    if pol.algorithm == "sliding-log":
+        assert given_parts[0][2] != given_parts[1][2]

@@ -91,6 +91,9 @@ def test_a_lane_builds_packs_and_reads_as_the_plain_path(
     assert lane.check(identity) == check
     assert lane.call(identity, now_us, token) == plain
     assert lane.packed(identity, now_us, token) == _pack(plain)
+    # An in-process backend's parts (MemoryBackend.hit_one): the call's key and tier.
+    assert lane.key(identity) == plain.keys[0]
+    assert lane.tier == (tuple(plain.args[5:]) if len(policy.rates) == 1 else None)
     reply = data.draw(_replies(len(policy.rates)))
     assert lane.decide(identity, reply) == plans.decide(plain, reply)
 

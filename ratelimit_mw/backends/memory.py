@@ -269,6 +269,18 @@ class MemoryBackend:
         with self._lock:
             return self._run(call.keys, call.args)
 
+    def hit_one(self, key: str, tier: Sequence[Any], token: str, now_us: int | str) -> list[int]:
+        """`run` of the hit call of one tier without a penalty or a calendar, from its parts:
+        `key`, the tier's seven arguments as the call carries them (ints, ban index 0, no
+        calendar), the call's token and clock (ARGV[3], ARGV[2]). The same reply and state as
+        `run(plans.build_static(HIT, ...))`, without an argument list to build and read back
+        (a third of an in-process hit's time); tests/test_lane.py holds the two to it."""
+        algo, limit, period, cost, _, ban_end, cal = tier
+        with self._lock:
+            now_us, now = self._tick(now_us)
+            return self._decide_one("H", (algo, limit, period, cost, 0, ban_end, cal, key),
+                                    token, now, now, now_us)
+
     async def arun(self, call: ScriptCall) -> list[int]:
         # Pure CPU for a few microseconds under a lock held only by such calls: no await needed.
         return self.run(call)
@@ -556,9 +568,9 @@ class MemoryBackend:
                     results[i] = (ok, before, retry, reset_now, reset_hit, state)
 
     # -- the entry point, as lua/main.lua ---------------------------------------------------
-    def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:
-        op = argv[0]
-        now_us = argv[1]
+    def _tick(self, now_us: Any) -> tuple[int, int]:
+        """A call's clock (µs and ms: ARGV[2], "" for this process's clock, as Redis's TIME),
+        and the sweep every call makes before it reads anything."""
         if type(now_us) is not int:
             now_us = time.time_ns() // 1000 if now_us == "" else int(now_us)
         now = now_us // 1000
@@ -566,6 +578,11 @@ class MemoryBackend:
         if heap and heap[0][0] <= now:  # O(1) when nothing is due
             self._sweep(now, now - self._called_at)
         self._called_at = now
+        return now_us, now
+
+    def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:
+        op = argv[0]
+        now_us, now = self._tick(argv[1])
         n = argv[4]
         if type(n) is not int:
             n = int(n)

@@ -6,19 +6,27 @@ several tiers need (bans, joint retries, one commit per log). Neither may change
 
 - a raw ARGV of strings (what a Redis client sends) gets the replies the core's ints get;
 - a tier answers alone (the one-tier path) exactly as it does beside a tier that always
-  admits (the general path), call after call, so the state each path leaves is the same too.
+  admits (the general path), call after call, so the state each path leaves is the same too;
+- a one-tier hit given as its parts (`hit_one`, what the limiters send MemoryBackend itself)
+  answers and stores exactly what `run` of the built call does, interleaved with every other
+  operation on the same keys.
 
 Redis-free and fast; tests/test_differential.py holds both paths to the Lua script itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from unittest import mock
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
+from ratelimit_mw.backends import memory as memory_module
 from ratelimit_mw.core import plans
 
 START_MS = 1_800_000_000_000
@@ -136,6 +144,61 @@ def test_a_tier_answers_alone_as_it_does_beside_a_tier_that_always_admits(
         assert wider[6] == 1, "the wide tier must always admit, or the comparison means nothing"
         # The five values of the tier, then (a refused hit) its three for the deny cache.
         assert reply == wider[:6] + wider[11:14], (step, reply, wider)
+
+
+def _stored(backend: rl.MemoryBackend) -> dict[str, object]:
+    """Every live key's value and expiry (a log as its entries): what a later call can see."""
+    return {key: (getattr(value, "entries", value), backend._expires[key])
+            for key, value in backend._data.items()}
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=st.lists(policies(tiers=1, extras=False), min_size=2, max_size=2),
+       sequence=steps(["hit", "hit", "hit", "hit", "peek", "refund", "reset", "book"]),
+       clock=st.sampled_from(["given", "own"]))
+def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
+    pool: list[rl.Policy], sequence: list[Step], clock: str
+) -> None:
+    parts, whole = rl.MemoryBackend(), rl.MemoryBackend()
+    now_ms = START_MS
+    for n, step in enumerate(sequence):
+        now_ms += step.advance_ms
+        check = plans.Check(pool[step.policy], step.identity, step.cost)
+        if step.kind == "hit":
+            # The clock as the limiters give it: a test clock's µs, or "" (each backend reads
+            # this process's clock, frozen below at one instant for both).
+            now: int | str = now_ms * 1000 + 123 if clock == "given" else ""
+            token = f"t{n}" if check.policy.algorithm == "sliding-log" else ""
+            call = plans.build(plans.HIT, [check], "eq", now_us=now or None, token=token or None)
+            assert call.args[2] == token  # the parts below are the call's
+            (key,) = call.keys
+            tier = tuple(call.args[5:])
+            assert len(tier) == 7
+            if clock == "own":
+                now_us = time.time_ns() // 1000
+                with _frozen_time(now_us):
+                    expected = whole.run(call)
+                    got = parts.hit_one(key, tier, token, now)
+            else:
+                expected = whole.run(call)
+                got = parts.hit_one(key, tier, token, now)
+            assert got == expected, (step, call.args)
+        else:
+            if step.kind == "book" and check.policy.algorithm != "sliding-log":
+                continue
+            op = {"peek": plans.PEEK, "refund": plans.REFUND, "reset": plans.RESET,
+                  "book": plans.BOOK}[step.kind]
+            at_ms = now_ms + step.offset_ms if step.kind == "book" else None
+            call = _build(op, [check], now_ms, at_ms=at_ms, token=f"b{n}")
+            assert parts.run(call) == whole.run(call), step
+        assert _stored(parts) == _stored(whole), step
+
+
+@contextlib.contextmanager
+def _frozen_time(now_us: int) -> Iterator[None]:
+    """time.time_ns, as the backend module reads it, fixed at `now_us`."""
+    with mock.patch.object(memory_module.time, "time_ns", lambda: now_us * 1000):
+        yield
 
 
 # -- the sliding log's sorted set: bulk adds and removals against a plain sorted model ------
