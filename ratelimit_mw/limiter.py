@@ -35,6 +35,28 @@ if TYPE_CHECKING:  # annotations only (they are strings at run time): no depende
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+_MEMORY_RUN = MemoryBackend.run
+_MEMORY_ARUN = MemoryBackend.arun
+
+
+def _accepts_parts(backend: object) -> bool:
+    """Whether `backend` is MemoryBackend itself, with no `run` set on the instance: then a
+    one-tier hit may go to its `hit_one` as the call's parts. A subclass, or a `run` set on
+    the instance (a test injecting a failure), is given whole calls: it may run or record
+    them its own way. Asked on every hit, so that a backend replaced or patched after the
+    limiter was built is honoured. (Through the bound method, not the instance's
+    ``__dict__``: reading that makes CPython drop the object's inline attribute storage,
+    which made every later call of the backend about 8 % slower, measured.)"""
+    return (type(backend) is MemoryBackend
+            and getattr(backend.run, "__func__", None) is _MEMORY_RUN)
+
+
+def _own_arun(backend: MemoryBackend) -> bool:
+    """Whether `backend`'s `arun` is MemoryBackend's, which calls `run` and answers without
+    yielding (not a subclass's, nor one set on the instance: that one must be awaited)."""
+    return getattr(backend.arun, "__func__", None) is _MEMORY_ARUN
+
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 
 
@@ -69,7 +91,7 @@ class _Shared:
     """Configuration and call building shared by Limiter and AsyncLimiter."""
 
     # The hit of one policy without penalty or calendar skips the generic machinery (see
-    # `_fast_call`); `_build` and `_decide` are the core's, each with its own shortcut. A
+    # `_fast_form`); `_build` and `_decide` are the core's, each with its own shortcut. A
     # subclass setting the plain ones (tests/test_fast_path.py) takes the generic path
     # everywhere, which the differential test holds the fast one to.
     _fast = True
@@ -103,10 +125,6 @@ class _Shared:
             )
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
         self._deny = deny if deny_cache else None
-        # MemoryBackend itself (a subclass may run or record calls its own way: it gets
-        # them): a one-tier hit goes to its `hit_one` as the call's parts (`_in_process`).
-        self._hit_one: Callable[[str, Sequence[Any], str, int | str], list[int]] | None = (
-            backend.hit_one if type(backend) is MemoryBackend and self._fast else None)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -186,59 +204,58 @@ class _Shared:
             return None
         return form
 
-    def _fast_call(self, policy: Policy | str, identity: str, cost: int) -> ScriptCall | None:
-        """The call of the common hit (see `_fast_form`), built from what the policy
-        precomputed, or None: take `check`."""
-        form = self._fast_form(policy, identity, cost)
-        if form is None:
-            return None
-        return plans.build_static(plans.HIT, policy, identity, cost, self.prefix,  # type: ignore[arg-type]
-                                  self._now_us(), form)
-
-    def _fast_decided(self, policy: Policy, identity: str, cost: int, call: ScriptCall | None,
+    def _fast_decided(self, policy: Policy, identity: str, cost: int, call: ScriptCall,
                       reply: list[int], sent: int) -> Decision:
-        """`_decided` for a `_fast_call`: an admitted hit leaves the (empty) deny cache as it
-        is, so its Check is built only for a refusal, which the cache records. `call` None:
-        a one-tier hit run from its parts (`_in_process`), whose call is built only for the
-        record, which reads its layout alone."""
+        """`_decided` for the common hit (`_fast_form`): an admitted hit leaves the (empty)
+        deny cache as it is, so its Check is built only for a refusal, which the cache
+        records."""
         deny = self._deny
         if deny is not None and (reply[0] != 1 or deny.watching):
             # Asked after the reply: a refusal recorded while the call was out is forgotten.
-            if call is None:
-                call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix, None,
-                                          wire(policy))
             deny.record((Check(policy, identity, cost),), call, reply, sent)
         rates = policy.rates
         if len(rates) == 1:
             return plans.decode_one(policy, rates[0], identity, reply[0] == 1, reply, None)
-        return plans.decide(call, reply)  # type: ignore[arg-type]
+        return plans.decide(call, reply)
 
-    def _in_process(self, policy: Policy, identity: str, cost: int, form: Wire) -> Decision:
+    def _takes_parts(self) -> bool:
+        """Whether one-tier hits go to the backend's `hit_one` (see `_accepts_parts`); never
+        for a limiter that takes no shortcut."""
+        return self._fast and _accepts_parts(self.backend)
+
+    def _in_process(self, backend: MemoryBackend, form: Wire, identity: str, cost: int
+                    ) -> Decision:
         """The common hit (`_fast_form`) of a one-tier policy on MemoryBackend itself: the
-        call's parts — key, tier arguments, token, clock, exactly as `plans.build_static`
-        puts them in the call — go to `hit_one`, which answers as `run` of that call
-        (tests/test_fast_path.py and tests/test_lane.py hold the two to it)."""
+        call's parts, as `plans.build_static` puts them in the call (the key, the tier's
+        arguments, a sliding log's fresh token, the clock), go to `hit_one`, which answers
+        as `run` of that call. tests/backends/test_memory_perf_equivalence.py holds
+        `hit_one` to `run`; tests/test_fast_path.py holds these parts to the call's."""
+        policy = form.policy
         now_us = self._now_us()
         sent = self._sent()
-        reply = self._hit_one(  # type: ignore[misc]
+        reply = backend.hit_one(
+            # identity_head(...) + the suffix, one frame less
             f"{self.prefix}:{{{encode_identity(identity)}}}:{form.suffixes[0]}",
             form.by_cost.get(cost) or form.static_args(cost),
             plans.new_token() if form.code == "sl" else "",
             "" if now_us is None else now_us)
         deny = self._deny
-        if reply[0] == 1 and (deny is None or not deny.watching):
-            return plans.decode_one(policy, policy.rates[0], identity, True, reply, None)
-        return self._fast_decided(policy, identity, cost, None, reply, sent)
+        if deny is None or (reply[0] == 1 and not deny.watching):
+            return plans.decode_one(policy, policy.rates[0], identity, reply[0] == 1, reply,
+                                    None)
+        # The deny cache records the call: built only now (its record reads the layout).
+        call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix, now_us, form)
+        return self._fast_decided(policy, identity, cost, call, reply, sent)
 
     def _lane_run(self, lane: Lane, identity: str, run: Callable[[ScriptCall], list[int]]
                   ) -> list[int]:
         """`run(lane.call(identity, clock))` on an in-process backend: a one-tier lane on
         MemoryBackend itself as the call's parts (see `_in_process`)."""
         now_us = self._now_us()
-        hit_one, tier = self._hit_one, lane.tier
-        if hit_one is not None and tier is not None:
-            return hit_one(lane.key(identity), tier, lane.token() or "",
-                           "" if now_us is None else now_us)
+        tier = lane.tier
+        if tier is not None and self._takes_parts():
+            return self.backend.hit_one(lane.key(identity), tier,  # type: ignore[no-any-return]
+                                        lane.token() or "", "" if now_us is None else now_us)
         return run(lane.call(identity, now_us))
 
     def _sent(self) -> int:
@@ -422,9 +439,11 @@ class Limiter(_Shared):
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
         form = self._fast_form(policy, identity, cost)
-        if form is not None and isinstance(policy, Policy):  # (isinstance: for the type checker)
-            if self._hit_one is not None and len(policy.rates) == 1:
-                return self._in_process(policy, identity, cost, form)
+        if form is not None:
+            policy = form.policy  # the very object, typed
+            backend = self.backend
+            if _accepts_parts(backend) and len(policy.rates) == 1:
+                return self._in_process(backend, form, identity, cost)
             call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
                                       self._now_us(), form)
             sent = self._sent()
@@ -526,11 +545,14 @@ class AsyncLimiter(_Shared):
         post, settle = getattr(backend, "post", None), getattr(backend, "settle", None)
         self._post: Callable[[bytes, float], asyncio.Future[Any] | None] | None = (
             post if self._within is not None and callable(post) and callable(settle) else None)
-        # MemoryBackend's `arun` is its sync `run`, which answers without yielding: lanes call
-        # `run` directly (not for a subclass with an `arun` of its own, which must be asked).
-        self._inline: Callable[[ScriptCall], list[int]] | None = (
-            backend.run if isinstance(backend, MemoryBackend)
-            and type(backend).arun is MemoryBackend.arun else None)
+
+    def _inline(self) -> Callable[[ScriptCall], list[int]] | None:
+        """The backend's sync `run` if its `arun` is MemoryBackend's, which calls it and
+        answers without yielding: lanes call it directly. Not where an `arun` of its own (a
+        subclass's, or one set on the instance) must be asked; looked up on every call, so
+        that a `run` set on the instance later is the one called."""
+        backend = self.backend
+        return backend.run if isinstance(backend, MemoryBackend) and _own_arun(backend) else None
 
     async def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -608,7 +630,7 @@ class AsyncLimiter(_Shared):
         refusal being asked about again, no open connection, a reply that is not a plain
         one) takes `replay` and `ask`, the plain path; tests/test_lane.py holds the two to
         the same answers."""
-        post, inline = self._post, self._inline
+        post, inline = self._post, self._inline()
         if self._lane_plain() or not (inline is not None
                                       or (post is not None and timeout is not None)):
             return await self._replay_ask((lane.check(identity),), timeout)
@@ -704,10 +726,12 @@ class AsyncLimiter(_Shared):
         """Check and record one hit of `cost`; nothing is recorded when refused."""
         # While a lapsed refusal is asked about again, a hit may be one that waits for it.
         form = None if self._flights else self._fast_form(policy, identity, cost)
-        if form is not None and isinstance(policy, Policy):  # (isinstance: for the type checker)
-            if self._hit_one is not None and len(policy.rates) == 1:
+        if form is not None:
+            policy = form.policy  # the very object, typed
+            backend = self.backend
+            if _accepts_parts(backend) and _own_arun(backend) and len(policy.rates) == 1:
                 # MemoryBackend's `arun` is its `run`: it answers without yielding.
-                return self._in_process(policy, identity, cost, form)
+                return self._in_process(backend, form, identity, cost)
             call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
                                       self._now_us(), form)
             sent = self._sent()

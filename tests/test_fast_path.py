@@ -1,5 +1,6 @@
-"""The limiter's fast path (one policy without penalty or calendar: `Limiter._fast_call`,
-`plans.build_static`, the one-tier `plans.decide`) against the generic path.
+"""The limiter's fast path (one policy without penalty or calendar: `Limiter._fast_form`,
+`plans.build_static`, the one-tier `plans.decide`, and on MemoryBackend itself the call's
+parts given to `hit_one`) against the generic path.
 
 Random sequences of hits, peeks, refunds, resets, multi-policy checks and clock moves, over
 policies of every algorithm, 1-3 tiers, penalties and calendar (tz) tiers, run through a
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +27,7 @@ from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.wire import wire
 from tests.conftest import FakeClock
 from tests.test_differential import policies
+from tests.test_lane import _deny_state
 
 
 class _GenericLimiter(rl.Limiter):
@@ -94,24 +97,29 @@ def test_the_fast_path_decides_as_the_generic_path(
     for step in sequence:
         clock.advance(step.advance_ms / 1000)
         assert _run(fast, pols, step) == _run(generic, pols, step), step
+        assert _deny_state(fast) == _deny_state(generic), step
 
 
 def test_the_fast_path_is_taken_only_for_the_common_hit() -> None:
     """What the differential test covers: the shortcut runs for a static policy (so the
     comparison above exercises it) and never where the generic path must decide."""
     limiter = rl.Limiter(MemoryBackend(), deny_cache=0)
-    assert limiter._fast_call(rl.Policy("2/second"), "u", 1) is not None
-    assert limiter._fast_call(rl.Policy("2/second;9/hour", algorithm="gcra"), "u", 3) is not None
-    assert limiter._fast_call(rl.Policy("2/second", penalty=1), "u", 1) is None
-    assert limiter._fast_call(rl.Policy("2/day", algorithm="fixed-window", tz="Europe/Paris"),
+    assert limiter._fast_form(rl.Policy("2/second"), "u", 1) is not None
+    assert limiter._fast_form(rl.Policy("2/second;9/hour", algorithm="gcra"), "u", 3) is not None
+    assert limiter._fast_form(rl.Policy("2/second", penalty=1), "u", 1) is None
+    assert limiter._fast_form(rl.Policy("2/day", algorithm="fixed-window", tz="Europe/Paris"),
                               "u", 1) is None
-    assert limiter._fast_call(rl.Policy("2/second"), "u", 0) is None
-    assert _GenericLimiter(MemoryBackend())._fast_call(rl.Policy("2/second"), "u", 1) is None
+    assert limiter._fast_form(rl.Policy("2/second"), "u", 0) is None
+    assert limiter._fast_form("2/second", "u", 1) is None  # text: parsed by `check`
+    assert limiter._takes_parts()
+    generic = _GenericLimiter(MemoryBackend())
+    assert generic._fast_form(rl.Policy("2/second"), "u", 1) is None
+    assert generic._takes_parts() is False  # the differential's plain side takes no shortcut
     cached = rl.Limiter(MemoryBackend())
     policy = rl.Policy("1/minute")
     cached.hit(policy, "u")
     assert not cached.hit(policy, "u")  # a refusal the deny cache now holds
-    assert cached._fast_call(policy, "u", 1) is None
+    assert cached._fast_form(policy, "u", 1) is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -169,7 +177,7 @@ def test_hits_at_one_instant_fill_the_quota_on_every_in_process_path(algorithm: 
     assert expected == [True] * 4 + [False] * 2
     lane = Lane(policy, 1, "rl")
     sync = rl.Limiter(MemoryBackend(), clock=clock, deny_cache=0)
-    assert sync._hit_one is not None  # the shortcut under test
+    assert sync._takes_parts()  # the shortcut under test
     assert [sync.hit(policy, "u").allowed for _ in range(6)] == expected
     assert [sync.lane_hit(lane, "v").allowed for _ in range(6)] == expected
     assert asyncio.run(_async_bursts(policy, lane, clock)) == [expected, expected]
@@ -192,14 +200,14 @@ def test_the_in_process_hit_sends_the_parts_of_the_call_it_stands_for(
     clock = FakeClock()
     limiter = rl.Limiter(MemoryBackend(), prefix, clock=clock, deny_cache=0)
     given_parts: list[tuple[object, ...]] = []
-    run = limiter._hit_one
-    assert run is not None
+    assert limiter._takes_parts()
+    run = limiter.backend.hit_one  # type: ignore[attr-defined]
 
     def recorded(*parts: object) -> list[int]:
         given_parts.append(parts)
         return run(*parts)  # type: ignore[arg-type]
 
-    limiter._hit_one = recorded
+    limiter.backend.hit_one = recorded  # type: ignore[method-assign]
     for _ in range(2):
         limiter.hit(pol, identity, cost)
     call = plans.build(plans.HIT, [Check(pol, identity, cost)], prefix,
@@ -210,3 +218,102 @@ def test_the_in_process_hit_sends_the_parts_of_the_call_it_stands_for(
     assert len(given_parts) == 2
     if pol.algorithm == "sliding-log":
         assert given_parts[0][2] != given_parts[1][2]
+
+
+# -- MemoryBackend's parts (`hit_one`): refusals, the deny cache, who gets whole calls ------
+
+
+async def _async_hits(limiter: rl.AsyncLimiter, policy: rl.Policy, clock: FakeClock,
+                      gaps_ms: list[int]) -> list[rl.Decision]:
+    answers = []
+    for gap in gaps_ms:
+        clock.advance(gap / 1000)
+        answers.append(await limiter.hit(policy, "u"))
+    return answers
+
+
+@pytest.mark.parametrize("algorithm", sorted(rl.ALGORITHMS))
+def test_refusals_of_the_in_process_hit_are_recorded_as_the_generic_path_records_them(
+    algorithm: str
+) -> None:
+    """One-tier hits past the limit, at one instant and a few ms apart, with the deny cache
+    on: the refusals it records (its entries, their validity, the Decisions it replays)
+    are the generic path's, sync and async."""
+    policy = rl.Policy("2/second", algorithm=algorithm, name="r")  # type: ignore[arg-type]
+    gaps_ms = [0, 0, 0, 0, 3, 0, 250, 0, 800, 0, 0]
+    clocks = [FakeClock() for _ in range(3)]
+    generic = _GenericLimiter(MemoryBackend(), clock=clocks[0])
+    sync = rl.Limiter(MemoryBackend(), clock=clocks[1])
+    assert sync._takes_parts()
+    expected, answers = [], []
+    for gap in gaps_ms:
+        for clock in clocks[:2]:
+            clock.advance(gap / 1000)
+        expected.append((generic.hit(policy, "u"), _deny_state(generic)))
+        answers.append((sync.hit(policy, "u"), _deny_state(sync)))
+    assert answers == expected
+    assert not all(d.allowed for d, _ in expected)  # refusals were recorded and replayed
+    alimiter = rl.AsyncLimiter(MemoryBackend(), clock=clocks[2])
+    decisions = asyncio.run(_async_hits(alimiter, policy, clocks[2], gaps_ms))
+    assert decisions == [d for d, _ in expected]
+    assert _deny_state(alimiter) == expected[-1][1]
+
+
+def test_a_refusal_recorded_while_the_in_process_hit_ran_is_forgotten_by_its_admission() -> None:
+    """Another thread may record a refusal for the same (policy, identity) while a hit is in
+    the backend: the admitted hit must forget it (the cache is asked after the reply), as
+    on the generic path."""
+    policy = rl.Policy("3/minute", name="w")
+    limiter = rl.Limiter(MemoryBackend())
+    assert limiter._takes_parts() and limiter._deny is not None
+    hit_one = limiter.backend.hit_one  # type: ignore[attr-defined]
+    deny = limiter._deny
+
+    def meanwhile(*parts: object) -> list[int]:
+        reply = hit_one(*parts)  # type: ignore[arg-type]
+        big = Check(policy, "u", 3)  # a refusal of cost 3, as another thread records it
+        deny.record((big,), plans.build(plans.HIT, [big], "rl"),
+                    [0, 0, 2, 60_000, 60_000, 0, 60_000_000, 60_000_000, 60_000_000],
+                    limiter._cache_now())
+        return reply
+
+    limiter.backend.hit_one = meanwhile  # type: ignore[method-assign]
+    assert limiter.hit(policy, "u").remaining == 2
+    assert len(deny) == 0
+
+
+def test_a_backend_that_runs_calls_its_own_way_is_given_whole_calls() -> None:
+    """A MemoryBackend subclass with a `run` of its own, or a `run` set on the instance (a
+    test injecting a failure), sees every hit as a call: the parts go to MemoryBackend
+    itself only."""
+    calls: list[str] = []
+
+    class Watched(MemoryBackend):
+        def run(self, call: plans.ScriptCall) -> list[int]:
+            calls.append(call.op)
+            return super().run(call)
+
+    policy = rl.Policy("5/minute", name="s")
+    lane = Lane(policy, 1, "rl")
+    limiter = rl.Limiter(Watched())
+    assert limiter._takes_parts() is False
+    limiter.hit(policy, "u")
+    limiter.lane_hit(lane, "u")
+    asyncio.run(rl.AsyncLimiter(Watched()).hit(policy, "u"))
+    assert calls == ["H", "H", "H"]
+
+    plain = rl.Limiter(MemoryBackend())
+    assert plain.hit(policy, "u").allowed
+    with mock.patch.object(plain.backend, "run", side_effect=rl.BackendError("down")):
+        assert plain._takes_parts() is False
+        with pytest.raises(rl.BackendError):
+            plain.hit(policy, "u")
+        with pytest.raises(rl.BackendError):
+            plain.lane_hit(lane, "u")
+    assert plain._takes_parts()
+    aplain = rl.AsyncLimiter(MemoryBackend())
+    with mock.patch.object(aplain.backend, "run", side_effect=rl.BackendError("down")):
+        with pytest.raises(rl.BackendError):
+            asyncio.run(aplain.hit(policy, "u"))
+        with pytest.raises(rl.BackendError):
+            asyncio.run(aplain.lane_hit(lane, "u"))

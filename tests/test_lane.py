@@ -549,4 +549,4 @@ async def test_a_memory_backend_with_an_arun_of_its_own_is_asked_through_it() ->
     lane = Lane(rl.Policy("2/minute"), 1, "rl")
     assert (await limiter.lane_hit(lane, "u")).remaining == 1
     assert len(asked) == 1
-    assert rl.AsyncLimiter(rl.MemoryBackend())._inline is not None
+    assert rl.AsyncLimiter(rl.MemoryBackend())._inline() is not None

@@ -270,11 +270,15 @@ class MemoryBackend:
             return self._run(call.keys, call.args)
 
     def hit_one(self, key: str, tier: Sequence[Any], token: str, now_us: int | str) -> list[int]:
-        """`run` of the hit call of one tier without a penalty or a calendar, from its parts:
-        `key`, the tier's seven arguments as the call carries them (ints, ban index 0, no
-        calendar), the call's token and clock (ARGV[3], ARGV[2]). The same reply and state as
+        """`run` of the hit call of one tier without a penalty or a calendar, from its parts.
+
+        `key`, the tier's seven arguments as the core puts them in the call (ints, ban index
+        0, no calendar: what `plans.build_static` builds for such a policy; the ban index is
+        not read, so no other tier may be given), the call's token and clock (ARGV[3],
+        ARGV[2]). The same reply and state as
         `run(plans.build_static(HIT, ...))`, without an argument list to build and read back
-        (a third of an in-process hit's time); tests/test_lane.py holds the two to it."""
+        (about a fifth of an in-process hit's time). The limiters' entry for their common
+        hit; tests/backends/test_memory_perf_equivalence.py holds it to `run`."""
         algo, limit, period, cost, _, ban_end, cal = tier
         with self._lock:
             now_us, now = self._tick(now_us)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.identity import encode_identity
+from ratelimit_mw.core.identity import encode_identity, identity_head
 from ratelimit_mw.core.plans import (
     HIT,
     Check,
@@ -94,7 +94,7 @@ class Lane:
 
     def key(self, identity: str) -> str:
         """The first of the call's keys (a one-tier lane's only one)."""
-        return f"{self.prefix}:{{{encode_identity(identity)}}}:{self.suffixes[0]}"
+        return identity_head(self.prefix, identity) + self.suffixes[0]
 
     def call(self, identity: str, now_us: int | None = None, token: str | None = None
              ) -> ScriptCall:

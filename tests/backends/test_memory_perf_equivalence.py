@@ -17,7 +17,6 @@ Redis-free and fast; tests/test_differential.py holds both paths to the Lua scri
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from unittest import mock
@@ -146,10 +145,12 @@ def test_a_tier_answers_alone_as_it_does_beside_a_tier_that_always_admits(
         assert reply == wider[:6] + wider[11:14], (step, reply, wider)
 
 
-def _stored(backend: rl.MemoryBackend) -> dict[str, object]:
-    """Every live key's value and expiry (a log as its entries): what a later call can see."""
-    return {key: (getattr(value, "entries", value), backend._expires[key])
-            for key, value in backend._data.items()}
+def _stored(backend: rl.MemoryBackend) -> object:
+    """Every live key's value and expiry (a log as its entries), what the sweep will visit
+    and when the backend was last called: all a later call depends on."""
+    return ({key: (getattr(value, "entries", value), backend._expires[key])
+             for key, value in backend._data.items()},
+            sorted(backend._heap), backend._scheduled, backend._called_at)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -175,8 +176,8 @@ def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
             tier = tuple(call.args[5:])
             assert len(tier) == 7
             if clock == "own":
-                now_us = time.time_ns() // 1000
-                with _frozen_time(now_us):
+                # This process's clock, read by each backend, frozen on the sequence's time.
+                with _frozen_time(now_ms * 1000 + 123):
                     expected = whole.run(call)
                     got = parts.hit_one(key, tier, token, now)
             else:
