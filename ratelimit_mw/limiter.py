@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # annotations only (they are strings at run time): no depende
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 _MEMORY_RUN = MemoryBackend.run
 _MEMORY_ARUN = MemoryBackend.arun
 
@@ -56,8 +56,6 @@ def _own_arun(backend: MemoryBackend) -> bool:
     """Whether `backend`'s `arun` is MemoryBackend's, which calls `run` and answers without
     yielding (not a subclass's, nor one set on the instance: that one must be awaited)."""
     return getattr(backend.arun, "__func__", None) is _MEMORY_ARUN
-
-_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 
 
 def _at_ms(at: _dt.datetime) -> int:

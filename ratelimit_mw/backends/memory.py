@@ -275,10 +275,10 @@ class MemoryBackend:
         `key`, the tier's seven arguments as the core puts them in the call (ints, ban index
         0, no calendar: what `plans.build_static` builds for such a policy; the ban index is
         not read, so no other tier may be given), the call's token and clock (ARGV[3],
-        ARGV[2]). The same reply and state as
-        `run(plans.build_static(HIT, ...))`, without an argument list to build and read back
-        (about a fifth of an in-process hit's time). The limiters' entry for their common
-        hit; tests/backends/test_memory_perf_equivalence.py holds it to `run`."""
+        ARGV[2]). The same reply and state as `run(plans.build_static(HIT, ...))`, without
+        an argument list to build and read back (about a fifth of an in-process hit's time).
+        The limiters' entry for their common hit; tests/backends/test_memory_perf_equivalence.py
+        holds it to `run`."""
         algo, limit, period, cost, _, ban_end, cal = tier
         with self._lock:
             now_us, now = self._tick(now_us)
