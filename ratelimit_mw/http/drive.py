@@ -86,24 +86,24 @@ def lane_sync(guard: Guard, limiter: Limiter, lane: Lane, selection: Selection,
     """`check_sync` of the plan ``Plan([lane.check(identity)], selection)``, the plan built
     only where a verdict needs it (a failure, a refusal)."""
     if not guard.may_call():
-        return guard.failed(request, Plan([lane.check(identity)], selection), None)
+        return guard.lane_failed(request, lane, identity, selection, None)
     start = perf_counter() if guard.shadow else 0.0
     try:
         decision = limiter.lane_hit(lane, identity)
     except Exception as exc:  # anything from the backend call: never a 500
-        return guard.failed(request, Plan([lane.check(identity)], selection), exc)
+        return guard.lane_failed(request, lane, identity, selection, exc)
     return guard.lane_decided(request, lane, identity, selection, decision, start)
 
 
 async def lane_async(guard: Guard, limiter: AsyncLimiter, lane: Lane, selection: Selection,
                      identity: str, request: Any) -> Verdict:
     if not guard.may_call():
-        return guard.failed(request, Plan([lane.check(identity)], selection), None)
+        return guard.lane_failed(request, lane, identity, selection, None)
     start = perf_counter() if guard.shadow else 0.0
     try:
         decision = await limiter.lane_hit(lane, identity, guard.timeout)
     except Exception as exc:  # "never a 500" covers whatever a backend raises
-        return guard.failed(request, Plan([lane.check(identity)], selection), exc)
+        return guard.lane_failed(request, lane, identity, selection, exc)
     return guard.lane_decided(request, lane, identity, selection, decision, start)
 
 

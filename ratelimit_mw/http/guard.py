@@ -151,6 +151,11 @@ PASS = Admit(None, None, None, None)
 _new = tuple.__new__
 
 
+def _lane_plan(lane: Lane, identity: str, selection: Selection) -> Plan:
+    """The plan a lane's check stands for, built only where a verdict needs it."""
+    return Plan([lane.check(identity)], selection)
+
+
 def _fallback_identity(request: Any) -> str:
     try:
         return _FALLBACK_KEY(request) or "ip:unknown"
@@ -455,7 +460,12 @@ class Guard:
         if decision.allowed:
             self.breaker.succeeded()
             return self._admit(decision, selection, [lane.check(identity)])
-        return self.decided(request, Plan([lane.check(identity)], selection), decision, started)
+        return self.decided(request, _lane_plan(lane, identity, selection), decision, started)
+
+    def lane_failed(self, request: Any, lane: Lane, identity: str, selection: Selection,
+                    exc: BaseException | None) -> Admit | Unavailable:
+        """`failed` for a lane's check, its plan built now."""
+        return self.failed(request, _lane_plan(lane, identity, selection), exc)
 
     def _admit(self, decision: Decision, selection: Selection, checks: list[Check]) -> Admit:
         refund = checks if self.watch_status else None
