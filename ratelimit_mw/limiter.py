@@ -42,9 +42,9 @@ _MEMORY_ARUN = MemoryBackend.arun
 
 def _accepts_parts(backend: object) -> bool:
     """Whether `backend` is MemoryBackend itself, with no `run` set on the instance: then a
-    one-tier hit may go to its `hit_one` as the call's parts. A subclass, or a `run` set on
-    the instance (a test injecting a failure), is given whole calls: it may run or record
-    them its own way. Asked on every hit, so that a backend replaced or patched after the
+    hit may go to its `hit_one` or `hit_tiers` as the call's parts. A subclass, or a `run`
+    set on the instance (a test injecting a failure), is given whole calls: it may run or
+    record them its own way. Asked on every hit, so that a backend replaced or patched after the
     limiter was built is honoured. (Through the bound method, not the instance's
     ``__dict__``: reading that makes CPython drop the object's inline attribute storage,
     which made every later call of the backend about 8 % slower, measured.)"""
@@ -217,43 +217,58 @@ class _Shared:
         return plans.decide(call, reply)
 
     def _takes_parts(self) -> bool:
-        """Whether one-tier hits go to the backend's `hit_one` (see `_accepts_parts`); never
-        for a limiter that takes no shortcut."""
+        """Whether hits go to the backend's `hit_one` or `hit_tiers` (see `_accepts_parts`);
+        never for a limiter that takes no shortcut."""
         return self._fast and _accepts_parts(self.backend)
 
     def _in_process(self, backend: MemoryBackend, form: Wire, identity: str, cost: int
                     ) -> Decision:
-        """The common hit (`_fast_form`) of a one-tier policy on MemoryBackend itself: the
-        call's parts, as `plans.build_static` puts them in the call (the key, the tier's
-        arguments, a sliding log's fresh token, the clock), go to `hit_one`, which answers
-        as `run` of that call. tests/backends/test_memory_perf_equivalence.py holds
-        `hit_one` to `run`; tests/test_fast_path.py holds these parts to the call's."""
+        """The common hit (`_fast_form`) on MemoryBackend itself: the call's parts, as
+        `plans.build_static` puts them in the call (the keys, the tiers' arguments, a sliding
+        log's fresh token, the clock), go to `hit_one` (one tier) or `hit_tiers`, which
+        answer as `run` of that call. tests/backends/test_memory_perf_equivalence.py holds
+        both to `run`; tests/test_fast_path.py holds these parts to the call's."""
         policy = form.policy
         now_us = self._now_us()
         sent = self._sent()
-        reply = backend.hit_one(
-            # identity_head(...) + the suffix, one frame less
-            f"{self.prefix}:{{{encode_identity(identity)}}}:{form.suffixes[0]}",
-            form.by_cost.get(cost) or form.static_args(cost),
-            plans.new_token() if form.code == "sl" else "",
-            "" if now_us is None else now_us)
+        suffixes = form.suffixes
+        if len(suffixes) == 1:
+            reply = backend.hit_one(
+                # identity_head(...) + the suffix, one frame less
+                f"{self.prefix}:{{{encode_identity(identity)}}}:{suffixes[0]}",
+                form.by_cost.get(cost) or form.static_args(cost),
+                plans.new_token() if form.code == "sl" else "",
+                "" if now_us is None else now_us)
+        else:
+            head = f"{self.prefix}:{{{encode_identity(identity)}}}:"
+            reply = backend.hit_tiers(
+                [head + suffix for suffix in suffixes],
+                form.by_cost.get(cost) or form.static_args(cost),
+                plans.new_token() if form.code == "sl" else "",
+                "" if now_us is None else now_us)
         deny = self._deny
         if deny is None or (reply[0] == 1 and not deny.watching):
-            return plans.decode_one(policy, policy.rates[0], identity, reply[0] == 1, reply,
-                                    None)
+            if len(suffixes) == 1:
+                return plans.decode_one(policy, policy.rates[0], identity, reply[0] == 1,
+                                        reply, None)
+            return plans.decode_generic(((policy, identity),), reply, None)
         # The deny cache records the call: built only now (its record reads the layout).
         call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix, now_us, form)
         return self._fast_decided(policy, identity, cost, call, reply, sent)
 
     def _lane_run(self, lane: Lane, identity: str, run: Callable[[ScriptCall], list[int]]
                   ) -> list[int]:
-        """`run(lane.call(identity, clock))` on an in-process backend: a one-tier lane on
-        MemoryBackend itself as the call's parts (see `_in_process`)."""
+        """`run(lane.call(identity, clock))` on an in-process backend: on MemoryBackend
+        itself as the call's parts (see `_in_process`)."""
         now_us = self._now_us()
-        tier = lane.tier
-        if tier is not None and self._takes_parts():
-            return self.backend.hit_one(lane.key(identity), tier,  # type: ignore[no-any-return]
-                                        lane.token() or "", "" if now_us is None else now_us)
+        if self._takes_parts():
+            backend: MemoryBackend = self.backend
+            clock = "" if now_us is None else now_us
+            tier = lane.tier
+            if tier is not None:
+                return backend.hit_one(lane.key(identity), tier, lane.token() or "", clock)
+            return backend.hit_tiers(lane.keys(identity), lane.tiers, lane.token() or "",
+                                     clock)
         return run(lane.call(identity, now_us))
 
     def _sent(self) -> int:
@@ -440,7 +455,7 @@ class Limiter(_Shared):
         if form is not None:
             policy = form.policy  # the very object, typed
             backend = self.backend
-            if _accepts_parts(backend) and len(policy.rates) == 1:
+            if _accepts_parts(backend):
                 return self._in_process(backend, form, identity, cost)
             call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
                                       self._now_us(), form)
@@ -727,7 +742,7 @@ class AsyncLimiter(_Shared):
         if form is not None:
             policy = form.policy  # the very object, typed
             backend = self.backend
-            if _accepts_parts(backend) and _own_arun(backend) and len(policy.rates) == 1:
+            if _accepts_parts(backend) and _own_arun(backend):
                 # MemoryBackend's `arun` is its `run`: it answers without yielding.
                 return self._in_process(backend, form, identity, cost)
             call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,

@@ -1,6 +1,6 @@
 """The limiter's fast path (one policy without penalty or calendar: `Limiter._fast_form`,
 `plans.build_static`, the one-tier `plans.decide`, and on MemoryBackend itself the call's
-parts given to `hit_one`) against the generic path.
+parts given to `hit_one` or `hit_tiers`) against the generic path.
 
 Random sequences of hits, peeks, refunds, resets, multi-policy checks and clock moves, over
 policies of every algorithm, 1-3 tiers, penalties and calendar (tz) tiers, run through a
@@ -164,13 +164,15 @@ async def _async_bursts(policy: rl.Policy, lane: Lane, clock: FakeClock) -> list
     return [hits, lanes]
 
 
+@pytest.mark.parametrize("rates", ["4/second", "4/second;9/minute"])
 @pytest.mark.parametrize("algorithm", sorted(rl.ALGORITHMS))
-def test_hits_at_one_instant_fill_the_quota_on_every_in_process_path(algorithm: str) -> None:
+def test_hits_at_one_instant_fill_the_quota_on_every_in_process_path(algorithm: str,
+                                                                     rates: str) -> None:
     """Many hits in one millisecond, where a sliding log tells its hits apart by their
     tokens alone: the in-process shortcuts (`hit`, `lane_hit`, sync and async) admit up to
     the limit and refuse the rest, as the generic path does. The random sequence above
     rarely puts enough hits of one identity into one window to show this."""
-    policy = rl.Policy("4/second", algorithm=algorithm, name="burst")  # type: ignore[arg-type]
+    policy = rl.Policy(rates, algorithm=algorithm, name="burst")  # type: ignore[arg-type]
     clock = FakeClock()
     generic = _GenericLimiter(MemoryBackend(), clock=clock, deny_cache=0)
     expected = [generic.hit(policy, "u").allowed for _ in range(6)]
@@ -185,7 +187,7 @@ def test_hits_at_one_instant_fill_the_quota_on_every_in_process_path(algorithm: 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    pol=policies().filter(lambda p: wire(p).static and len(p.rates) == 1),
+    pol=policies().filter(lambda p: wire(p).static),
     identity=st.text(min_size=1, max_size=80),
     cost=st.integers(1, 50),
     prefix=st.sampled_from(["rl", "a.b:c"]),
@@ -193,34 +195,40 @@ def test_hits_at_one_instant_fill_the_quota_on_every_in_process_path(algorithm: 
 def test_the_in_process_hit_sends_the_parts_of_the_call_it_stands_for(
     pol: rl.Policy, identity: str, cost: int, prefix: str
 ) -> None:
-    """What `hit` gives MemoryBackend.hit_one is the call `plans.build` builds: its key (an
-    identity of any characters, encoded), its tier arguments, its clock, and for a sliding
-    log a fresh token per hit (tests/backends/test_memory_perf_equivalence.py holds hit_one
-    to `run` of that call)."""
+    """What `hit` gives MemoryBackend.hit_one (one tier) or hit_tiers (several) is the call
+    `plans.build` builds: its keys (an identity of any characters, encoded), its tiers'
+    arguments, its clock, and for a sliding log a fresh token per hit
+    (tests/backends/test_memory_perf_equivalence.py holds both to `run` of that call)."""
     clock = FakeClock()
     limiter = rl.Limiter(MemoryBackend(), prefix, clock=clock, deny_cache=0)
     given_parts: list[tuple[object, ...]] = []
     assert limiter._takes_parts()
-    run = limiter.backend.hit_one  # type: ignore[attr-defined]
+    backend: MemoryBackend = limiter.backend  # type: ignore[assignment]
+    one, many = backend.hit_one, backend.hit_tiers
 
-    def recorded(*parts: object) -> list[int]:
-        given_parts.append(parts)
-        return run(*parts)  # type: ignore[arg-type]
+    def recorded_one(key: str, *rest: object) -> list[int]:
+        given_parts.append(([key], *rest))
+        return one(key, *rest)  # type: ignore[arg-type]
 
-    limiter.backend.hit_one = recorded  # type: ignore[method-assign]
+    def recorded_many(keys: list[str], *rest: object) -> list[int]:
+        given_parts.append((keys, *rest))
+        return many(keys, *rest)  # type: ignore[arg-type]
+
+    backend.hit_one = recorded_one  # type: ignore[method-assign]
+    backend.hit_tiers = recorded_many  # type: ignore[method-assign]
     for _ in range(2):
         limiter.hit(pol, identity, cost)
     call = plans.build(plans.HIT, [Check(pol, identity, cost)], prefix,
                        now_us=limiter._now_us())
-    for key, tier, token, now in given_parts:
-        assert (key, tier, now) == (call.keys[0], tuple(call.args[5:]), call.args[1])
+    for keys, tiers, token, now in given_parts:
+        assert (keys, tiers, now) == (call.keys, tuple(call.args[5:]), call.args[1])
         assert bool(token) == (pol.algorithm == "sliding-log")
     assert len(given_parts) == 2
     if pol.algorithm == "sliding-log":
         assert given_parts[0][2] != given_parts[1][2]
 
 
-# -- MemoryBackend's parts (`hit_one`): refusals, the deny cache, who gets whole calls ------
+# -- MemoryBackend's parts (`hit_one`, `hit_tiers`): refusals, the deny cache, whole calls -------
 
 
 async def _async_hits(limiter: rl.AsyncLimiter, policy: rl.Policy, clock: FakeClock,
@@ -232,14 +240,15 @@ async def _async_hits(limiter: rl.AsyncLimiter, policy: rl.Policy, clock: FakeCl
     return answers
 
 
+@pytest.mark.parametrize("rates", ["2/second", "2/second;3/5 seconds"])
 @pytest.mark.parametrize("algorithm", sorted(rl.ALGORITHMS))
 def test_refusals_of_the_in_process_hit_are_recorded_as_the_generic_path_records_them(
-    algorithm: str
+    algorithm: str, rates: str
 ) -> None:
-    """One-tier hits past the limit, at one instant and a few ms apart, with the deny cache
-    on: the refusals it records (its entries, their validity, the Decisions it replays)
-    are the generic path's, sync and async."""
-    policy = rl.Policy("2/second", algorithm=algorithm, name="r")  # type: ignore[arg-type]
+    """Hits past the limit, at one instant and a few ms apart, with the deny cache on: the
+    refusals it records (its entries, their validity, the Decisions it replays) are the
+    generic path's, sync and async, for one tier (`hit_one`) and for two (`hit_tiers`)."""
+    policy = rl.Policy(rates, algorithm=algorithm, name="r")  # type: ignore[arg-type]
     gaps_ms = [0, 0, 0, 0, 3, 0, 250, 0, 800, 0, 0]
     clocks = [FakeClock() for _ in range(3)]
     generic = _GenericLimiter(MemoryBackend(), clock=clocks[0])

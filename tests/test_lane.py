@@ -91,9 +91,12 @@ def test_a_lane_builds_packs_and_reads_as_the_plain_path(
     assert lane.check(identity) == check
     assert lane.call(identity, now_us, token) == plain
     assert lane.packed(identity, now_us, token) == _pack(plain)
-    # An in-process backend's parts (MemoryBackend.hit_one): the call's key and tier.
+    # An in-process backend's parts (MemoryBackend.hit_one, hit_tiers): the call's keys and
+    # tiers' arguments.
     assert lane.key(identity) == plain.keys[0]
-    assert lane.tier == (tuple(plain.args[5:]) if len(policy.rates) == 1 else None)
+    assert lane.keys(identity) == plain.keys
+    assert lane.tiers == tuple(plain.args[5:])
+    assert lane.tier == (lane.tiers if len(policy.rates) == 1 else None)
     reply = data.draw(_replies(len(policy.rates)))
     assert lane.decide(identity, reply) == plans.decide(plain, reply)
 

@@ -285,6 +285,45 @@ class MemoryBackend:
             return self._decide_one("H", (algo, limit, period, cost, 0, ban_end, cal, key),
                                     token, now, now, now_us)
 
+    def hit_tiers(self, keys: Sequence[str], tiers: Sequence[Any], token: str,
+                  now_us: int | str) -> list[int]:
+        """`hit_one` for a policy of several tiers: `run` of its hit call, from its parts.
+
+        `keys`, one per tier in the call's order (a sliding log's tiers repeat its key), and
+        the tiers' arguments as the call carries them after its five-value head: seven per
+        tier, ints, ban index 0, no calendar (what `plans.build_static` builds for a policy
+        without penalty or `tz=`; the ban indexes are not read). The same reply and state as
+        `run(plans.build_static(HIT, ...))`, without the call's argument list to build and
+        read back, and, while every tier admits, without `_decide`'s bookkeeping for bans
+        and refusals: the checks store nothing (a read drops an expired key, as any read
+        does), so a refusal is decided again by `_decide` from the same state.
+        tests/backends/test_memory_perf_equivalence.py holds it to `run`."""
+        read: list[_Tier] = []
+        for i, key in enumerate(keys):
+            algo, limit, period, cost, _, ban_end, cal = tiers[7 * i : 7 * i + 7]
+            read.append((algo, limit, period, cost, 0, ban_end, cal, key))
+        with self._lock:
+            now_us, now = self._tick(now_us)
+            results: list[_Result] = []
+            reply = [1]
+            for algo, limit, period, cost, _, _, cal, key in read:
+                # _check, inlined as in _decide_one.
+                if algo == "fw":
+                    result = self._fw_check(key, limit, period, cost, cal, now)
+                elif algo == "sw":
+                    result = self._sw_check(key, limit, period, cost, now)
+                elif algo == "gc":
+                    result = self._gc_check(key, limit, period, cost, now, now_us)
+                else:
+                    result = self._sl_check(key, limit, period, cost, now, now)
+                if not result[0]:
+                    return self._decide("H", keys, read, token, now, now, now_us)
+                results.append(result)
+                # As _decide's reply for a hit it records: remaining and reset after it.
+                reply += (1, result[1] - cost, result[2], result[4], 0)
+            self._commit(read, results, now, token, now)
+            return reply
+
     async def arun(self, call: ScriptCall) -> list[int]:
         # Pure CPU for a few microseconds under a lock held only by such calls: no await needed.
         return self.run(call)

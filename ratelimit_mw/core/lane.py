@@ -50,7 +50,7 @@ class Lane:
     """The hit of `cost` on `policy` under the limiter prefix `prefix`, for any identity."""
 
     __slots__ = ("_after_key", "_after_token", "_head", "_key_tail", "cost",
-                 "log", "policy", "prefix", "rate", "suffixes", "tail", "tier")
+                 "log", "policy", "prefix", "rate", "suffixes", "tail", "tier", "tiers")
 
     def __init__(self, policy: Policy, cost: int, prefix: str) -> None:
         validate_cost(cost)
@@ -66,9 +66,11 @@ class Lane:
         self.rate = policy.rates[0] if len(policy.rates) == 1 else None
         self.suffixes = suffixes = form.suffixes
         self.tail: tuple[Arg, ...] = (len(suffixes), *form.static_args(cost))
-        # A one-tier lane's seven tier arguments, as the call carries them: what an
-        # in-process backend's `hit_one` takes with `key(identity)`.
-        self.tier: tuple[Arg, ...] | None = self.tail[1:] if self.rate is not None else None
+        # The tiers' arguments (seven per tier), as the call carries them: what an in-process
+        # backend's `hit_tiers` takes with `keys(identity)`, and, for a one-tier lane (`tier`),
+        # its `hit_one` with `key(identity)`.
+        self.tiers: tuple[Arg, ...] = self.tail[1:]
+        self.tier: tuple[Arg, ...] | None = self.tiers if self.rate is not None else None
         # A sliding log names each hit's members by a token unique to the call.
         self.log = form.code == "sl"
         # RESP: *<count> EVALSHA <sha> <number of keys> <keys...> H "" <token> "" <n> <tier args>
@@ -95,6 +97,11 @@ class Lane:
     def key(self, identity: str) -> str:
         """The first of the call's keys (a one-tier lane's only one)."""
         return identity_head(self.prefix, identity) + self.suffixes[0]
+
+    def keys(self, identity: str) -> list[str]:
+        """The call's keys, one per tier (a sliding log's tiers repeat its key)."""
+        head = identity_head(self.prefix, identity)
+        return [head + suffix for suffix in self.suffixes]
 
     def call(self, identity: str, now_us: int | None = None, token: str | None = None
              ) -> ScriptCall:

@@ -7,9 +7,9 @@ several tiers need (bans, joint retries, one commit per log). Neither may change
 - a raw ARGV of strings (what a Redis client sends) gets the replies the core's ints get;
 - a tier answers alone (the one-tier path) exactly as it does beside a tier that always
   admits (the general path), call after call, so the state each path leaves is the same too;
-- a one-tier hit given as its parts (`hit_one`, what the limiters send MemoryBackend itself)
-  answers and stores exactly what `run` of the built call does, interleaved with every other
-  operation on the same keys.
+- a hit given as its parts (`hit_one` for one tier, `hit_tiers` for several: what the
+  limiters send MemoryBackend itself) answers and stores exactly what `run` of the built call
+  does, interleaved with every other operation on the same keys.
 
 Redis-free and fast; tests/test_differential.py holds both paths to the Lua script itself.
 """
@@ -153,13 +153,14 @@ def _stored(backend: rl.MemoryBackend) -> object:
             sorted(backend._heap), backend._scheduled, backend._called_at)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(pool=st.lists(policies(tiers=1, extras=False), min_size=2, max_size=2),
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=st.lists(policies(extras=False), min_size=2, max_size=2),
        sequence=steps(["hit", "hit", "hit", "hit", "peek", "refund", "reset", "book"]),
        clock=st.sampled_from(["given", "own"]))
 def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
     pool: list[rl.Policy], sequence: list[Step], clock: str
 ) -> None:
+    """One to three tiers: `hit_one` takes a one-tier hit, `hit_tiers` any other."""
     parts, whole = rl.MemoryBackend(), rl.MemoryBackend()
     now_ms = START_MS
     for n, step in enumerate(sequence):
@@ -172,17 +173,24 @@ def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
             token = f"t{n}" if check.policy.algorithm == "sliding-log" else ""
             call = plans.build(plans.HIT, [check], "eq", now_us=now or None, token=token or None)
             assert call.args[2] == token  # the parts below are the call's
-            (key,) = call.keys
-            tier = tuple(call.args[5:])
-            assert len(tier) == 7
+            keys = call.keys
+            tiers = tuple(call.args[5:])
+            assert len(tiers) == 7 * len(keys) == 7 * call.args[4]
+
+            def by_parts(keys: list[str] = keys, tiers: tuple[object, ...] = tiers,
+                         token: str = token, now: int | str = now) -> list[int]:
+                if len(keys) == 1:
+                    return parts.hit_one(keys[0], tiers, token, now)
+                return parts.hit_tiers(keys, tiers, token, now)
+
             if clock == "own":
                 # This process's clock, read by each backend, frozen on the sequence's time.
                 with _frozen_time(now_ms * 1000 + 123):
                     expected = whole.run(call)
-                    got = parts.hit_one(key, tier, token, now)
+                    got = by_parts()
             else:
                 expected = whole.run(call)
-                got = parts.hit_one(key, tier, token, now)
+                got = by_parts()
             assert got == expected, (step, call.args)
         else:
             if step.kind == "book" and check.policy.algorithm != "sliding-log":
