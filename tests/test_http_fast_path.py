@@ -228,9 +228,12 @@ async def test_a_flood_at_a_standing_clock_reuses_one_rendering_in_fresh_lists()
 def _lane_middleware(backend: Any, prefix: str, clock: StepClock, lanes: bool, legacy: bool,
                      per_method: bool, policy: rl.Policy) -> RateLimitMiddleware:
     limiter = rl.AsyncLimiter(backend, prefix=prefix, clock=clock)
+    # The answers are compared, not their timing: a deadline far above any stall of a busy
+    # test machine keeps one side from failing open where the other did not (seen in CI at
+    # the default 100 ms).
     middleware = RateLimitMiddleware(_hello, limiter=limiter, legacy_headers=legacy,
                                      per_method=per_method, default=policy,
-                                     charge_preflight=per_method)
+                                     charge_preflight=per_method, backend_timeout=10.0)
     if not lanes:
         middleware.guard._lane_prefix = None
     return middleware
