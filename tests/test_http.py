@@ -95,6 +95,11 @@ def test_rule_patterns(pattern: str, path: str, matches: bool) -> None:
         ({"key": "ip"}, "key"),
         ({"rules": [("login", "5/minute")]}, "start with '/'"),
         ({"default": "10/fortnight"}, "fortnight"),
+        # Sliding-log namesakes keep one log: one longest window (core.policy).
+        ({"default": rl.Policy("5/minute", name="api"),
+          "rules": [Rule("/search", "50/hour", name="api")]}, "share the name 'api'"),
+        ({"rules": {"/a": rl.Policy("5/minute", name="api"),
+                    "/b": rl.Policy("50/hour", name="api")}}, "different windows"),
     ],
 )
 def test_configuration_mistakes_are_reported_at_start_up(
@@ -126,6 +131,8 @@ def test_rules_are_named_after_path_methods_and_rates() -> None:
     assert get.policy.name != post.policy.name
     assert (get.label, post.label) == ("GET,HEAD /items", "POST /items")
     assert Rule("/a", "5/minute", name="shared").policy.name == "shared"
+    # Rules sharing a name share one log: fine with one longest window.
+    Config(rules=[Rule("/a", "5/minute", name="shared"), Rule("/b", "9/minute", name="shared")])
 
 
 def test_decorated_route_names_are_stable_however_the_app_is_started() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 import ratelimit_mw as rl
 from ratelimit_mw.core import wire
-from ratelimit_mw.core.policy import DEFAULT_ALGORITHM, Algorithm, as_policy
+from ratelimit_mw.core.policy import DEFAULT_ALGORITHM, Algorithm, as_policy, check_shared_logs
 
 
 def test_the_default_algorithm_is_sliding_log() -> None:
@@ -230,3 +230,45 @@ def test_mypy_catches_a_mistyped_algorithm(tmp_path: Path) -> None:
     assert "snippet.py:2" not in result.stdout
     with pytest.raises(rl.ConfigurationError, match="'sliding-log'"):
         rl.Policy("1/second", algorithm="sliding_log")  # type: ignore[arg-type]
+
+
+# -- sliding-log namesakes: one log, so one longest window -------------------------------
+
+@pytest.mark.parametrize(
+    ("policies", "clash"),
+    [
+        # Different names, or another algorithm: nothing shared.
+        ([rl.Policy("5/minute"), rl.Policy("50/hour")], False),
+        ([rl.Policy("5/minute", name="x", algorithm="gcra"), rl.Policy("50/hour", name="x")],
+         False),
+        ([rl.Policy("5/minute", name="x", algorithm="fixed-window"),
+          rl.Policy("50/hour", name="x", algorithm="fixed-window")], False),
+        # One log, one longest window: what the docs recommend.
+        ([rl.Policy("5/minute;50/hour", name="x"), rl.Policy("50/hour", name="x")], False),
+        ([rl.Policy("5/minute", name="x"), rl.Policy("9/minute", name="x")], False),
+        # One log kept for two windows: the shorter would trim what the longer counts.
+        ([rl.Policy("5/minute", name="x"), rl.Policy("50/hour", name="x")], True),
+        ([rl.Policy("1/second;5/minute", name="x"), rl.Policy("2/3 hours", name="x")], True),
+        ([rl.Policy("50/hour"), rl.Policy("5/minute", name="50/hour")], True),
+    ],
+)
+def test_sliding_log_namesakes_must_keep_their_log_for_one_window(
+    policies: list[rl.Policy], clash: bool
+) -> None:
+    if not clash:
+        check_shared_logs(policies)
+        return
+    with pytest.raises(rl.ConfigurationError, match="share the name") as raised:
+        check_shared_logs(policies)
+    message = str(raised.value)
+    assert "Give them different names, or one longest window" in message
+    assert repr(policies[0]) in message and repr(policies[1]) in message
+
+
+def test_the_namesake_error_shows_the_windows_and_a_policy_that_fits_both() -> None:
+    with pytest.raises(rl.ConfigurationError) as raised:
+        check_shared_logs([rl.Policy("1/second;5/minute", name="x"),
+                           rl.Policy("3/minute;2/3 hours", name="x")])
+    message = str(raised.value)
+    assert "(1 minute and 3 hours)" in message
+    assert "Policy(\"1/second;3/minute;2/3 hours\", name='x')" in message

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, TypeAlias, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -157,3 +157,49 @@ def as_policy(value: Policy | str, *, name: str | None = None) -> Policy:
     raise ConfigurationError(
         f'expected a Policy or a rate string such as "10/minute", got {value!r}'
     )
+
+
+def check_shared_logs(policies: Iterable[Policy]) -> None:
+    """Raise ConfigurationError where sliding-log namesakes disagree on their longest window.
+
+    Policies of one name and algorithm share their counters; for `sliding-log` that is one
+    log of hits for all of a policy's tiers, which every call trims to, and keeps alive for,
+    its own policy's longest window. Namesakes with different longest windows would thus
+    drop hits the longer one still counts, and admit more than it says. Checked where a set
+    of policies is configured together (the middleware's default and rules), at start-up.
+    """
+    longest: dict[str, Policy] = {}
+    for policy in policies:
+        if policy.algorithm != "sliding-log":
+            continue
+        seen = longest.setdefault(policy.name, policy)
+        if _longest_ms(seen) != _longest_ms(policy):
+            raise ConfigurationError(
+                f"the sliding-log policies {seen!r} and {policy!r} share the name "
+                f"{policy.name!r}, so they count in one log of hits, but they keep it for "
+                f"different windows ({_window(seen)} and {_window(policy)}): the shorter "
+                f"would drop hits the longer still counts. Give them different names, or "
+                f"one longest window (e.g. both Policy(\"{_tiers(seen, policy)}\", "
+                f"name={policy.name!r}))"
+            )
+
+
+def _longest_ms(policy: Policy) -> int:
+    return max(rate.period_ms for rate in policy.rates)
+
+
+def _window(policy: Policy) -> str:
+    """The longest tier's period as its rate text writes it: "1 minute", "3 hours"."""
+    period = str(max(policy.rates, key=lambda r: r.period_ms)).partition("/")[2]
+    return period if period[:1].isdigit() else f"1 {period}"
+
+
+def _tiers(*policies: Policy) -> str:
+    """The tiers of `policies` as one rate text, the smaller limit for a period in both."""
+    by_period: dict[int, Rate] = {}
+    for policy in policies:
+        for rate in policy.rates:
+            known = by_period.get(rate.period_ms)
+            if known is None or rate.limit < known.limit:
+                by_period[rate.period_ms] = rate
+    return ";".join(str(by_period[period]) for period in sorted(by_period))

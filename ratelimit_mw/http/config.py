@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.policy import Policy, as_policy
+from ratelimit_mw.core.policy import Policy, as_policy, check_shared_logs
 from ratelimit_mw.http.routing import Predicate, validate_key, validate_predicate
 from ratelimit_mw.http.rules import Rule, as_rules
 from ratelimit_mw.keys import KeyFunc, client_ip
@@ -121,6 +121,8 @@ class Config:
             )
         put(self, "defaults", defaults)
         put(self, "rule_list", as_rules(self.rules))
+        check_shared_logs([*defaults, *(rule.policy for rule in self.rule_list
+                                        if rule.policy is not None)])
         if not (self.on_backend_error in ("allow", "deny") or callable(self.on_backend_error)):
             raise ConfigurationError(
                 f'on_backend_error must be "allow", "deny" or a callable (request, error) -> '
