@@ -306,21 +306,13 @@ class MemoryBackend:
             now_us, now = self._tick(now_us)
             results: list[_Result] = []
             reply = [1]
-            for algo, limit, period, cost, _, _, cal, key in read:
-                # _check, inlined as in _decide_one.
-                if algo == "fw":
-                    result = self._fw_check(key, limit, period, cost, cal, now)
-                elif algo == "sw":
-                    result = self._sw_check(key, limit, period, cost, now)
-                elif algo == "gc":
-                    result = self._gc_check(key, limit, period, cost, now, now_us)
-                else:
-                    result = self._sl_check(key, limit, period, cost, now, now)
+            for tier in read:
+                result = self._check(tier, now, now, now_us)
                 if not result[0]:
                     return self._decide("H", keys, read, token, now, now, now_us)
                 results.append(result)
                 # As _decide's reply for a hit it records: remaining and reset after it.
-                reply += (1, result[1] - cost, result[2], result[4], 0)
+                reply += (1, result[1] - tier[3], result[2], result[4], 0)
             self._commit(read, results, now, token, now)
             return reply
 
