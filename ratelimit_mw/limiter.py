@@ -44,8 +44,8 @@ def _accepts_parts(backend: object) -> bool:
     """Whether `backend` is MemoryBackend itself, with no `run` set on the instance: then a
     hit may go to its `hit_one` or `hit_tiers` as the call's parts. A subclass, or a `run`
     set on the instance (a test injecting a failure), is given whole calls: it may run or
-    record them its own way. Asked on every hit, so that a backend replaced or patched after the
-    limiter was built is honoured. (Through the bound method, not the instance's
+    record them its own way. Asked on every hit, so that a backend replaced or patched after
+    the limiter was built is honoured. (Through the bound method, not the instance's
     ``__dict__``: reading that makes CPython drop the object's inline attribute storage,
     which made every later call of the backend about 8 % slower, measured.)"""
     return (type(backend) is MemoryBackend
@@ -231,21 +231,16 @@ class _Shared:
         policy = form.policy
         now_us = self._now_us()
         sent = self._sent()
+        head = f"{self.prefix}:{{{encode_identity(identity)}}}:"  # identity_head, one frame less
         suffixes = form.suffixes
+        tiers = form.by_cost.get(cost) or form.static_args(cost)
+        token = plans.new_token() if form.code == "sl" else ""
+        clock = "" if now_us is None else now_us
         if len(suffixes) == 1:
-            reply = backend.hit_one(
-                # identity_head(...) + the suffix, one frame less
-                f"{self.prefix}:{{{encode_identity(identity)}}}:{suffixes[0]}",
-                form.by_cost.get(cost) or form.static_args(cost),
-                plans.new_token() if form.code == "sl" else "",
-                "" if now_us is None else now_us)
+            reply = backend.hit_one(head + suffixes[0], tiers, token, clock)
         else:
-            head = f"{self.prefix}:{{{encode_identity(identity)}}}:"
-            reply = backend.hit_tiers(
-                [head + suffix for suffix in suffixes],
-                form.by_cost.get(cost) or form.static_args(cost),
-                plans.new_token() if form.code == "sl" else "",
-                "" if now_us is None else now_us)
+            reply = backend.hit_tiers([head + suffix for suffix in suffixes], tiers, token,
+                                      clock)
         deny = self._deny
         if deny is None or (reply[0] == 1 and not deny.watching):
             if len(suffixes) == 1:

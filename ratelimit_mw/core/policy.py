@@ -168,11 +168,11 @@ def check_shared_logs(policies: Iterable[Policy]) -> None:
     drop hits the longer one still counts, and admit more than it says. Checked where a set
     of policies is configured together (the middleware's default and rules), at start-up.
     """
-    longest: dict[str, Policy] = {}
+    first_of_name: dict[str, Policy] = {}
     for policy in policies:
         if policy.algorithm != "sliding-log":
             continue
-        seen = longest.setdefault(policy.name, policy)
+        seen = first_of_name.setdefault(policy.name, policy)
         if _longest_ms(seen) != _longest_ms(policy):
             raise ConfigurationError(
                 f"the sliding-log policies {seen!r} and {policy!r} share the name "
