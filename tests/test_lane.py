@@ -518,16 +518,16 @@ async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
     the log holds one entry per request, as on the plain path, not two."""
     from ratelimit_mw.backends import pipeline
 
-    flush = pipeline._Protocol._flush
+    write = pipeline._Protocol._write
     armed = [False]
 
-    def flush_then_drop(self: Any) -> None:
-        flush(self)
+    def write_then_drop(self: Any, data: bytes) -> None:
+        write(self, data)
         if armed[0]:
             armed[0] = False
             self.close(redis.exceptions.ConnectionError("dropped after the write"))
 
-    monkeypatch.setattr(pipeline._Protocol, "_flush", flush_then_drop)
+    monkeypatch.setattr(pipeline._Protocol, "_write", write_then_drop)
     lane = _lane(prefix, "10/hour", "sliding-log")
     async with _connected(prefix) as limiter:
         await limiter.lane_hit(lane, "u", 1.0)

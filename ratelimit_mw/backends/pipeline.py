@@ -120,13 +120,18 @@ class Settings:
 
 
 class _Protocol(asyncio.Protocol):
-    """Commands out in one write per loop iteration; replies in, futures out, in order.
+    """Commands out at once or batched; replies in, futures out, in order.
 
-    Auto-pipelining: every command sent during one iteration of the event loop (the checks
-    of all the requests that reached the limiter together) is buffered and written with ONE
-    ``transport.write`` at the start of the next iteration, so a burst costs one send system
-    call instead of one per check; Redis answers them in order, and each chunk of replies
-    is parsed in one pass (hiredis, in C), each handed to its future.
+    Auto-pipelining: a command that finds nothing of this connection's in flight (Redis has
+    none of our work) is written at once, so that Redis starts on it while the loop runs
+    the other requests of its iteration. Every command sent while one is in flight is
+    buffered and written with the others of its loop iteration in ONE ``transport.write``
+    at the next iteration, so a burst costs two send system calls however large it is, not
+    one per check. (Batching the first command too measured 5-10 % less throughput under
+    uvicorn: Redis sat idle while the loop finished its iteration, and the requests waited
+    for it; writing every command at once costs Redis a read per command under load.)
+    Redis answers in order, and each chunk of replies is parsed in one pass (hiredis, in
+    C), each handed to its future.
 
     Deadlines: replies come back in order, so the oldest unanswered command tells whether
     the server is answering. One timer per connection watches it (instead of one timer per
@@ -218,14 +223,20 @@ class _Protocol(asyncio.Protocol):
             deadline = loop.time() + self.timeout
             if self.timer is None:
                 self.timer = loop.call_at(deadline, self._watch)
+        # Nothing in flight, so nothing pending either (every pending command has its
+        # waiter): Redis is idle as far as this connection knows, and order is kept.
+        idle = not self.waiters
         for _ in range(skipped):
             self.waiters.append(None)
             self.deadlines.append(deadline)
         self.waiters.append(waiter)
         self.deadlines.append(deadline)
-        if not self.pending:
-            loop.call_soon(self._flush)
-        self.pending.append(packed)
+        if idle:
+            self._write(packed)
+        else:
+            if not self.pending:
+                loop.call_soon(self._flush)
+            self.pending.append(packed)
         if give_up is not None:
             heapq.heappush(self.give_ups, (give_up, next(self.sequence), waiter))
             if self.give_up_timer is None or give_up < self.give_up_at:
@@ -258,8 +269,14 @@ class _Protocol(asyncio.Protocol):
         pending = self.pending
         if not pending or self.transport is None or self.lost is not None:
             return
-        self.transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+        data = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        """Every byte this connection sends goes out here (tests interpose on it)."""
+        if self.transport is not None:  # always, once connection_made has run
+            self.transport.write(data)
 
     def _watch(self) -> None:
         """The deadline timer: give up on a server whose oldest reply is overdue."""
