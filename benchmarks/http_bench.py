@@ -10,7 +10,7 @@ of those ratios over the rounds with their range.
 Two kinds of load:
 
 - all admitted: the limit is huge, every request passes; this is the cost of the check.
-- flood: one client over its limit (``1/hour``): the first request is admitted, every later
+- flood: one client over its limit (``1/day``): the first request is admitted, every later
   one refused. Around each measured flood the harness reads ``INFO commandstats`` of the
   Redis the servers use (a private one by default, idle but for this server) and reports
   the commands the server sent during the flood, all of them after the first refusal (the
@@ -41,7 +41,10 @@ from _util import (
 from loadgen import LoadGenerator, LoadResult
 
 HUGE = "1000000000/hour"
-FLOOD = "1/hour"
+# A day-long fixed window: the flood's one admitted hit stays counted for the whole run. (With
+# `1/hour`, a run over the top of the hour began a new window, admitted one request more and
+# made one call more than the deny cache's bound allows: seen at 18:00 on 2026-11-24.)
+FLOOD = "1/day"
 
 TARGETS = {"asgi": 0.60, "wsgi": 0.70, "flood": 0.90}
 
