@@ -57,6 +57,28 @@ async def test_aping_loads_the_script_on_the_server(redis_client: redis.Redis) -
         await backend.aclose()
 
 
+async def test_aping_opens_the_connection_that_serves_the_checks(
+    redis_client: redis.Redis, prefix: str,
+) -> None:
+    """After the start-up check the first check connects nothing: a cold worker's first
+    burst finds its connection open and the script loaded instead of setting both up
+    inside the middleware's deadline."""
+    name = f"{prefix}-aping"
+
+    def connections() -> int:
+        return sum(client["name"] == name for client in redis_client.client_list())
+
+    backend = rl.AsyncRedisBackend.from_url(URL, client_name=name)
+    try:
+        await backend.aping()
+        opened = connections()
+        limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
+        assert (await limiter.hit(rl.Policy("5/minute"), "ip:1")).remaining == 4
+        assert connections() == opened == 1
+    finally:
+        await backend.aclose()
+
+
 def test_a_wrong_host_is_a_backend_error_at_start_up() -> None:
     backend = rl.RedisBackend.from_url("redis://127.0.0.1:1/0")
     with pytest.raises(rl.BackendError, match="start-up check failed"):
