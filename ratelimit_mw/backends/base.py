@@ -35,16 +35,61 @@ class AsyncBackend(Protocol):
     async def arun(self, call: ScriptCall) -> list[int]: ...
 
 
+# A deadline fails a call only once the event loop has looked for its answer: LOOK seconds
+# after it, when the loop has polled for I/O at least once (under libuv a timer due at once
+# may run before the poll) and has woken what the poll answered. A loop busy past a deadline
+# (a burst of incoming requests, a GC pause, a starved CPU) would otherwise fail calls whose
+# replies had come, or that it had itself written late, and the middleware would open its
+# breaker over a stall of its own process. 1 ms also lets a command written just now be
+# answered; a server that has not answered by then fails its calls 1 ms after the deadline.
+LOOK = 0.001
+
+
+class _Rescheduling(Protocol):
+    """What `_Deadline` uses of an ``asyncio.Timeout`` (Python 3.11+)."""
+
+    def reschedule(self, when: float | None) -> None: ...
+
+
+class _Deadline:
+    """The two timers of `bounded`: at the deadline, one look (LOOK later); then the
+    cancellation, queued behind the wake-ups that are due already (call_soon order), so a
+    task whose answer has come resumes with it instead of being cancelled."""
+
+    __slots__ = ("handle", "loop", "scope")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, scope: _Rescheduling,
+                 when: float) -> None:
+        self.loop = loop
+        self.scope = scope
+        self.handle = loop.call_at(when, self._look)
+
+    def _look(self) -> None:
+        self.handle = self.loop.call_at(self.loop.time() + LOOK, self._expire)
+
+    def _expire(self) -> None:
+        self.scope.reschedule(self.loop.time())  # a time past: cancels via call_soon
+
+    def cancel(self) -> None:
+        self.handle.cancel()
+
+
 if sys.version_info >= (3, 11):
 
     async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
-        """`awaitable`, cancelled with TimeoutError after `seconds` (None: no deadline)."""
+        """`awaitable`, cancelled with TimeoutError after `seconds` (None: no deadline) and
+        the loop's one look (see LOOK)."""
         if seconds is None:
             return await awaitable
-        async with asyncio.timeout(seconds):
-            return await awaitable
+        loop = asyncio.get_running_loop()
+        async with asyncio.timeout(None) as scope:
+            deadline = _Deadline(loop, scope, loop.time() + seconds)
+            try:
+                return await awaitable
+            finally:
+                deadline.cancel()
 
-else:  # pragma: no cover - exercised on Python 3.10 only
+else:  # pragma: no cover - exercised on Python 3.10 only (end of life): no look there
 
     async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
         return await (awaitable if seconds is None else asyncio.wait_for(awaitable, seconds))

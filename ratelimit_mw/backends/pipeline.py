@@ -39,7 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ratelimit_mw.backends.base import bounded
+from ratelimit_mw.backends.base import LOOK, bounded
 from ratelimit_mw.core import scripts
 
 _EVALSHA = b"EVALSHA"
@@ -146,6 +146,16 @@ class _Protocol(asyncio.Protocol):
     ``asyncio.timeout`` per call would cost a timer, a context manager and a cancellation
     path each (about 3 µs).
 
+    One look before failing (see ``base.LOOK``): neither timer fails a call before the loop
+    has polled for I/O once after the call's deadline, 1 ms on. A loop busy past a deadline
+    would otherwise fail calls whose replies arrived meanwhile, or that it wrote late itself
+    (a batch leaves at the next iteration); uvloop (libuv) even runs due timers BEFORE it
+    polls, so a reply waiting in the socket would lose to the timer there. A timer that
+    finds a call overdue comes back once, LOOK later, after the loop has read what came;
+    the calls still unanswered then fail. Each call gets that one look, so a server
+    answering slowly behind a queue still fails its calls on time (1 ms late), and a hung
+    one too.
+
     A waiter of None stands for a reply that nobody reads (ASKING's, sent just before the
     command it prefixes): it is consumed in its turn and dropped.
     """
@@ -243,14 +253,17 @@ class _Protocol(asyncio.Protocol):
                 self._arm_give_up(give_up)
         return waiter
 
-    def _arm_give_up(self, when: float) -> None:
+    def _arm_give_up(self, when: float, looked_at: float = 0.0) -> None:
         if self.give_up_timer is not None:
             self.give_up_timer.cancel()
         self.give_up_at = when
-        self.give_up_timer = self.loop.call_at(when, self._give_up)
+        self.give_up_timer = self.loop.call_at(when, self._give_up, looked_at)
 
-    def _give_up(self) -> None:
-        """The give-up timer: fail the calls whose time is up, drop those answered."""
+    def _give_up(self, looked_at: float = 0.0) -> None:
+        """The give-up timer: fail the calls whose time is up, drop those answered.
+
+        `looked_at`: when the timer last found a call overdue and came back after a look
+        (see the class docstring); a call whose time was up by then has had its look."""
         self.give_up_timer = None
         heap = self.give_ups
         now = self.loop.time()
@@ -258,12 +271,15 @@ class _Protocol(asyncio.Protocol):
             when, _, waiter = heap[0]
             if waiter.done():
                 heapq.heappop(heap)
-            elif when <= now:
-                heapq.heappop(heap)
-                waiter.set_exception(asyncio.TimeoutError())
-            else:
+            elif when > now:
                 self._arm_give_up(when)
                 return
+            elif when > looked_at:
+                self._arm_give_up(now + LOOK, now)
+                return
+            else:
+                heapq.heappop(heap)
+                waiter.set_exception(asyncio.TimeoutError())
 
     def _flush(self) -> None:
         pending = self.pending
@@ -278,16 +294,20 @@ class _Protocol(asyncio.Protocol):
         if self.transport is not None:  # always, once connection_made has run
             self.transport.write(data)
 
-    def _watch(self) -> None:
-        """The deadline timer: give up on a server whose oldest reply is overdue."""
+    def _watch(self, looked_at: float = 0.0) -> None:
+        """The deadline timer: give up on a server whose oldest reply is overdue, after one
+        look (`looked_at` as for `_give_up`)."""
         self.timer = None
         if not self.deadlines:
             return
         oldest = self.deadlines[0]
-        if self.loop.time() >= oldest:
-            self.close(RedisTimeoutError("Timeout reading from Redis"))
-        else:
+        now = self.loop.time()
+        if now < oldest:
             self.timer = self.loop.call_at(oldest, self._watch)
+        elif oldest > looked_at:
+            self.timer = self.loop.call_at(now + LOOK, self._watch, now)
+        else:
+            self.close(RedisTimeoutError("Timeout reading from Redis"))
 
 
 def consume(task: asyncio.Task[Any]) -> None:

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
+import threading
+import time
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis
 import redis.asyncio
+from backends.loops import event_loops, run_on
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends import pipeline as _pipeline
@@ -203,3 +212,153 @@ async def test_every_call_queued_on_a_hung_server_fails_within_the_timeout() -> 
         released.set()
         server.close()
         await backend.aclose()
+
+
+# --- One look before failing: a stall of the client's own loop is not a server's timeout ------
+
+PING = b"*1\r\n$4\r\nPING\r\n"
+
+
+async def send_then_stall(send: Callable[[], asyncio.Future[Any]],
+                          seconds: float) -> Any:
+    """Send from inside an I/O callback that then holds the loop for `seconds` (a long batch
+    of incoming requests, a GC pause): the reply arrives while the loop is busy."""
+    loop = asyncio.get_running_loop()
+    read_end, write_end = os.pipe()
+    sent: asyncio.Future[asyncio.Future[Any]] = loop.create_future()
+
+    def on_readable() -> None:
+        os.read(read_end, 1)
+        loop.remove_reader(read_end)
+        sent.set_result(send())
+        time.sleep(seconds)
+
+    loop.add_reader(read_end, on_readable)
+    os.write(write_end, b"x")
+    try:
+        return await (await sent)  # the reply, or what failed the call
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_a_reply_that_came_while_the_loop_was_stalled_past_the_give_up_is_read(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """The middleware's deadline (the give-up timer) passes during the stall; the reply is
+    in the socket by then, so the call has it instead of failing open (under uvloop the
+    timer runs before the poll that would read it)."""
+    async def main() -> tuple[Any, bool]:
+        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=10)
+        try:
+            await backend.aping()  # connected
+            loop = asyncio.get_running_loop()
+            reply = await send_then_stall(
+                lambda: backend.post(PING, give_up=loop.time() + 0.05), 0.15)
+            return reply, backend._pipe.ready() is not None
+        finally:
+            await backend.aclose()
+
+    assert run_on(new_loop, main) == (b"PONG", True)
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_a_reply_that_came_while_the_loop_was_stalled_past_the_socket_timeout_is_read(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """The same for the connection's own deadline (`socket_timeout`): the connection is
+    kept, not dropped as if Redis had hung."""
+    async def main() -> tuple[Any, bool]:
+        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=0.05)
+        try:
+            await backend.aping()
+            protocol = backend._pipe.ready()
+            reply = await send_then_stall(lambda: protocol.send(PING), 0.15)
+            return reply, protocol.lost is None
+        finally:
+            await backend.aclose()
+
+    assert run_on(new_loop, main) == (b"PONG", True)
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_a_call_written_after_its_deadline_by_a_busy_loop_has_its_answer(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """A call sent while another is in flight leaves with the next iteration's batch. Here
+    the loop is busy past the call's deadline before that write, and again right after it:
+    the answer comes during the second stall, after the loop's last poll, so only the
+    timer's one look reads it (asyncio runs due timers after the callbacks of their
+    iteration; uvloop before them, and would fail the call before it was even written)."""
+    async def main() -> list[Any]:
+        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=10)
+        try:
+            await backend.aping()
+            loop = asyncio.get_running_loop()
+            first = backend.post(PING, give_up=loop.time() + 10)  # written at once
+            sent: list[asyncio.Future[Any]] = []
+
+            def send_late() -> None:
+                sent.append(backend.post(PING, give_up=loop.time() + 0.02))
+                loop.call_soon(time.sleep, 0.05)  # busy again right after the batch's write
+                time.sleep(0.03)  # busy past its deadline before that write
+
+            loop.call_soon(send_late)
+            time.sleep(0.005)  # the first answer is in when send_late runs, not yet read
+            return [await first, *(await asyncio.gather(*sent, return_exceptions=True))]
+        finally:
+            await backend.aclose()
+
+    assert run_on(new_loop, main) == [b"PONG", b"PONG"]
+
+
+def trickling_server(replies: int) -> tuple[int, threading.Thread]:
+    """A server that sends `replies` answers one per millisecond whatever it is asked, then
+    nothing: the calls after them are never answered while bytes keep arriving."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            # The client hangs up once it has what it waits for, mid-trickle.
+            with conn, contextlib.suppress(OSError):
+                conn.settimeout(10)
+                conn.recv(1 << 16)  # the first call: the others are queued by then
+                for _ in range(replies):
+                    conn.sendall(b"+OK\r\n")
+                    time.sleep(0.001)
+                while conn.recv(1 << 16):
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_replies_still_arriving_for_others_buy_an_overdue_call_one_look_only(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """A call queued behind 300 others on a server answering one per millisecond gives up on
+    its own deadline (after its one look), long before the queue ahead of it has drained:
+    replies still coming for others do not keep it waiting."""
+    queued = 300
+    port, server = trickling_server(queued)
+
+    async def main() -> tuple[BaseException | None, int]:
+        loop = asyncio.get_running_loop()
+        _, protocol = await loop.create_connection(
+            lambda: _pipeline._Protocol(loop, None), "127.0.0.1", port)
+        ahead = [protocol.send(PING) for _ in range(queued)]
+        late = protocol.send(PING, give_up=loop.time() + 0.05)
+        await asyncio.wait([late], timeout=30)  # the fence only turns a hang into a failure
+        answered = sum(call.done() for call in ahead)
+        protocol.close(RedisConnectionError("test over"))
+        await asyncio.gather(*ahead, return_exceptions=True)
+        return (late.exception() if late.done() else None), answered
+
+    failure, answered = run_on(new_loop, main)
+    server.join(10)
+    assert isinstance(failure, asyncio.TimeoutError)
+    assert answered < queued

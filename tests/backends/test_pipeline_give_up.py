@@ -18,6 +18,7 @@ import redis.asyncio
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends import pipeline as _pipeline
+from ratelimit_mw.backends.base import LOOK
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.plans import Check
 from tests.conftest import REDIS_URL
@@ -41,8 +42,8 @@ class _Loop:
     def call_soon(self, callback: Any, *args: Any) -> Any:
         return self.real.call_soon(callback, *args)
 
-    def call_at(self, when: float, callback: Any) -> Any:
-        handle = asyncio.TimerHandle(when, callback, (), self.real)
+    def call_at(self, when: float, callback: Any, *args: Any) -> Any:
+        handle = asyncio.TimerHandle(when, callback, args, self.real)
         self.timers.append((when, handle))
         return handle
 
@@ -68,10 +69,13 @@ class _Transport:
         pass
 
 
-def _protocol(loop: _Loop) -> _pipeline._Protocol:
-    protocol = _pipeline._Protocol(loop, None)  # type: ignore[arg-type]
+def _protocol(loop: _Loop, timeout: float | None = None) -> _pipeline._Protocol:
+    protocol = _pipeline._Protocol(loop, timeout)  # type: ignore[arg-type]
     protocol.connection_made(_Transport())  # type: ignore[arg-type]
     return protocol
+
+
+LOOKED = 1000.05 + LOOK  # the one look after a give-up time of 1000.05
 
 
 async def test_each_call_gives_up_at_its_own_time_whatever_the_order_they_were_sent() -> None:
@@ -83,6 +87,9 @@ async def test_each_call_gives_up_at_its_own_time_whatever_the_order_they_were_s
     assert loop.live() == [1000.05]  # one timer, at the earliest give-up
     loop.now = 1000.05
     loop.fire()
+    assert not early.done() and loop.live() == [LOOKED]  # the loop looks once more first
+    loop.now = LOOKED
+    loop.fire()
     assert isinstance(early.exception(), TimeoutError)
     assert not late.done() and not never.done()
     assert loop.live() == [1000.2]
@@ -92,6 +99,62 @@ async def test_each_call_gives_up_at_its_own_time_whatever_the_order_they_were_s
     loop.now = 1000.2
     loop.fire()  # nothing left to give up: the answered entry is dropped, no timer re-armed
     assert protocol.give_ups == [] and loop.live() == []
+
+
+async def test_an_answer_read_during_the_look_is_the_calls_answer() -> None:
+    """The give-up time passed while the loop was busy; the reply was read at the poll that
+    the look waits for: the call has it, and nothing is left to time out."""
+    loop = _Loop()
+    protocol = _protocol(loop)
+    waiter = protocol.send(b"x", give_up=1000.05)
+    loop.now = 1000.2  # the loop comes to its timers late
+    loop.fire()
+    assert not waiter.done() and loop.live() == [pytest.approx(1000.2 + LOOK)]
+    protocol.data_received(b":5\r\n")
+    loop.now = 1000.2 + LOOK
+    loop.fire()
+    assert waiter.result() == 5 and protocol.give_ups == [] and loop.live() == []
+
+
+async def test_each_overdue_call_gets_one_look_not_more() -> None:
+    """A call overdue at a look fails at the next firing; one whose time came during the
+    look gets a look of its own."""
+    loop = _Loop()
+    protocol = _protocol(loop)
+    first = protocol.send(b"a", give_up=1000.05)
+    second = protocol.send(b"b", give_up=1000.0505)
+    loop.now = 1000.05
+    loop.fire()  # first overdue: a look
+    loop.now = LOOKED
+    loop.fire()  # first has had its look; second's time came meanwhile: its own look
+    assert isinstance(first.exception(), TimeoutError) and not second.done()
+    assert loop.live() == [pytest.approx(LOOKED + LOOK)]
+    loop.now = LOOKED + LOOK
+    loop.fire()
+    assert isinstance(second.exception(), TimeoutError) and loop.live() == []
+
+
+async def test_the_connection_deadline_looks_once_before_it_hangs_up() -> None:
+    """`socket_timeout` on the connection: the oldest reply overdue, then a look; a reply
+    read meanwhile keeps the connection; none read, and the connection is given up."""
+    loop = _Loop()
+    kept = _protocol(loop, timeout=0.05)
+    answered = kept.send(b"x")
+    loop.now = 1000.05
+    loop.fire()
+    kept.data_received(b":1\r\n")
+    loop.now = LOOKED
+    loop.fire()
+    assert answered.result() == 1 and kept.lost is None
+    dropped = _protocol(loop, timeout=0.05)
+    silent = dropped.send(b"y")
+    loop.now = LOOKED + 0.05
+    loop.fire()
+    assert not silent.done() and dropped.lost is None
+    loop.now = LOOKED + 0.05 + LOOK
+    loop.fire()
+    assert isinstance(silent.exception(), redis.exceptions.TimeoutError)
+    assert dropped.lost is not None
 
 
 async def test_answered_calls_cost_the_timer_nothing() -> None:

@@ -1,0 +1,106 @@
+"""`bounded`: the deadline around a call that has no give-up time of its own (a cluster's,
+a refusal asked about again, redis-py's), with the loop's one look before it cancels."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from backends.loops import event_loops, run_on
+
+from ratelimit_mw.backends.base import bounded
+
+pytestmark = pytest.mark.skipif(sys.version_info < (3, 11),
+                                reason="Python 3.10's bounded is asyncio.wait_for, no look")
+
+
+async def answered_by_io_while_busy(deadline: float, busy: float) -> Any:
+    """`bounded` around a future that an I/O callback resolves; the loop is busy past the
+    deadline (in a callback) just as the bytes that resolve it arrive."""
+    loop = asyncio.get_running_loop()
+    read_end, write_end = os.pipe()
+    answer: asyncio.Future[str] = loop.create_future()
+
+    def on_readable() -> None:
+        os.read(read_end, 1)
+        loop.remove_reader(read_end)
+        answer.set_result("answer")
+
+    def busy_loop() -> None:
+        os.write(write_end, b"x")  # the answer is in: read at the loop's next poll
+        time.sleep(busy)
+
+    loop.add_reader(read_end, on_readable)
+    loop.call_soon(busy_loop)
+    try:
+        return await bounded(answer, deadline)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_an_answer_that_came_while_the_loop_was_busy_past_the_deadline_is_taken(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """asyncio runs due timers after the I/O callbacks of their iteration but before the
+    task they woke; uvloop runs them before the poll: either way a plain
+    ``asyncio.timeout`` cancels a call whose answer is there."""
+    assert run_on(new_loop, lambda: answered_by_io_while_busy(0.02, 0.05)) == "answer"
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_no_answer_by_the_look_is_a_timeout_and_the_task_is_not_left_cancelling(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    async def main() -> tuple[str, int]:
+        loop = asyncio.get_running_loop()
+        late: asyncio.Future[str] = loop.create_future()
+        loop.call_later(0.2, late.set_result, "too late")  # the loop idles meanwhile
+        try:
+            await bounded(late, 0.02)
+        except TimeoutError as exc:
+            outcome = type(exc).__name__
+        else:
+            outcome = "answered"
+        task = asyncio.current_task()
+        assert task is not None
+        return outcome, task.cancelling()
+
+    assert run_on(new_loop, main) == ("TimeoutError", 0)
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_a_cancellation_from_outside_stays_a_cancellation(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        waiting = loop.create_task(bounded(loop.create_future(), 10))
+        await asyncio.sleep(0.01)
+        waiting.cancel()
+        try:
+            await waiting
+        except asyncio.CancelledError:
+            return "cancelled"
+        return "not cancelled"
+
+    assert run_on(new_loop, main) == "cancelled"
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_no_deadline_waits_as_long_as_it_takes(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        slow: asyncio.Future[str] = loop.create_future()
+        loop.call_later(0.05, slow.set_result, "answer")
+        return await bounded(slow, None)
+
+    assert run_on(new_loop, main) == "answer"
