@@ -36,12 +36,13 @@ class AsyncBackend(Protocol):
 
 
 # A deadline fails a call only once the event loop has looked for its answer: LOOK seconds
-# after it, when the loop has polled for I/O at least once (under libuv a timer due at once
-# may run before the poll) and has woken what the poll answered. A loop busy past a deadline
-# (a burst of incoming requests, a GC pause, a starved CPU) would otherwise fail calls whose
-# replies had come, or that it had itself written late, and the middleware would open its
-# breaker over a stall of its own process. 1 ms also lets a command written just now be
-# answered; a server that has not answered by then fails its calls 1 ms after the deadline.
+# after it found the call overdue, when the loop has polled for I/O at least once (under
+# libuv a timer due at once may run before the poll) and has woken what the poll answered.
+# A loop busy past a deadline (a burst of incoming requests, a GC pause, a starved CPU)
+# would otherwise fail calls whose replies had come, or that it had itself written late, and
+# the middleware would open its breaker over a stall of its own process. 1 ms also lets a
+# command written just now be answered; a server that has not answered by then fails its
+# calls 1 ms after the deadline.
 LOOK = 0.001
 
 
@@ -78,7 +79,7 @@ if sys.version_info >= (3, 11):
 
     async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
         """`awaitable`, cancelled with TimeoutError after `seconds` (None: no deadline) and
-        the loop's one look (see LOOK)."""
+        the loop's one look (see LOOK): `seconds` <= 0 still lets it run until the look."""
         if seconds is None:
             return await awaitable
         loop = asyncio.get_running_loop()

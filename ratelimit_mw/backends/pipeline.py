@@ -147,14 +147,15 @@ class _Protocol(asyncio.Protocol):
     path each (about 3 µs).
 
     One look before failing (see ``base.LOOK``): neither timer fails a call before the loop
-    has polled for I/O once after the call's deadline, 1 ms on. A loop busy past a deadline
-    would otherwise fail calls whose replies arrived meanwhile, or that it wrote late itself
-    (a batch leaves at the next iteration); uvloop (libuv) even runs due timers BEFORE it
-    polls, so a reply waiting in the socket would lose to the timer there. A timer that
-    finds a call overdue comes back once, LOOK later, after the loop has read what came;
-    the calls still unanswered then fail. Each call gets that one look, so a server
-    answering slowly behind a queue still fails its calls on time (1 ms late), and a hung
-    one too.
+    has polled for I/O again and 1 ms has passed since the timer found it overdue. A loop
+    busy past a deadline would otherwise fail calls whose replies had arrived meanwhile, or
+    that it wrote late itself (a batch leaves at the next iteration): uvloop (libuv) runs
+    the timers that fell due during its I/O callbacks before it polls again, so a reply
+    waiting in the socket would lose to the timer there. A timer that finds a call overdue
+    comes back once, LOOK later; the calls still unanswered then fail. Each call gets that
+    one look, so a server answering slowly behind a queue still fails its calls on time
+    (1 ms late), and a hung one too. (Not covered: under uvloop, a reply that arrives while
+    the loop is busy in the I/O callbacks of the look's own poll is read after the look.)
 
     A waiter of None stands for a reply that nobody reads (ASKING's, sent just before the
     command it prefixes): it is consumed in its turn and dropped.
@@ -174,6 +175,9 @@ class _Protocol(asyncio.Protocol):
         self.give_ups: list[tuple[float, int, asyncio.Future[Any]]] = []
         self.give_up_timer: asyncio.TimerHandle | None = None
         self.give_up_at = 0.0
+        # When the give-up timer last found a call overdue with no look yet: every call due
+        # by then has its look once the loop time reaches looked_at + LOOK.
+        self.looked_at = float("-inf")
         self.sequence = itertools.count()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -253,17 +257,17 @@ class _Protocol(asyncio.Protocol):
                 self._arm_give_up(give_up)
         return waiter
 
-    def _arm_give_up(self, when: float, looked_at: float = 0.0) -> None:
+    def _arm_give_up(self, when: float) -> None:
         if self.give_up_timer is not None:
             self.give_up_timer.cancel()
         self.give_up_at = when
-        self.give_up_timer = self.loop.call_at(when, self._give_up, looked_at)
+        self.give_up_timer = self.loop.call_at(when, self._give_up)
 
-    def _give_up(self, looked_at: float = 0.0) -> None:
-        """The give-up timer: fail the calls whose time is up, drop those answered.
-
-        `looked_at`: when the timer last found a call overdue and came back after a look
-        (see the class docstring); a call whose time was up by then has had its look."""
+    def _give_up(self) -> None:
+        """The give-up timer: fail the calls whose time is up and whose look is over, drop
+        those answered. A call found overdue with no look yet starts one (for every call due
+        by now); one whose look is under way (the timer came early: `send` re-armed it for
+        an earlier give-up) waits for its end."""
         self.give_up_timer = None
         heap = self.give_ups
         now = self.loop.time()
@@ -274,8 +278,12 @@ class _Protocol(asyncio.Protocol):
             elif when > now:
                 self._arm_give_up(when)
                 return
-            elif when > looked_at:
-                self._arm_give_up(now + LOOK, now)
+            elif when > self.looked_at:
+                self.looked_at = now
+                self._arm_give_up(now + LOOK)
+                return
+            elif now < self.looked_at + LOOK:
+                self._arm_give_up(self.looked_at + LOOK)
                 return
             else:
                 heapq.heappop(heap)
@@ -294,9 +302,10 @@ class _Protocol(asyncio.Protocol):
         if self.transport is not None:  # always, once connection_made has run
             self.transport.write(data)
 
-    def _watch(self, looked_at: float = 0.0) -> None:
+    def _watch(self, looked_at: float = float("-inf")) -> None:
         """The deadline timer: give up on a server whose oldest reply is overdue, after one
-        look (`looked_at` as for `_give_up`)."""
+        look (`looked_at`: when this timer found a reply overdue and came back LOOK later;
+        nothing else arms it while it is set, so it never comes early)."""
         self.timer = None
         if not self.deadlines:
             return

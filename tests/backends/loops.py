@@ -11,7 +11,8 @@ import pytest
 
 def event_loops() -> list[Any]:
     """The loops deployments run: asyncio's, and uvloop's (uvicorn's default where it is
-    installed), whose libuv runs due timers before it polls for I/O."""
+    installed), whose libuv runs the timers that fell due during its I/O callbacks before it
+    polls again."""
     loops: list[Any] = [pytest.param(asyncio.new_event_loop, id="asyncio")]
     try:
         import uvloop

@@ -49,8 +49,8 @@ def test_an_answer_that_came_while_the_loop_was_busy_past_the_deadline_is_taken(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
     """asyncio runs due timers after the I/O callbacks of their iteration but before the
-    task they woke; uvloop runs them before the poll: either way a plain
-    ``asyncio.timeout`` cancels a call whose answer is there."""
+    task they woke; uvloop runs the timers that fell due during a callback before it polls
+    again: either way a plain ``asyncio.timeout`` cancels a call whose answer is there."""
     assert run_on(new_loop, lambda: answered_by_io_while_busy(0.02, 0.05)) == "answer"
 
 

@@ -134,6 +134,31 @@ async def test_each_overdue_call_gets_one_look_not_more() -> None:
     assert isinstance(second.exception(), TimeoutError) and loop.live() == []
 
 
+async def test_an_earlier_give_up_sent_during_a_look_neither_cuts_it_short_nor_restarts_it(
+) -> None:
+    """`send` re-arms the timer for an earlier give-up: the look under way still ends at
+    its own time, and a stream of such calls cannot keep an overdue call looking forever."""
+    loop = _Loop()
+    protocol = _protocol(loop)
+    overdue = protocol.send(b"a", give_up=1000.05)
+    loop.now = 1000.05
+    loop.fire()  # a look, until LOOKED
+    stream = []
+    for step in range(1, 6):  # calls whose give-up comes before the look ends
+        loop.now = 1000.05 + step * LOOK / 10
+        stream.append(protocol.send(b"x", give_up=loop.now))
+        loop.fire()
+        assert not overdue.done()  # its look is not over
+    loop.now = LOOKED
+    loop.fire()
+    assert isinstance(overdue.exception(), TimeoutError)
+    assert not any(call.done() for call in stream)  # due during the look: one of their own
+    loop.now = LOOKED + LOOK
+    loop.fire()
+    assert all(isinstance(call.exception(), TimeoutError) for call in stream)
+    assert loop.live() == []
+
+
 async def test_the_connection_deadline_looks_once_before_it_hangs_up() -> None:
     """`socket_timeout` on the connection: the oldest reply overdue, then a look; a reply
     read meanwhile keeps the connection; none read, and the connection is given up."""
