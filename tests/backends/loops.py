@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+import os
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -28,3 +30,24 @@ def run_on(new_loop: Callable[[], asyncio.AbstractEventLoop],
         return loop.run_until_complete(main())
     finally:
         loop.close()
+
+
+@contextlib.contextmanager
+def io_callback(on_readable: Callable[[], None]) -> Iterator[Callable[[], None]]:
+    """Run `on_readable` once as an I/O callback of the running loop (a pipe's read end, so
+    it runs in the loop's I/O phase, after a poll); yields what makes the pipe readable."""
+    loop = asyncio.get_running_loop()
+    read_end, write_end = os.pipe()
+
+    def readable() -> None:
+        os.read(read_end, 1)
+        loop.remove_reader(read_end)
+        on_readable()
+
+    loop.add_reader(read_end, readable)
+    try:
+        yield lambda: os.write(write_end, b"x") and None
+    finally:
+        loop.remove_reader(read_end)
+        os.close(read_end)
+        os.close(write_end)

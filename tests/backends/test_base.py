@@ -4,14 +4,13 @@ a refusal asked about again, redis-py's), with the loop's one look before it can
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from backends.loops import event_loops, run_on
+from backends.loops import event_loops, io_callback, run_on
 
 from ratelimit_mw.backends.base import bounded
 
@@ -23,25 +22,15 @@ async def answered_by_io_while_busy(deadline: float, busy: float) -> Any:
     """`bounded` around a future that an I/O callback resolves; the loop is busy past the
     deadline (in a callback) just as the bytes that resolve it arrive."""
     loop = asyncio.get_running_loop()
-    read_end, write_end = os.pipe()
     answer: asyncio.Future[str] = loop.create_future()
+    with io_callback(lambda: answer.set_result("answer")) as make_readable:
 
-    def on_readable() -> None:
-        os.read(read_end, 1)
-        loop.remove_reader(read_end)
-        answer.set_result("answer")
+        def busy_loop() -> None:
+            make_readable()  # the answer is in: read at the loop's next poll
+            time.sleep(busy)
 
-    def busy_loop() -> None:
-        os.write(write_end, b"x")  # the answer is in: read at the loop's next poll
-        time.sleep(busy)
-
-    loop.add_reader(read_end, on_readable)
-    loop.call_soon(busy_loop)
-    try:
+        loop.call_soon(busy_loop)
         return await bounded(answer, deadline)
-    finally:
-        os.close(read_end)
-        os.close(write_end)
 
 
 @pytest.mark.parametrize("new_loop", event_loops())

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import threading
 import time
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio
-from backends.loops import event_loops, run_on
+from backends.loops import event_loops, io_callback, run_on
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import ratelimit_mw as rl
@@ -223,23 +222,15 @@ async def send_then_stall(send: Callable[[], asyncio.Future[Any]],
                           seconds: float) -> Any:
     """Send from inside an I/O callback that then holds the loop for `seconds` (a long batch
     of incoming requests, a GC pause): the reply arrives while the loop is busy."""
-    loop = asyncio.get_running_loop()
-    read_end, write_end = os.pipe()
-    sent: asyncio.Future[asyncio.Future[Any]] = loop.create_future()
+    sent: asyncio.Future[asyncio.Future[Any]] = asyncio.get_running_loop().create_future()
 
-    def on_readable() -> None:
-        os.read(read_end, 1)
-        loop.remove_reader(read_end)
+    def send_and_stall() -> None:
         sent.set_result(send())
         time.sleep(seconds)
 
-    loop.add_reader(read_end, on_readable)
-    os.write(write_end, b"x")
-    try:
+    with io_callback(send_and_stall) as make_readable:
+        make_readable()
         return await (await sent)  # the reply, or what failed the call
-    finally:
-        os.close(read_end)
-        os.close(write_end)
 
 
 @pytest.mark.parametrize("new_loop", event_loops())
