@@ -239,8 +239,8 @@ class _Shared:
         if len(suffixes) == 1:
             reply = backend.hit_one(head + suffixes[0], tiers, token, clock)
         else:
-            reply = backend.hit_tiers([head + suffix for suffix in suffixes], tiers, token,
-                                      clock)
+            # map, not a comprehension: before Python 3.12 a comprehension is one call more.
+            reply = backend.hit_tiers(list(map(head.__add__, suffixes)), tiers, token, clock)
         deny = self._deny
         if deny is None or (reply[0] == 1 and not deny.watching):
             if len(suffixes) == 1:
