@@ -40,6 +40,10 @@ LIMITS_STRATEGY = {
     "sliding-window": "SlidingWindowCounterRateLimiter",
 }
 IDENTITIES = 10_000
+# The `memory, returning` rows: MemoryBackend on a pool of identities seen before (a backend
+# of their own, every identity hit once before the rounds), beside the `memory` rows, whose
+# every check is a new identity's (keys created, and later swept).
+RETURNING = 1_000
 
 TARGET_PING_RATIO = 1.15
 TARGET_MEMORY_US = 5.0
@@ -53,6 +57,7 @@ class Config:
     fn: Callable[[str], Any]
     algorithm: str = ""
     tiers: int = 0
+    pool: int = IDENTITIES  # the identities it rotates over: the first `pool` of them
     us: list[float] = field(default_factory=list)
     ratio: list[float] = field(default_factory=list)
 
@@ -98,6 +103,7 @@ def _sync_configs(url: str, prefix: str, closers: list[Callable[[], Any]]) -> li
     ]
     on_redis = Limiter(backend, prefix=prefix, deny_cache=0)
     in_memory = Limiter(MemoryBackend(), prefix=prefix, deny_cache=0)
+    returning = Limiter(MemoryBackend(), prefix=prefix, deny_cache=0)
     for algorithm in ALGORITHMS:
         for tiers, rates in TIERS.items():
             policy = Policy(rates, algorithm=algorithm, name=f"{algorithm}-{tiers}")
@@ -105,6 +111,9 @@ def _sync_configs(url: str, prefix: str, closers: list[Callable[[], Any]]) -> li
                                   functools.partial(on_redis.hit, policy), algorithm, tiers))
             configs.append(Config("ratelimit_mw", "memory", "sync",
                                   functools.partial(in_memory.hit, policy), algorithm, tiers))
+            configs.append(Config("ratelimit_mw", "memory, returning", "sync",
+                                  functools.partial(returning.hit, policy), algorithm, tiers,
+                                  pool=RETURNING))
     if importable("limits") is None:
         from limits import parse_many, storage, strategies
 
@@ -143,6 +152,7 @@ def _async_configs(url: str, prefix: str,
     configs = [Config("PING", "redis", "async", ping)]
     on_redis = AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     in_memory = AsyncLimiter(MemoryBackend(), prefix=prefix, deny_cache=0)
+    returning = AsyncLimiter(MemoryBackend(), prefix=prefix, deny_cache=0)
     for algorithm in ALGORITHMS:
         for tiers, rates in TIERS.items():
             policy = Policy(rates, algorithm=algorithm, name=f"{algorithm}-{tiers}")
@@ -150,6 +160,9 @@ def _async_configs(url: str, prefix: str,
                                   functools.partial(on_redis.hit, policy), algorithm, tiers))
             configs.append(Config("ratelimit_mw", "memory", "async",
                                   functools.partial(in_memory.hit, policy), algorithm, tiers))
+            configs.append(Config("ratelimit_mw", "memory, returning", "async",
+                                  functools.partial(returning.hit, policy), algorithm, tiers,
+                                  pool=RETURNING))
     if importable("limits") is None:
         from limits import parse_many
         from limits.aio import storage, strategies
@@ -199,9 +212,15 @@ def _compares_to_ping(config: Config) -> bool:
     return config.backend == "redis" and config.impl != "PING"
 
 
+def _warm_up(config: Config) -> int:
+    """Checks before the rounds: connections open, scripts loaded; every identity of a
+    returning pool seen once."""
+    return max(200, config.pool) if config.pool < IDENTITIES else 200
+
+
 def _rounds_sync(configs: list[Config], rounds: int, n: int, ids: list[str]) -> None:
-    for config in configs:  # warm-up: connections open, scripts loaded
-        _measure_sync(config.fn, ids, 0, 200)
+    for config in configs:
+        _measure_sync(config.fn, ids[:config.pool], 0, _warm_up(config))
     ping = _ping_of(configs)
     cursor = 200
     for r in range(rounds):
@@ -209,7 +228,7 @@ def _rounds_sync(configs: list[Config], rounds: int, n: int, ids: list[str]) -> 
             # A/B: a PING batch on the same client right before each Redis configuration.
             adjacent = (_measure_sync(ping.fn, ids, cursor, n // 2)
                         if _compares_to_ping(config) else None)
-            us = _measure_sync(config.fn, ids, cursor, n)
+            us = _measure_sync(config.fn, ids[:config.pool], cursor, n)
             config.us.append(us)
             if adjacent is not None:
                 config.ratio.append(us / adjacent)
@@ -223,14 +242,14 @@ async def _rounds_async(url: str, prefix: str, rounds: int, n: int,
     configs = _async_configs(url, prefix, closers)
     try:
         for config in configs:
-            await _measure_async(config.fn, ids, 0, 200)
+            await _measure_async(config.fn, ids[:config.pool], 0, _warm_up(config))
         ping = _ping_of(configs)
         cursor = 200
         for r in range(rounds):
             for config in rotated(configs, r):
                 adjacent = (await _measure_async(ping.fn, ids, cursor, n // 2)
                             if _compares_to_ping(config) else None)
-                us = await _measure_async(config.fn, ids, cursor, n)
+                us = await _measure_async(config.fn, ids[:config.pool], cursor, n)
                 config.us.append(us)
                 if adjacent is not None:
                     config.ratio.append(us / adjacent)
@@ -283,6 +302,7 @@ def run(url: str, *, rounds: int, n: int, shared_server: bool) -> dict[str, Any]
         "rounds": rounds,
         "checks_per_round": n,
         "identities": IDENTITIES,
+        "returning_identities": RETURNING,
         "tiers": {str(k): v for k, v in TIERS.items()},
         "event_loop": loop,
         "rows": rows,

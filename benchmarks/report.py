@@ -51,7 +51,7 @@ def core_table(section: dict[str, Any]) -> str:
                 continue
             us = fmt_spread(row["us"])
             ratio = row.get("x_ping")
-            if impl == "ratelimit_mw" and backend == "memory":
+            if impl == "ratelimit_mw" and backend.startswith("memory"):
                 us += _mark(row["us"]["median"] <= MEMORY_BACKEND_TARGET_US)
             if impl == "PING":
                 ratio_text = "1.00" if backend == "redis" else "—"
@@ -68,7 +68,11 @@ def core_table(section: dict[str, Any]) -> str:
         f"PING batch on the same client run right before it (target ≤ {PING_TARGET}, ✓/✗), "
         f"MemoryBackend target ≤ {MEMORY_BACKEND_TARGET_US:g} µs. Tiers: 1 = "
         f"`{section['tiers']['1']}`, 3 = `{section['tiers']['3']}`, rotating over "
-        f"{section['identities']:,} identities, `deny_cache=0`. `limits`: one `hit` (one "
+        f"{section['identities']:,} identities, `deny_cache=0`. memory: in the default "
+        f"rounds every check is its identity's first (its keys created, later swept); "
+        f"memory, returning: a backend of its own and a pool of "
+        f"{section.get('returning_identities', 1000):,} identities, each hit once "
+        f"before the rounds. `limits`: one `hit` (one "
         f"round trip) per limit, as slowapi and Flask-Limiter call it; sliding-log ↔ "
         f"MovingWindowRateLimiter, sliding-window ↔ SlidingWindowCounterRateLimiter. Async "
         f"event loop: {section['event_loop']}. The time Redis spends inside each check is the "
