@@ -110,6 +110,58 @@ if n == 1 and op == 'H' and argv[10] == '0' then
   end
 end
 
+-- The common shape of several tiers: a hit on epoch-aligned fixed windows without a penalty
+-- ("10/second;100/minute;1000/hour"). The one-tier path's inline check above, once per tier,
+-- every key read by one MGET, the writes made only once every tier admits. A refusal goes on
+-- to the loop below with what was read here.
+if n > 1 and op == 'H' then
+  local plain = true
+  for i = 1, n do
+    local b = 7 * i - 2
+    if argv[b + 1] ~= 'fw' or argv[b + 5] ~= '0' or argv[b + 7] ~= '' then
+      plain = false
+      break
+    end
+  end
+  if plain then
+    values = redis.call('MGET', unpack(keys))
+    -- Sized up front for up to three tiers, as the loop's tables below.
+    local reply = {1, 0, 0, 0, 0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+    local writes = {nil, nil, nil, nil, nil, nil}  -- per tier: the value, PX or false
+    for i = 1, n do
+      local b = 7 * i - 2
+      local limit, period, cost = argv[b + 2] + 0, argv[b + 3] + 0, argv[b + 4] + 0
+      local v, start = values[i], now - (now % period)
+      local count, keep = 0, false
+      if v then
+        local s, c = string.match(v, '^(%-?%d+):(%d+)$')
+        if s and s + 0 == start then count, keep = c + 0, own_clock end
+      end
+      if count + cost > limit then
+        plain = false
+        break
+      end
+      local reset_hit = start + period - now
+      local k, j = 5 * i - 4, 2 * i - 1
+      reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
+        1, limit - count - cost, 0, reset_hit, 0
+      writes[j] = string.format('%d:%d', start, count + cost)
+      writes[j + 1] = not keep and string.format('%d', reset_hit)
+    end
+    if plain then
+      for i = 1, n do
+        local j = 2 * i - 1
+        if writes[j + 1] then
+          redis.call('SET', keys[i], writes[j], 'PX', writes[j + 1])
+        else
+          redis.call('SET', keys[i], writes[j], 'KEEPTTL')
+        end
+      end
+      return reply
+    end
+  end
+end
+
 if op == 'X' then
   for i = 1, #keys do redis.call('DEL', keys[i]) end
   return {1}

@@ -1,5 +1,6 @@
-"""The script's one-tier path (lua/main.lua: a hit on one tier without a penalty) against its
-general loop.
+"""The script's shortcuts (lua/main.lua: a hit on one tier without a penalty; a hit on
+epoch-aligned fixed windows without a penalty, of one policy or several) against its general
+loop.
 
 The general loop takes a call whose ban index is not the literal "0"; "00" is the same index
 (no penalty) written so that the one-tier path does not recognise it. A refused hit's three
@@ -11,6 +12,8 @@ bookings (entries ahead of now, which the sliding log's one-tier path must see);
 on two fresh fakeredis servers, plainly on one and with "00" on the other, and the replies must
 be equal, reply for reply. (The memory backend is the reference for both in
 tests/test_differential.py; this one pins the shortcut to the loop it shortcuts.)
+The several-tier fixed-window path is held to the loop the same way, on hits of one to three
+policies at once ("00" as the first tier's ban index sends the call to the loop).
 """
 
 from __future__ import annotations
@@ -78,3 +81,69 @@ def test_one_tier_path_answers_as_the_general_loop(
         if call.op == plans.HIT and expected[0] == 0:
             del actual[DENY_CACHE:], expected[DENY_CACHE:]
         assert actual == expected, (call.args, actual, expected)
+
+
+def tier_index_of_ban(tier: int) -> int:
+    """ARGV position (0-based) of tier `tier`'s (0-based) ban index."""
+    return BAN_INDEX + 7 * tier
+
+
+FIXED_WINDOW_RATES = st.lists(
+    st.tuples(st.sampled_from([1, 2, 3, 5, 40]), st.sampled_from([1_000, 5_000, 60_000])),
+    min_size=1, max_size=3, unique_by=lambda rate: rate[1])
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pool=st.lists(FIXED_WINDOW_RATES, min_size=1, max_size=3),
+    # The last policy of the pool may be of another algorithm: a call with one such tier must
+    # leave the shortcut for the loop on both servers.
+    other=st.sampled_from([None, None, "sliding-window", "gcra", "sliding-log"]),
+    steps=st.lists(st.tuples(st.sampled_from([0, 0, 1, 300, 999, 1_000, 4_000, 61_000]),
+                             st.sampled_from(["hit", "hit", "hit", "peek"]),
+                             st.lists(st.tuples(st.integers(0, 2), st.sampled_from("ab"),
+                                                st.sampled_from([1, 1, 2, 6])),
+                                      min_size=1, max_size=3)),
+                   min_size=5, max_size=40),
+)
+# A policy of two tiers whose second refuses after the first admits: nothing may be written.
+@example(pool=[[(5, 1_000), (2, 60_000)]], other=None,
+         steps=[(0, "hit", [(0, "a", 1)]), (0, "hit", [(0, "a", 1)]),
+                (0, "hit", [(0, "a", 1)]), (1_000, "peek", [(0, "a", 1)])])
+def test_several_fixed_window_tiers_answer_as_the_general_loop(
+    pool: list[list[tuple[int, int]]], other: str | None,
+    steps: list[tuple[int, str, list[tuple[int, str, int]]]],
+) -> None:
+    policies = [rl.Policy([rl.Rate(limit, period) for limit, period in rates],
+                          algorithm="fixed-window", name=f"p{i}")
+                for i, rates in enumerate(pool)]
+    if other is not None:
+        policies[-1] = rl.Policy(policies[-1].rates, algorithm=other, name="other")
+    fast = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    loop = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    now_ms = START_MS
+    for advance, kind, picks in steps:
+        now_ms += advance
+        checks = [plans.Check(policies[index % len(policies)], identity, cost)
+                  for index, identity, cost in picks]
+        call = plans.build(plans.PEEK if kind == "peek" else plans.HIT, checks, "f",
+                           now_us=now_ms * 1000, clock_ms=now_ms)
+        tiers = int(call.args[4])
+        if call.op == plans.HIT:
+            # No penalty anywhere: the shape the shortcuts take.
+            assert all(call.args[tier_index_of_ban(t)] == 0 for t in range(tiers)), call.args
+        plain = list(call.args)
+        spelled = list(call.args)
+        spelled[BAN_INDEX] = "00"
+        expected = run(loop, call, spelled)
+        actual = run(fast, call, plain)
+        if call.op == plans.HIT and expected[0] == 0:
+            # As above: the loop's deny-cache values differ by design under "00".
+            del actual[1 + 5 * tiers:], expected[1 + 5 * tiers:]
+        assert actual == expected, (call.args, actual, expected)
+    # Both servers hold the same state.
+    assert sorted(fast.keys()) == sorted(loop.keys())
+    for key in fast.keys():
+        assert fast.type(key) == loop.type(key)
+        if fast.type(key) == b"string":
+            assert fast.get(key) == loop.get(key), key
