@@ -50,12 +50,28 @@ local values  -- MGET of every key (false where none): fw/sw/gc state and bans, 
 -- same check functions as the loop below, minus the loop's bookkeeping (the tables of a reply
 -- that may be refused, ban lookups): about a microsecond of Redis's time per call. A refusal
 -- goes on to the general path below with what was read here (`values`, the built checks), so
--- it reads nothing twice but the sliding log's count.
+-- it reads nothing twice but the sliding log's counts.
 if n == 1 and op == 'H' and argv[10] == '0' then
   local algo, key = argv[6], keys[1]
   local limit, period, cost = argv[7] + 0, argv[8] + 0, argv[9] + 0
   local ok, before, retry, reset_hit, value, px, _
-  if algo == 'sl' then
+  if algo == 'sl' and cost == 1 then
+    -- sliding_log.lua's lazy check and its commit, inline, for the request's usual hit: one
+    -- entry at `now`, nothing booked ahead (the log's newest entry then does not matter, and
+    -- the log lives one period from now). Building sliding_log()'s closures and per-log
+    -- table costs more than these lines; anything else (a booking ahead, a refusal) goes on
+    -- to the loop below, whose sliding_log() reads the count again.
+    local seen = redis.call('ZCOUNT', key, string.format('(%d', now - period), '+inf')
+    local later = 0
+    if seen > 0 then later = redis.call('ZCOUNT', key, string.format('(%d', now), '+inf') end
+    if later == 0 and seen < limit then
+      local score = string.format('%d', now)
+      redis.call('ZADD', key, score, token .. ':1')
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
+      redis.call('PEXPIRE', key, string.format('%d', period))
+      return {1, 1, limit - seen - 1, 0, period, 0}
+    end
+  elseif algo == 'sl' then
     sl_check, sl_commit = sliding_log()
     ok, before, retry, _, reset_hit = sl_check(key, limit, period, cost, now, now, true)
     if ok then
