@@ -1,25 +1,30 @@
-"""The script's shortcuts (lua/main.lua: a hit on one tier without a penalty; a hit on
-epoch-aligned fixed windows without a penalty, of one policy or several) against its general
-loop.
+"""The script's shortcuts against its general loop (lua/main.lua).
 
-The general loop takes a call whose ban index is not the literal "0"; "00" is the same index
-(no penalty) written so that the one-tier path does not recognise it. A refused hit's three
-trailing values for the deny cache are left out of the comparison: with a ban index other than
-"0" the loop declares them unstable (a penalty might start later), by design; the one-tier
-path never writes them (a refusal goes on to the loop, which is what is compared here).
-Hypothesis draws a one-tier policy of every algorithm and a sequence of hits, peeks and
-bookings (entries ahead of now, which the sliding log's one-tier path must see); each call runs
-on two fresh fakeredis servers, plainly on one and with "00" on the other, and the replies must
-be equal, reply for reply, and so must the servers' keys after every call: values, sorted-set
-entries and TTLs (fakeredis's wall clock stands still during the calls, so TTLs compare to the
-millisecond). (The memory backend is the reference for both in
-tests/test_differential.py; this one pins the shortcut to the loop it shortcuts.)
-The several-tier fixed-window path is held to the loop the same way, on hits of one to three
-policies at once ("00" as the first tier's ban index sends the call to the loop).
+The shortcuts answer the common hits without the loop: a hit on one tier without a penalty
+(each algorithm's check written out inline), and a hit on epoch-aligned fixed windows without
+a penalty, of one policy or several. The reference is the same script with both shortcut
+blocks switched off (`if false and ...`), so the general loop decides every call.
+
+Hypothesis draws policies and a sequence of hits, peeks and bookings (entries ahead of now,
+which the sliding log's shortcut must see); each call runs on two fresh fakeredis servers,
+through the script on one and through the reference on the other. The replies must be equal,
+value for value (a refusal's deny-cache values included), and so must the servers' keys after
+every call: values, sorted-set entries and TTLs. fakeredis's wall clock is held still during
+each call, so TTLs compare to the millisecond. Each example runs under one of two clocks:
+
+- a test clock: the call carries `now` (ARGV[2]), as in tests/test_differential.py, and keys
+  expire by the fake clock only (EXTEND there);
+- Redis's own clock, as in production (ARGV[2] empty): fakeredis's wall clock is set to the
+  step's time, so the script's TIME, the keys' expiry and the writes that keep a key's TTL
+  (KEEPTTL) all run on it.
+
+(The memory backend is the reference for the whole script in tests/test_differential.py; this
+file pins each shortcut to the loop it shortcuts.)
 """
 
 from __future__ import annotations
 
+import functools
 from contextlib import AbstractContextManager
 from unittest import mock
 
@@ -33,16 +38,25 @@ import ratelimit_mw as rl
 from ratelimit_mw.core import plans, scripts
 
 START_MS = 1_800_000_000_000
-BAN_INDEX = 9  # ARGV position (0-based) of tier 1's ban index: 5 head values, then 4 more
-DENY_CACHE = 6  # a refused hit's reply: all, 5 values for the tier, then the deny cache's 3
+# The first line of each shortcut block in lua/main.lua: one tier, then several fixed windows.
+SHORTCUTS = ("if n == 1 and op == 'H' and argv[10] == '0' then", "if n > 1 and op == 'H' then")
 
 
-FROZEN_S = 1_700_000_000.0  # fakeredis's wall clock while the calls run (see frozen below)
+@functools.cache
+def without_shortcuts() -> str:
+    """The script with its shortcut blocks switched off: the general loop decides every call."""
+    source = scripts.source()
+    for line in SHORTCUTS:
+        if source.count(line) != 1:
+            raise AssertionError(f"lua/main.lua has no single shortcut line {line!r}: "
+                                 "update SHORTCUTS to the script's shortcut blocks")
+        source = source.replace(line, line.replace("if ", "if false and ", 1))
+    return source
 
 
-def frozen() -> AbstractContextManager[object]:
-    """fakeredis's wall clock standing still: TTLs set by the two servers compare exactly."""
-    return mock.patch("time.time", return_value=FROZEN_S)
+def wall_clock(now_ms: int) -> AbstractContextManager[object]:
+    """fakeredis's wall clock standing at `now_ms` for the duration: TIME, expiry, TTLs."""
+    return mock.patch("time.time", return_value=now_ms / 1000)
 
 
 def state(client: redis.Redis) -> dict[bytes, tuple[bytes, object, int]]:
@@ -56,13 +70,23 @@ def state(client: redis.Redis) -> dict[bytes, tuple[bytes, object, int]]:
     return held
 
 
-def run(client: redis.Redis, call: plans.ScriptCall, args: list[object]) -> list[int]:
-    # As in test_differential: keys expire by the fake clock only (see EXTEND there).
+def run(client: redis.Redis, source: str, call: plans.ScriptCall, own_clock: bool) -> list[int]:
     pipe = client.pipeline(transaction=True)
-    pipe.eval(scripts.source(), len(call.keys), *call.keys, *args)
-    pipe.eval(EXTEND, len(call.keys), *call.keys)
-    reply, _ = pipe.execute()
-    return list(reply)
+    pipe.eval(source, len(call.keys), *call.keys, *call.args)
+    if not own_clock:
+        # A test clock: keys expire by it only (see EXTEND in test_differential).
+        pipe.eval(EXTEND, len(call.keys), *call.keys)
+    return list(pipe.execute()[0])
+
+
+def compare(fast: redis.Redis, loop: redis.Redis, call: plans.ScriptCall, now_ms: int,
+            own_clock: bool) -> None:
+    """Run `call` through the script and through the reference: same replies, same keys."""
+    with wall_clock(now_ms):
+        expected = run(loop, without_shortcuts(), call, own_clock)
+        actual = run(fast, scripts.source(), call, own_clock)
+        assert actual == expected, (call.args, actual, expected)
+        assert state(fast) == state(loop), call.args
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -70,6 +94,7 @@ def run(client: redis.Redis, call: plans.ScriptCall, args: list[object]) -> list
     algorithm=st.sampled_from(sorted(rl.ALGORITHMS)),
     limit=st.sampled_from([1, 2, 3, 5]),
     period=st.sampled_from([1_000, 5_000, 60_000]),
+    own_clock=st.booleans(),
     steps=st.lists(st.tuples(st.sampled_from([0, 0, 1, 300, 999, 1_000, 4_000, 61_000]),
                              st.sampled_from(["hit", "hit", "hit", "peek", "book"]),
                              st.sampled_from([1, 1, 2, 6]),
@@ -77,13 +102,18 @@ def run(client: redis.Redis, call: plans.ScriptCall, args: list[object]) -> list
                    min_size=5, max_size=40),
 )
 # A booking ahead, then a hit the one-tier path admits: its reset must reach past the booking.
-@example(algorithm="sliding-log", limit=5, period=60_000,
+@example(algorithm="sliding-log", limit=5, period=60_000, own_clock=False,
          steps=[(0, "book", 1, 3_000), (0, "hit", 1, 0), (1, "hit", 2, 0)])
 # An entry exactly one period old has left the window: counted by neither path, and trimmed.
-@example(algorithm="sliding-log", limit=3, period=1_000,
+@example(algorithm="sliding-log", limit=3, period=1_000, own_clock=False,
          steps=[(0, "hit", 1, 0), (1_000, "hit", 1, 0), (999, "hit", 1, 0), (1, "hit", 1, 0)])
+# Writes inside one window on Redis's clock keep the key's TTL (KEEPTTL).
+@example(algorithm="sliding-window", limit=5, period=5_000, own_clock=True,
+         steps=[(0, "hit", 1, 0), (300, "hit", 1, 0), (4_000, "hit", 2, 0), (999, "hit", 1, 0),
+                (1, "hit", 1, 0)])
 def test_one_tier_path_answers_as_the_general_loop(
-    algorithm: str, limit: int, period: int, steps: list[tuple[int, str, int, int]]
+    algorithm: str, limit: int, period: int, own_clock: bool,
+    steps: list[tuple[int, str, int, int]],
 ) -> None:
     policy = rl.Policy([rl.Rate(limit, period)], algorithm=algorithm, name="fast")
     fast = fakeredis.FakeRedis(server=fakeredis.FakeServer())
@@ -92,29 +122,14 @@ def test_one_tier_path_answers_as_the_general_loop(
     for advance, kind, cost, ahead in steps:
         now_ms += advance
         check = [plans.Check(policy, "a", cost)]
+        now_us = None if own_clock else now_ms * 1000
         if kind == "book" and algorithm == "sliding-log":
-            call = plans.build(plans.BOOK, check, "f", now_us=now_ms * 1000,
-                               at_ms=now_ms + ahead, clock_ms=now_ms)
+            call = plans.build(plans.BOOK, check, "f", now_us=now_us, at_ms=now_ms + ahead,
+                               clock_ms=now_ms)
         else:
             call = plans.build(plans.PEEK if kind == "peek" else plans.HIT, check, "f",
-                               now_us=now_ms * 1000, clock_ms=now_ms)
-        if call.op == plans.HIT:
-            assert call.args[BAN_INDEX] == 0, call.args  # the shape the one-tier path takes
-        plain = list(call.args)
-        spelled = list(call.args)
-        spelled[BAN_INDEX] = "00"
-        with frozen():
-            expected = run(loop, call, spelled)
-            actual = run(fast, call, plain)
-            assert state(fast) == state(loop), call.args
-        if call.op == plans.HIT and expected[0] == 0:
-            del actual[DENY_CACHE:], expected[DENY_CACHE:]
-        assert actual == expected, (call.args, actual, expected)
-
-
-def tier_index_of_ban(tier: int) -> int:
-    """ARGV position (0-based) of tier `tier`'s (0-based) ban index."""
-    return BAN_INDEX + 7 * tier
+                               now_us=now_us, clock_ms=now_ms)
+        compare(fast, loop, call, now_ms, own_clock)
 
 
 FIXED_WINDOW_RATES = st.lists(
@@ -128,6 +143,9 @@ FIXED_WINDOW_RATES = st.lists(
     # The last policy of the pool may be of another algorithm: a call with one such tier must
     # leave the shortcut for the loop on both servers.
     other=st.sampled_from([None, None, "sliding-window", "gcra", "sliding-log"]),
+    # Namesakes: policies of one name whose tiers of one period share a key.
+    namesakes=st.booleans(),
+    own_clock=st.booleans(),
     steps=st.lists(st.tuples(st.sampled_from([0, 0, 1, 300, 999, 1_000, 4_000, 61_000]),
                              st.sampled_from(["hit", "hit", "hit", "peek"]),
                              st.lists(st.tuples(st.integers(0, 2), st.sampled_from("ab"),
@@ -136,15 +154,15 @@ FIXED_WINDOW_RATES = st.lists(
                    min_size=5, max_size=40),
 )
 # A policy of two tiers whose second refuses after the first admits: nothing may be written.
-@example(pool=[[(5, 1_000), (2, 60_000)]], other=None,
+@example(pool=[[(5, 1_000), (2, 60_000)]], other=None, namesakes=False, own_clock=False,
          steps=[(0, "hit", [(0, "a", 1)]), (0, "hit", [(0, "a", 1)]),
                 (0, "hit", [(0, "a", 1)]), (1_000, "peek", [(0, "a", 1)])])
 def test_several_fixed_window_tiers_answer_as_the_general_loop(
-    pool: list[list[tuple[int, int]]], other: str | None,
+    pool: list[list[tuple[int, int]]], other: str | None, namesakes: bool, own_clock: bool,
     steps: list[tuple[int, str, list[tuple[int, str, int]]]],
 ) -> None:
     policies = [rl.Policy([rl.Rate(limit, period) for limit, period in rates],
-                          algorithm="fixed-window", name=f"p{i}")
+                          algorithm="fixed-window", name="p" if namesakes else f"p{i}")
                 for i, rates in enumerate(pool)]
     if other is not None:
         policies[-1] = rl.Policy(policies[-1].rates, algorithm=other, name="other")
@@ -156,19 +174,5 @@ def test_several_fixed_window_tiers_answer_as_the_general_loop(
         checks = [plans.Check(policies[index % len(policies)], identity, cost)
                   for index, identity, cost in picks]
         call = plans.build(plans.PEEK if kind == "peek" else plans.HIT, checks, "f",
-                           now_us=now_ms * 1000, clock_ms=now_ms)
-        tiers = int(call.args[4])
-        if call.op == plans.HIT:
-            # No penalty anywhere: the shape the shortcuts take.
-            assert all(call.args[tier_index_of_ban(t)] == 0 for t in range(tiers)), call.args
-        plain = list(call.args)
-        spelled = list(call.args)
-        spelled[BAN_INDEX] = "00"
-        with frozen():
-            expected = run(loop, call, spelled)
-            actual = run(fast, call, plain)
-            assert state(fast) == state(loop), call.args
-        if call.op == plans.HIT and expected[0] == 0:
-            # As above: the loop's deny-cache values differ by design under "00".
-            del actual[1 + 5 * tiers:], expected[1 + 5 * tiers:]
-        assert actual == expected, (call.args, actual, expected)
+                           now_us=None if own_clock else now_ms * 1000, clock_ms=now_ms)
+        compare(fast, loop, call, now_ms, own_clock)
