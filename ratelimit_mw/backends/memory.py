@@ -305,6 +305,34 @@ class MemoryBackend:
         algo, limit, period, cost, _, ban_end, cal = tier
         with self._lock:
             now_us, now = self._tick(now_us)
+            if algo == "sl" and cost == 1:
+                # The default algorithm's usual hit, inline (as main.lua's): one entry at
+                # `now`, nothing booked ahead, admitted. _sl_check and _sl_commit for it,
+                # without their six frames; anything else goes on to _decide_one, from the
+                # same state (nothing is written before the hit is known to be admitted).
+                log: _Log | None = None
+                if self._expires.get(key, now) > now:  # _get, inline (an expired log: none)
+                    log = self._data[key]
+                peak = 0
+                if log is not None and (scores := log.scores):
+                    floor = now - period
+                    if scores[-1] <= now:  # nothing ahead: the window ending now is fullest
+                        peak = len(scores) if scores[0] > floor else log.count_above(floor)
+                    else:
+                        peak = limit  # a booking ahead: _decide_one weighs it
+                if peak < limit:
+                    if log is None:
+                        log = _Log()
+                    log.add(now, token + ":1")
+                    if log.scores[0] <= now - period:  # something has left the window
+                        log.trim(now - period)
+                    # _set, inline: the log lives until its newest entry (this hit) leaves.
+                    self._data[key] = log
+                    self._expires[key] = until = now + period
+                    if key not in self._scheduled:
+                        self._scheduled.add(key)
+                        heapq.heappush(self._heap, (until, key))
+                    return [1, 1, limit - peak - 1, 0, period, 0]
             return self._decide_one("H", (algo, limit, period, cost, 0, ban_end, cal, key),
                                     token, now, now, now_us)
 

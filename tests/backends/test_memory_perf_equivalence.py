@@ -21,12 +21,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from unittest import mock
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends import memory as memory_module
 from ratelimit_mw.core import plans
+from ratelimit_mw.core.policy import Algorithm
 
 START_MS = 1_800_000_000_000
 PERIODS = [1_000, 2_000, 5_000, 60_000, 86_400_000]
@@ -201,6 +203,40 @@ def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
             call = _build(op, [check], now_ms, at_ms=at_ms, token=f"b{n}")
             assert parts.run(call) == whole.run(call), step
         assert _stored(parts) == _stored(whole), step
+
+
+# Edges the random sequences reach seldom: an entry exactly one period old (it leaves the
+# log, and the window, on the next hit), a window that ends between two hits 1 ms apart, a
+# TAT exactly at now, a quota filled to the last unit and then refused.
+EDGES: list[tuple[str, Algorithm, list[int]]] = [
+    ("3/second", "sliding-log", [0, 1, 999, 0, 1, 1_000, 0, 0, 0, 2_000]),
+    ("2/second", "sliding-log", [0, 0, 0, 1_000, 1, 999, 1_000]),
+    ("2/second;3/2 seconds;5/5 seconds", "fixed-window", [0, 0, 0, 999, 1, 0, 1_000, 0, 3_000]),
+    ("2/second;4/5 seconds", "gcra", [0, 0, 0, 500, 500, 1, 499, 5_000, 0, 0]),
+    ("2/second;3/2 seconds", "sliding-window", [0, 0, 0, 999, 1, 0, 500, 1_500, 2_000, 0]),
+]
+
+
+@pytest.mark.parametrize(("rates", "algorithm", "advances"), EDGES)
+def test_a_hit_given_as_its_parts_is_the_run_of_its_call_at_the_edges(
+    rates: str, algorithm: Algorithm, advances: list[int]
+) -> None:
+    policy = rl.Policy(rates, algorithm=algorithm, name="edge")
+    parts, whole = rl.MemoryBackend(), rl.MemoryBackend()
+    now_ms = START_MS
+    for n, advance in enumerate(advances):
+        now_ms += advance
+        token = f"t{n}" if algorithm == "sliding-log" else ""
+        call = plans.build(plans.HIT, [plans.Check(policy, "a", 1)], "eq",
+                           now_us=now_ms * 1000 + 123, token=token or None)
+        keys, tiers = call.keys, tuple(call.args[5:])
+        expected = whole.run(call)
+        if len(keys) == 1:
+            got = parts.hit_one(keys[0], tiers, token, now_ms * 1000 + 123)
+        else:
+            got = parts.hit_tiers(keys, tiers, token, now_ms * 1000 + 123)
+        assert got == expected, (n, advance)
+        assert _stored(parts) == _stored(whole), (n, advance)
 
 
 @contextlib.contextmanager
