@@ -406,12 +406,27 @@ class MemoryBackend:
                     reply += (1, budget // period - curr - cost, 0, reset, 0)
                     writes.append((key, (start, curr + cost, prev), reset, cost))
                 else:  # a sliding log (as main.lua, a code it does not know reads one)
-                    ok, before, retry, _, reset, value = self._sl_check(
-                        key, limit, period, cost, cal, now, now, now_us)
-                    if not ok:
-                        break
-                    # As _decide's reply for a hit it records: remaining and reset after it.
-                    reply += (1, before - cost, retry, reset, 0)
+                    if cost == 1:
+                        # The usual hit: one entry at `now`. With nothing booked ahead the
+                        # window ending now is the fullest, and the hit's reset one period;
+                        # a booking ahead is weighed by _decide, as a refusal is.
+                        value = data[key] if expires.get(key, now) > now else None
+                        peak = 0
+                        if value is not None and (scores := value.scores):
+                            if scores[-1] > now:
+                                break
+                            floor = now - period
+                            peak = len(scores) if scores[0] > floor else value.count_above(floor)
+                        if peak >= limit:
+                            break
+                        reply += (1, limit - peak - 1, 0, period, 0)
+                    else:
+                        ok, before, retry, _, reset, value = self._sl_check(
+                            key, limit, period, cost, cal, now, now, now_us)
+                        if not ok:
+                            break
+                        # As _decide's reply for a hit it records: remaining and reset after.
+                        reply += (1, before - cost, retry, reset, 0)
                     if spans is None:
                         spans = {}
                     if spans.get(key, 0) < period:

@@ -211,6 +211,7 @@ def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
 EDGES: list[tuple[str, Algorithm, list[int]]] = [
     ("3/second", "sliding-log", [0, 1, 999, 0, 1, 1_000, 0, 0, 0, 2_000]),
     ("2/second", "sliding-log", [0, 0, 0, 1_000, 1, 999, 1_000]),
+    ("2/second;3/2 seconds", "sliding-log", [0, 1, 999, 0, 1_000, 1, 999, 0, 2_000]),
     ("2/second;3/2 seconds;5/5 seconds", "fixed-window", [0, 0, 0, 999, 1, 0, 1_000, 0, 3_000]),
     ("2/second;4/5 seconds", "gcra", [0, 0, 0, 500, 500, 1, 499, 5_000, 0, 0]),
     ("2/second;3/2 seconds", "sliding-window", [0, 0, 0, 999, 1, 0, 500, 1_500, 2_000, 0]),
