@@ -347,8 +347,8 @@ class MemoryBackend:
         `run(plans.build_static(HIT, ...))`, without the call's argument list to build and
         read back, and, while every tier admits, without `_decide`'s bookkeeping for bans
         and refusals: each tier is checked inline (a log's hit of a larger cost through
-        `_sl_check`), nothing is stored until every tier admits, and a refusal, or a booking ahead in a log, is decided again by
-        `_decide` from the same state.
+        `_sl_check`), nothing is stored until every tier admits, and a refusal, or a
+        booking ahead in a log, is decided again by `_decide` from the same state.
         tests/backends/test_memory_perf_equivalence.py holds it to `run`."""
         with self._lock:
             now_us, now = self._tick(now_us)
