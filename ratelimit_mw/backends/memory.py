@@ -305,8 +305,9 @@ class MemoryBackend:
         algo, limit, period, cost, _, ban_end, cal = tier
         if algo != "sl":
             # hit_tiers' inline checks, for one tier as for several: faster than
-            # _decide_one's frames, even with this call.
-            return self.hit_tiers((key,), tier, token, now_us)
+            # _decide_one's frames, even with this call. (Its class attribute: a wrapper set
+            # on the instance's hit_tiers sees the calls made to it, not these.)
+            return self._hit_tiers((key,), tier, token, now_us)
         with self._lock:
             now_us, now = self._tick(now_us)
             if cost == 1:
@@ -317,14 +318,13 @@ class MemoryBackend:
                 log: _Log | None = None
                 if self._expires.get(key, now) > now:  # _get, inline (an expired log: none)
                     log = self._data[key]
-                peak = 0
+                peak, ahead = 0, False
                 if log is not None and (scores := log.scores):
+                    ahead = scores[-1] > now  # a booking ahead: _decide_one weighs it
+                    # Else the window ending now is the fullest: count it.
                     floor = now - period
-                    if scores[-1] <= now:  # nothing ahead: the window ending now is fullest
-                        peak = len(scores) if scores[0] > floor else log.count_above(floor)
-                    else:
-                        peak = limit  # a booking ahead: _decide_one weighs it
-                if peak < limit:
+                    peak = len(scores) if scores[0] > floor else log.count_above(floor)
+                if not ahead and peak < limit:
                     if log is None:
                         log = _Log()
                     log.add(now, token + ":1")
@@ -372,7 +372,7 @@ class MemoryBackend:
                 # or, on a refusal, read again (and dropped) by _decide, from the same state.
                 # Each branch's arithmetic is its check's where `ok` holds, which makes the
                 # check's clamps no-ops: remaining >= 0, retry 0, the cost within the limit.
-                if algo == "fw":
+                if algo == "fw" and not cal:
                     start = now - now % period
                     count = 0
                     if expires.get(key, now) > now and (value := data[key])[0] == start:
@@ -410,7 +410,7 @@ class MemoryBackend:
                     reset = 2 * period - elapsed
                     reply += (1, budget // period - curr - cost, 0, reset, 0)
                     writes.append((key, (start, curr + cost, prev), reset, cost))
-                else:  # a sliding log (as main.lua, a code it does not know reads one)
+                elif algo == "sl":
                     if cost == 1:
                         # The usual hit: one entry at `now`. With nothing booked ahead the
                         # window ending now is the fullest, and the hit's reset one period;
@@ -437,6 +437,8 @@ class MemoryBackend:
                     if spans.get(key, 0) < period:
                         spans[key] = period
                     writes.append((key, value, -1, cost))
+                else:  # a calendar, a code the core never sends: _decide's, as run's
+                    break
             else:
                 # Every tier admits: phase 2.
                 scheduled = self._scheduled
@@ -451,8 +453,11 @@ class MemoryBackend:
                     elif spans is not None and (longest := spans.pop(key, None)) is not None:
                         self._sl_commit(key, value, now, cost, token, longest, now)
                 return reply
-            # A tier refuses. Nothing was stored: _decide decides again from the same state.
+            # A tier refuses (or is not one of the shapes above). Nothing was stored:
+            # _decide decides again from the same state.
             return self._decide("H", keys, _part_tiers(keys, tiers), token, now, now, now_us)
+
+    _hit_tiers = hit_tiers  # what hit_one calls (see there)
 
     async def arun(self, call: ScriptCall) -> list[int]:
         # Pure CPU for a few microseconds under a lock held only by such calls: no await needed.

@@ -148,9 +148,10 @@ def test_a_tier_answers_alone_as_it_does_beside_a_tier_that_always_admits(
 
 
 def _stored(backend: rl.MemoryBackend) -> object:
-    """Every live key's value and expiry (a log as its entries), what the sweep will visit
-    and when the backend was last called: all a later call depends on."""
-    return ({key: (getattr(value, "entries", value), backend._expires[key])
+    """Every live key's value and expiry (a log as its entries and its member index), what
+    the sweep will visit and when the backend was last called: all a later call depends on."""
+    return ({key: (getattr(value, "entries", value), getattr(value, "members", None),
+                   backend._expires[key])
              for key, value in backend._data.items()},
             sorted(backend._heap), backend._scheduled, backend._called_at)
 
