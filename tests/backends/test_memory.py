@@ -10,6 +10,8 @@ import threading
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 
@@ -162,3 +164,71 @@ def test_a_backend_called_seldom_still_reclaims_what_expired_meanwhile(
     # ~16,000 per idle second, spread over the calls (64 a call would leave 39,809).
     assert 1 < left[0] < 40_000 - 15_000 and left[1] < left[0], left
     assert left[-1] == 1, left
+
+
+def _schedule_holds_every_key_once_by_its_expiry(backend: rl.MemoryBackend) -> None:
+    """The sweep's bookkeeping: each held key sits in exactly one bucket, due no later than
+    its expiry (so it is looked at once it expires), the heap names exactly the buckets'
+    ms, and no bucket is left empty."""
+    due: dict[str, int] = {}
+    for at, keys in backend._due.items():
+        assert keys, f"an empty bucket at {at}"
+        for key in keys:
+            assert key not in due, f"{key} is scheduled twice"
+            due[key] = at
+    assert sorted(backend._times) == sorted(backend._due)
+    assert set(due) == backend._scheduled
+    for key, expires in backend._expires.items():
+        assert key in backend._data
+        assert due[key] <= expires, (key, due[key], expires)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    calls=st.lists(
+        st.tuples(st.sampled_from(["hit", "hit", "hit", "reset", "refund", "peek"]),
+                  st.integers(0, 7),  # identity
+                  st.integers(0, 3),  # policy
+                  st.one_of(st.integers(0, 6), st.sampled_from([20, 400]))),  # ms before
+        min_size=5, max_size=60),
+    crowd=st.integers(0, 400),  # identities hit within one ms first: buckets bigger than a sweep
+)
+def test_the_sweep_forgets_exactly_what_expired_and_keeps_every_key_scheduled(
+    calls: list[tuple[str, int, int, int]], crowd: int
+) -> None:
+    """Random calls on short windows, so keys expire, are swept part by part (a crowd in one
+    ms overflows a call's budget) and are written again while scheduled: after every call
+    the schedule still holds every key once, by its expiry, and nothing live has been
+    dropped. Then, past every expiry, the backend forgets everything."""
+    from conftest import StepClock
+
+    clock = StepClock()
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=clock, deny_cache=0)
+    policies = [rl.Policy("3/4ms;5/9ms", algorithm=algorithm, name=f"p{i}",
+                          penalty=0.01 if algorithm == "gcra" else None)
+                for i, algorithm in enumerate(ALGORITHMS)]
+    crowd_policy = rl.Policy("1/3ms", algorithm="gcra", name="crowd")
+    for i in range(crowd):
+        limiter.hit(crowd_policy, f"c{i}")
+    for kind, identity, policy, wait in calls:
+        clock.advance_ms(wait)
+        name = f"u{identity}"
+        before = dict(backend._expires)
+        if kind == "hit":
+            limiter.hit(policies[policy], name)
+        elif kind == "reset":
+            limiter.reset(policies[policy], name)
+        elif kind == "refund":
+            limiter.refund(policies[policy], name)
+        else:
+            limiter.peek(policies[policy], name)
+        _schedule_holds_every_key_once_by_its_expiry(backend)
+        if kind in ("hit", "peek"):  # (reset and refund delete keys themselves)
+            dropped = before.keys() - backend._expires.keys()
+            assert all(before[key] <= clock.ms for key in dropped), "a live key was dropped"
+    clock.advance_ms(60_000)
+    for _ in range(10):
+        limiter.peek(policies[0], "someone else")
+    assert len(backend) == 0
+    assert not backend._due and not backend._times and not backend._scheduled

@@ -153,7 +153,8 @@ def _stored(backend: rl.MemoryBackend) -> object:
     return ({key: (getattr(value, "entries", value), getattr(value, "members", None),
                    backend._expires[key])
              for key, value in backend._data.items()},
-            sorted(backend._heap), backend._scheduled, backend._called_at)
+            sorted((at, sorted(keys)) for at, keys in backend._due.items()),
+            sorted(backend._times), backend._scheduled, backend._called_at)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
