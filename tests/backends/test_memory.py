@@ -7,16 +7,13 @@ documented semantics by tests/test_limiter.py (which runs on both backends).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
-
-if TYPE_CHECKING:
-    from conftest import StepClock
+from tests.conftest import StepClock
 
 ALGORITHMS = sorted(rl.ALGORITHMS)
 
@@ -200,8 +197,6 @@ def test_the_sweep_forgets_exactly_what_expired_and_keeps_every_key_scheduled(
     ms overflows a call's budget) and are written again while scheduled: after every call
     the schedule still holds every key once, by its expiry, and nothing live has been
     dropped. Then, past every expiry, the backend forgets everything."""
-    from conftest import StepClock
-
     clock = StepClock()
     backend = rl.MemoryBackend()
     limiter = rl.Limiter(backend, clock=clock, deny_cache=0)
