@@ -5,12 +5,14 @@ arithmetic, same reply — so one core serves both and a differential test can h
 identical answers. State is per process: gunicorn or uvicorn with several workers needs Redis.
 
 Expiry is garbage collection only (as in the scripts, every value carries what makes it stale),
-so idle identities are forgotten: each written key is scheduled once in a heap by its expiry,
-and every call — admitted or refused, any operation — pops due entries: at least 64, plus 16
-for every millisecond since the previous call. Reclaiming thus keeps pace with time rather
-than with traffic: a backend that is called seldom (in front of it a cache answers most
-refusals) still frees, on its next call, what expired meanwhile (up to 16,000 keys per idle
-second, a pause of a few ms), and a busy one spreads the work over its calls.
+so idle identities are forgotten: each written key is scheduled once, at its expiry, in a
+schedule of buckets (the keys due in one ms), and every call — admitted or refused, any
+operation — looks at due keys: at most 64, plus 16 for every millisecond since the previous
+call, dropping the expired ones and scheduling again those written since. Reclaiming thus
+keeps pace with time rather than with traffic: a backend that is called seldom (in front of
+it a cache answers most refusals) still frees, on its next call, what expired meanwhile (up
+to 16,000 keys per idle second, a pause of a few ms), and a busy one spreads the work over
+its calls.
 
 It sits on the request path of every app run without Redis, so the common call — a hit or a
 peek of one to three tiers, no ban, no calendar — is kept lean: the tiers are read into plain
@@ -271,14 +273,17 @@ class MemoryBackend:
     def __init__(self) -> None:
         self._data: dict[str, Any] = {}
         self._expires: dict[str, int] = {}
-        # When to look at which key again (the sweep): the keys grouped by that ms, and a heap
-        # of those ms. Keys written within one ms share a bucket, so scheduling a key is an
-        # append and the sweep pops buckets, not keys: a heap of (ms, key) pairs cost a push
-        # and a pop of about 1.1 µs per key that expired and came back (measured), most of a
-        # returning identity's hit where its keys live a few ms (gcra far from its limit).
+        # The sweep's schedule, when to look at which key: a bucket of keys per ms
+        # (`_due`), a heap of the ms that have one (`_due_times`), and every key in a bucket,
+        # once (`_scheduled`). Keys due in the same ms share a bucket (every fixed-window
+        # key of one window, a crowd's keys written in one ms), so scheduling a key is
+        # mostly an append and the heap is paid per ms with int comparisons: a heap of
+        # (ms, key) pairs cost a push and a pop of about 1.1 µs per key that expired and
+        # came back (measured), most of a returning identity's hit where its keys live a few
+        # ms (gcra far from its limit).
         self._due: dict[int, list[str]] = {}
-        self._times: list[int] = []
-        self._scheduled: set[str] = set()  # every key in a bucket, once
+        self._due_times: list[int] = []
+        self._scheduled: set[str] = set()
         self._called_at = 0  # the `now` (ms) of the last call: a sweep's budget grows with time
         self._lock = threading.Lock()
         # Phase 1 of each algorithm (as main.lua, any other code reads a sliding log), one
@@ -472,7 +477,7 @@ class MemoryBackend:
             self._data.clear()
             self._expires.clear()
             self._due.clear()
-            self._times.clear()
+            self._due_times.clear()
             self._scheduled.clear()
 
     async def aclose(self) -> None:
@@ -496,15 +501,19 @@ class MemoryBackend:
             self._schedule(key, expires)
 
     def _schedule(self, key: str, at: int) -> None:
-        """Have the sweep look at `key` at `at` (ms); the caller knows it is not scheduled."""
+        """Have the sweep look at `key` at `at` (ms). For a key not in the schedule (the
+        callers ask `_scheduled` first, inline: a key written again keeps its place, and the
+        sweep, finding it written since, files it again at its new expiry)."""
         self._scheduled.add(key)
-        self._due_at(key, at)
+        self._file(key, at)
 
-    def _due_at(self, key: str, at: int) -> None:
+    def _file(self, key: str, at: int) -> None:
+        """Put `key` in the bucket of `at`, opening it if none: a key already counted in
+        `_scheduled`, taken out of its bucket by the sweep, or just added by `_schedule`."""
         bucket = self._due.get(at)
         if bucket is None:
             self._due[at] = [key]
-            heapq.heappush(self._times, at)
+            heapq.heappush(self._due_times, at)
         else:
             bucket.append(key)
 
@@ -516,23 +525,24 @@ class MemoryBackend:
         """Look at due keys, 64, plus 16 per ms the backend sat `idle` since its last call:
         drop each one expired, schedule again each one written since (at its new expiry)."""
         budget = _SWEEP_PER_CALL + _SWEEP_PER_MS * min(max(0, idle), _SWEEP_MAX_MS)
-        times, due, expires, scheduled = self._times, self._due, self._expires, self._scheduled
-        while times and (at := times[0]) <= now:
+        due_times, due, expiry_of = self._due_times, self._due, self._expires
+        scheduled = self._scheduled
+        while due_times and (at := due_times[0]) <= now:
             bucket = due[at]
             while bucket:
                 if not budget:
                     return
                 budget -= 1
                 key = bucket.pop()
-                until = expires.get(key)
-                if until is None:
+                expiry = expiry_of.get(key)
+                if expiry is None:  # deleted since (a reset, a log refunded empty, read expired)
                     scheduled.discard(key)
-                elif until <= now:
+                elif expiry <= now:
                     self._delete(key)
                     scheduled.discard(key)
-                else:  # written again since: due later (`until` > now >= at: another bucket)
-                    self._due_at(key, until)
-            heapq.heappop(times)
+                else:  # written again since: due later (expiry > now >= at: another bucket)
+                    self._file(key, expiry)
+            heapq.heappop(due_times)
             del due[at]
 
     # -- fixed-window: the value is (window start, count) -----------------------------------
@@ -781,8 +791,8 @@ class MemoryBackend:
         if type(now_us) is not int:
             now_us = time.time_ns() // 1000 if now_us == "" else int(now_us)
         now = now_us // 1000
-        times = self._times
-        if times and times[0] <= now:  # O(1) when nothing is due
+        due_times = self._due_times
+        if due_times and due_times[0] <= now:  # O(1) when nothing is due
             self._sweep(now, now - self._called_at)
         self._called_at = now
         return now_us, now

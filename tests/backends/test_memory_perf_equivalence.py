@@ -154,7 +154,7 @@ def _stored(backend: rl.MemoryBackend) -> object:
                    backend._expires[key])
              for key, value in backend._data.items()},
             sorted((at, sorted(keys)) for at, keys in backend._due.items()),
-            sorted(backend._times), backend._scheduled, backend._called_at)
+            sorted(backend._due_times), backend._scheduled, backend._called_at)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
