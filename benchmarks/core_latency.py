@@ -40,9 +40,9 @@ LIMITS_STRATEGY = {
     "sliding-window": "SlidingWindowCounterRateLimiter",
 }
 IDENTITIES = 10_000
-# The `memory, returning` rows: MemoryBackend on a pool of identities seen before (a backend
-# of their own, every identity hit once before the rounds), beside the `memory` rows, whose
-# every check is a new identity's (keys created, and later swept).
+# The `memory, returning` rows: MemoryBackend on a pool of identities seen before (every
+# identity hit once before the rounds), beside the `memory` rows, whose every check is a new
+# identity's (keys created, and later swept). Each row has a backend of its own.
 RETURNING = 1_000
 
 TARGET_PING_RATIO = 1.15
@@ -89,6 +89,16 @@ class _RawPing:
         self.sock.close()
 
 
+def _own_memory(limiter_class: Any, backend_class: Any, prefix: str) -> tuple[Any, Any]:
+    """The `memory` and `memory, returning` limiters of one configuration, each on a
+    MemoryBackend of its own. A backend shared by every configuration charged each one's
+    first batch of a round with sweeping the keys the others had left to expire meanwhile
+    (1 s tiers, gcra): fixed-window 1 tier measured 5.1 µs on a shared backend against
+    3.5 µs on its own, on one host."""
+    return (limiter_class(backend_class(), prefix=prefix, deny_cache=0),
+            limiter_class(backend_class(), prefix=prefix, deny_cache=0))
+
+
 def _sync_configs(url: str, prefix: str, closers: list[Callable[[], Any]]) -> list[Config]:
     from ratelimit_mw import Limiter, MemoryBackend, Policy, RedisBackend
 
@@ -102,13 +112,13 @@ def _sync_configs(url: str, prefix: str, closers: list[Callable[[], Any]]) -> li
         Config("PING", "raw socket", "sync", raw),
     ]
     on_redis = Limiter(backend, prefix=prefix, deny_cache=0)
-    in_memory = Limiter(MemoryBackend(), prefix=prefix, deny_cache=0)
-    returning = Limiter(MemoryBackend(), prefix=prefix, deny_cache=0)
     for algorithm in ALGORITHMS:
         for tiers, rates in TIERS.items():
             policy = Policy(rates, algorithm=algorithm, name=f"{algorithm}-{tiers}")
             configs.append(Config("ratelimit_mw", "redis", "sync",
                                   functools.partial(on_redis.hit, policy), algorithm, tiers))
+            # A MemoryBackend per configuration (see _own_memory).
+            in_memory, returning = _own_memory(Limiter, MemoryBackend, prefix)
             configs.append(Config("ratelimit_mw", "memory", "sync",
                                   functools.partial(in_memory.hit, policy), algorithm, tiers))
             configs.append(Config("ratelimit_mw", "memory, returning", "sync",
@@ -151,11 +161,10 @@ def _async_configs(url: str, prefix: str,
 
     configs = [Config("PING", "redis", "async", ping)]
     on_redis = AsyncLimiter(backend, prefix=prefix, deny_cache=0)
-    in_memory = AsyncLimiter(MemoryBackend(), prefix=prefix, deny_cache=0)
-    returning = AsyncLimiter(MemoryBackend(), prefix=prefix, deny_cache=0)
     for algorithm in ALGORITHMS:
         for tiers, rates in TIERS.items():
             policy = Policy(rates, algorithm=algorithm, name=f"{algorithm}-{tiers}")
+            in_memory, returning = _own_memory(AsyncLimiter, MemoryBackend, prefix)
             configs.append(Config("ratelimit_mw", "redis", "async",
                                   functools.partial(on_redis.hit, policy), algorithm, tiers))
             configs.append(Config("ratelimit_mw", "memory", "async",
@@ -303,6 +312,9 @@ def run(url: str, *, rounds: int, n: int, shared_server: bool) -> dict[str, Any]
         "checks_per_round": n,
         "identities": IDENTITIES,
         "returning_identities": RETURNING,
+        # Runs before this key existed shared one MemoryBackend among the `memory` rows and
+        # another among the `memory, returning` rows (see _own_memory).
+        "memory_backend_per_row": True,
         "tiers": {str(k): v for k, v in TIERS.items()},
         "event_loop": loop,
         "rows": rows,

@@ -70,9 +70,9 @@ def core_table(section: dict[str, Any]) -> str:
         f"`{section['tiers']['1']}`, 3 = `{section['tiers']['3']}`, rotating over "
         f"{section['identities']:,} identities, `deny_cache=0`. memory: in the default "
         f"rounds every check is its identity's first (its keys created, later swept); "
-        f"memory, returning: a backend of its own and a pool of "
+        f"memory, returning: a pool of "
         f"{section.get('returning_identities', 1000):,} identities, each hit once "
-        f"before the rounds. `limits`: one `hit` (one "
+        f"before the rounds; {_memory_backends(section)}. `limits`: one `hit` (one "
         f"round trip) per limit, as slowapi and Flask-Limiter call it; sliding-log ↔ "
         f"MovingWindowRateLimiter, sliding-window ↔ SlidingWindowCounterRateLimiter. Async "
         f"event loop: {section['event_loop']}. The time Redis spends inside each check is the "
@@ -82,6 +82,15 @@ def core_table(section: dict[str, Any]) -> str:
 
 
 # -- time inside Redis ---------------------------------------------------------------------------
+def _memory_backends(section: dict[str, Any]) -> str:
+    if section.get("memory_backend_per_row"):
+        return "every memory row on a MemoryBackend of its own"
+    # How runs before core_latency._own_memory measured (their JSON lacks the key).
+    return ("one MemoryBackend shared by the `memory` rows, another by the `memory, "
+            "returning` rows, so a row's first batch of a round also swept what the others "
+            "had left to expire")
+
+
 def _calls_text(calls: dict[str, float]) -> str:
     return ", ".join(f"{name} {n:g}" for name, n in calls.items())
 
