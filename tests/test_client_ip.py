@@ -276,6 +276,8 @@ def test_hop_count_at_the_element_bound() -> None:
         pytest.param([None], 'trusted_proxies=["10.0.0.0/8"', id="None entry"),
         pytest.param(["0.0.0.0/0"], "trusted_proxies=1", id="trust every IPv4"),
         pytest.param(["::/0"], "trusted_proxies=1", id="trust every IPv6"),
+        # Mapped networks are folded to IPv4 before the test: this one is 0.0.0.0/0.
+        pytest.param(["::ffff:0:0/96"], "trusted_proxies=1", id="trust every mapped IPv4"),
         pytest.param(["fe80::1%eth0"], "'fe80::/10'", id="zone id"),
     ],
 )

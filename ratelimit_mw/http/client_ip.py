@@ -209,15 +209,17 @@ def _parse_trusted_network(item: object) -> IPv4Network | IPv6Network:
             f"trusted_proxies entry {item!r} has host bits set; write {str(loose)!r}"
             f" for the whole network or {text.split('/')[0]!r} for the single address"
         ) from None
+    if isinstance(network, IPv6Network) and network.subnet_of(_MAPPED_V4):
+        # Addresses are mapped to IPv4 before the test, so the network must be too.
+        network = IPv4Network((int(network.network_address) & 0xFFFFFFFF,
+                               network.prefixlen - 96))
+    # After the folding: "::ffff:0:0/96" is every IPv4 address, as "0.0.0.0/0" is.
     if network.prefixlen == 0:
         raise ConfigurationError(
             f"trusted_proxies entry {item!r} trusts every address, so any client could"
             " choose its own IP through X-Forwarded-For; list your proxies' networks, or give"
             " the number of proxies in front of the app, e.g. trusted_proxies=1"
         )
-    if isinstance(network, IPv6Network) and network.subnet_of(_MAPPED_V4):
-        # Addresses are mapped to IPv4 before the test, so the network must be too.
-        return IPv4Network((int(network.network_address) & 0xFFFFFFFF, network.prefixlen - 96))
     return network
 
 
