@@ -75,13 +75,39 @@ async def rate_limit_exception_handler(request: Request, exc: Exception) -> Resp
                     media_type="application/json")
 
 
+def _refuse_middleware_only(config: Config) -> None:
+    """Options a dependency could only ignore: a user who sets one expects it to act."""
+    if config.on_blocked is not None:
+        raise ConfigurationError(
+            "on_blocked belongs to the middleware: a dependency answers a refusal by raising "
+            "RateLimitHTTPException; shape that answer with an exception handler instead, "
+            "app.add_exception_handler(RateLimitHTTPException, your_handler) (the exception "
+            "carries .decision, .headers and .body)"
+        )
+    if config.per_method:
+        raise ConfigurationError(
+            "per_method applies to the middleware's default limit; a dependency counts for "
+            "the endpoints it sits on: put it on the one method's route, or give each method "
+            "its own RateLimitDependency (name= to choose which share a quota)"
+        )
+    if config.charge_method_not_allowed:
+        raise ConfigurationError(
+            "charge_method_not_allowed applies to the middleware: FastAPI answers 405 before "
+            "any dependency runs, so a dependency never sees one; drop the option, or set it "
+            "on RateLimitMiddleware"
+        )
+
+
 class RateLimitDependency:
     """``Depends(RateLimitDependency(limiter, "5/minute", key=..., cost=...))``.
 
     ``key`` (default: the configuration's, ``keys.client_ip()``) and ``cost`` (a whole number
     or ``(request) -> int``) belong to this limit; the other options are the middleware's
     (``config=`` or keywords: ``on_backend_error``, ``headers``, ``legacy_headers``,
-    ``mode``, ``on_refusal``, ``exempt_when``, ``backend_timeout``, ``backend_cooldown``).
+    ``mode``, ``on_refusal``, ``exempt_when``, ``charge_preflight``, ``backend_timeout``,
+    ``backend_cooldown``); those that only the middleware can act on (``default``,
+    ``rules``, ``count_when``, ``on_blocked``, ``per_method``,
+    ``charge_method_not_allowed``) raise ConfigurationError here.
     ``name`` makes every endpoint using this dependency share one quota. The dependency
     returns the Decision (or None when the backend failed and the request was admitted) and
     leaves it in ``request.state.ratelimit``.
@@ -116,6 +142,7 @@ class RateLimitDependency:
                 "RateLimitDependency takes its limit as `rates`; count_when, rules and default "
                 "belong to the middleware (ratelimit_mw.asgi.RateLimitMiddleware)"
             )
+        _refuse_middleware_only(self.config)
         self.key = key or self.config.key_func
         self.guard = Guard(self.config, self.limiter,
                            timeout=async_timeout(self.limiter, self.config.backend_timeout))

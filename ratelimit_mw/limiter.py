@@ -660,10 +660,13 @@ class AsyncLimiter(_Shared):
         give_up = loop.time() + timeout  # type: ignore[operator]
         now_us = self._now_us()
         token = lane.token() if lane.log else None
+        # Read before the write, as every path does: a refusal is counted down from the
+        # moment its call was sent, so a pause after the write cannot make the deny cache
+        # outlive the store's answer.
+        sent = self._sent()
         waiter = post(lane.packed(identity, now_us, token), give_up)  # type: ignore[misc]
         if waiter is None:  # no open connection on this loop: the plain path connects
             return await self.ask(checks or (lane.check(identity),), False, timeout)
-        sent = self._sent()
         try:
             reply = await waiter
         except Exception as exc:

@@ -313,6 +313,42 @@ async def test_a_cold_start_connects_through_the_plain_path_then_posts(prefix: s
         await backend.aclose()
 
 
+async def test_a_posted_refusal_is_counted_down_from_the_moment_its_call_was_sent(
+    prefix: str
+) -> None:
+    # The process pauses 100 ms right after the write (a GC pause, a busy loop): the deny
+    # cache must still count the refusal from the send, as every other path does, or it
+    # refuses a hit that the store would admit.
+    clock = StepClock()
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    await backend._pipe.command("PING")
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, clock=clock)
+    lane = Lane(rl.Policy("1/second", algorithm="gcra", name="pause"), 1, prefix)
+    post = limiter._post
+    assert post is not None
+    pauses: list[int] = []
+
+    def pausing(packed: bytes, give_up: float) -> Any:
+        waiter = post(packed, give_up)
+        if pauses:
+            clock.advance_ms(pauses.pop())
+        return waiter
+
+    limiter._post = pausing
+    try:
+        sent_at = clock.us
+        assert (await limiter.lane_hit(lane, "ip:1", 1.0)).allowed
+        pauses.append(100)
+        refused = await limiter.lane_hit(lane, "ip:1", 1.0)
+        assert not refused.allowed and refused.retry_after == 1.0
+        assert limiter._deny is not None
+        assert [entry.decided for entry in limiter._deny._entries.values()] == [sent_at]
+        clock.us = sent_at + 1_000_000  # when the store admits again
+        assert (await limiter.lane_hit(lane, "ip:1", 1.0)).allowed
+    finally:
+        await backend.aclose()
+
+
 async def test_after_a_script_flush_the_lane_loads_the_script_and_counts_once(
     prefix: str, redis_client: redis.Redis
 ) -> None:

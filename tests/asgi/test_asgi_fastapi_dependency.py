@@ -174,6 +174,12 @@ def test_a_backend_failure_follows_on_backend_error(on_error, status):
     (("5/minute",), {"cost": 6}, "exceeds the limit"),
     (("5/minute",), {"mode": "audit"}, "enforce"),
     (("5/minute",), {"backend_timeout": 0}, "backend_timeout"),
+    # The middleware's own options: a dependency could only ignore them.
+    (("5/minute",), {"default": "1/second"}, "belong to the middleware"),
+    (("5/minute",), {"count_when": lambda status: True}, "belong to the middleware"),
+    (("5/minute",), {"on_blocked": lambda request, decision: None}, "add_exception_handler"),
+    (("5/minute",), {"per_method": True}, "its own RateLimitDependency"),
+    (("5/minute",), {"charge_method_not_allowed": True}, "before any dependency runs"),
 ])
 def test_bad_options_fail_at_construction(args, options, message):
     with pytest.raises(ConfigurationError, match=message):
