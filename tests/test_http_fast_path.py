@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 import ratelimit_mw as rl
 from ratelimit_mw import keys
-from ratelimit_mw.asgi import RateLimitMiddleware
+from ratelimit_mw.asgi import RateLimitMiddleware, Rule
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.drive import check_sync
 from ratelimit_mw.http.guard import Admit, Guard, Refuse
@@ -88,6 +88,53 @@ def _guard(key: str, per_method: bool, legacy: bool, limit: str) -> Guard:
     config = Config(default=limit, key=KEYS[key], per_method=per_method,
                     legacy_headers=legacy)
     return Guard(config, rl.Limiter(), timeout=None)
+
+
+# Routes whose limits name methods, standard and not: the selection cache keys on the verb.
+def _route_limit(rates: str, name: str, methods: list[str] | None = None) -> RouteLimit:
+    """A decorator's limit as the middleware finds it on an endpoint (bound: named)."""
+    return RouteLimit.make(rates, key=None, cost=1, name=name,
+                           methods=methods).bound_to(_route_limit)
+
+
+_ROUTES: list[Any] = [
+    None,
+    "exempt",
+    (_route_limit("2/minute", "dav", ["PROPFIND"]),),
+    (_route_limit("2/minute", "dav", ["PROPFIND"]),
+     _route_limit("3/minute", "mk", ["MKCOL", "get"])),
+    (_route_limit("4/minute", "any"),),
+]
+_CUSTOM_METHODS = st.sampled_from(["GET", "HEAD", "POST", "PROPFIND", "MKCOL", "FOO", "BREW",
+                                   "propfind", "OPTIONS"])
+
+
+def _shape(selection: Any) -> Any:
+    """What a selection decides: its limits in order, how many are routed, its fallback."""
+    if selection is None:
+        return None
+    return ([(item.policy, item.label, item.cost) for item in selection.applied],
+            selection.routed, _shape(selection.fallback))
+
+
+@settings(max_examples=200, deadline=None)
+@given(rules=st.booleans(),
+       batch=st.lists(st.tuples(_CUSTOM_METHODS, st.sampled_from(range(len(_ROUTES))),
+                                st.sampled_from(["/", "/dav", "/api/x"])),
+                      min_size=1, max_size=12))
+def test_the_selection_cache_selects_as_a_fresh_guard_does(
+    rules: bool, batch: list[Any]
+) -> None:
+    # Methods a client invents share one cache entry; a method a route's limit names must
+    # not (one PROPFIND-only limit was lost for good after one MKCOL or FOO request).
+    config = Config(default="100/minute",
+                    rules=[Rule("/api/*", "9/minute", methods=["FOO"])] if rules else None)
+    limiter = rl.Limiter()
+    cached = Guard(config, limiter, timeout=None)
+    for method, route, path in batch:
+        fresh = Guard(config, limiter, timeout=None)
+        assert (_shape(cached.select(method, path, _ROUTES[route]))
+                == _shape(fresh.select(method, path, _ROUTES[route])))
 
 
 @settings(max_examples=150, deadline=None)

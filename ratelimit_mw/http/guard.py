@@ -66,7 +66,8 @@ _PATH_CACHE_SIZE = 4096
 # Methods a per-method default counts apart; anything else a client invents shares "OTHER",
 # so that a made-up method is not a fresh quota.
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-# The selections are cached per verb: these, and "OTHER" for the rest (a bounded cache).
+# The selections are cached per verb: these, and "OTHER" for the rest (a bounded cache),
+# except a method that the route's own limits name (see _other_verb).
 _VERBS = _METHODS | {"HEAD"}
 _NO_STORE = ("Cache-Control", "no-store")
 _JSON = ("Content-Type", "application/json")
@@ -163,6 +164,20 @@ def _fallback_identity(request: Any) -> str:
         return "ip:unknown"
 
 
+def _other_verb(method: str, route: object) -> str:
+    """The selection cache's verb for a method outside `_VERBS`: "OTHER", shared by every
+    such method, unless a limit of the route names this one (``methods=["PROPFIND"]``):
+    its selection differs from the other methods', so it is cached apart. Rules need no
+    verb: the rules a request matches, method included, are in the key themselves. The
+    methods routes name are a set fixed by the code, so the cache stays bounded whatever
+    methods clients invent."""
+    if isinstance(route, tuple):
+        for limit in route:
+            if limit.methods is not None and method in limit.methods:
+                return method
+    return "OTHER"
+
+
 class Guard:
     """The validated configuration plus the state one app's middleware keeps (caches, breaker).
 
@@ -246,7 +261,7 @@ class Guard:
         include the request's), an exempt route drops them, an undecorated route gets the
         defaults; rules always add.
         """
-        verb = method if method in _VERBS else "OTHER"
+        verb = method if method in _VERBS else _other_verb(method, route)
         if self.rules:
             rules = self._matching_rules(method, path)
             cache_key: tuple[object, ...] = (id(route), verb, *map(id, rules))

@@ -30,6 +30,35 @@ ATTRIBUTE = "__ratelimit_mw__"
 EXEMPT = "exempt"
 
 
+# RFC 9110 token characters: what a method name may be made of.
+_TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                         "abcdefghijklmnopqrstuvwxyz")
+
+
+def validate_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
+    """The methods a rule or a route limit applies to, upper-cased (None: every method).
+    HEAD is served by the GET handler, so a GET limit covers it."""
+    if methods is None:
+        return None
+    if isinstance(methods, str):
+        raise ConfigurationError(
+            f'methods takes a list, e.g. methods=["POST"], not the string {methods!r}'
+        )
+    out: set[str] = set()
+    for method in methods:
+        if not isinstance(method, str) or not method or not _TOKEN_CHARS.issuperset(method):
+            raise ConfigurationError(
+                f"methods must be HTTP method names such as \"POST\" or \"PROPFIND\", got "
+                f'{method!r}; e.g. methods=["POST"]'
+            )
+        out.add(method.upper())
+    if not out:
+        # An empty list would be a limit that never applies.
+        raise ConfigurationError('methods must name at least one method, e.g. methods=["GET"]'
+                                 " (leave it out for every method)")
+    return frozenset(out | {"HEAD"} if "GET" in out else out)
+
+
 def validate_key(key: object) -> KeyFunc | None:
     if key is not None and not callable(key):
         raise ConfigurationError(
@@ -164,15 +193,7 @@ class RouteLimit:
                 f'limit() takes a rate string such as "5/minute", a Policy or a callable '
                 f"(request) -> rate text, got {rates!r}"
             )
-        verbs: frozenset[str] | None = None
-        if methods is not None:
-            if isinstance(methods, str):
-                raise ConfigurationError(
-                    f'methods takes a list, e.g. methods=["POST"], not the string {methods!r}'
-                )
-            verbs = frozenset(str(m).upper() for m in methods)
-            if "GET" in verbs:
-                verbs |= {"HEAD"}  # served by the GET handler
+        verbs = validate_methods(methods)
         label = policy.name if policy is not None else (name or "route")
         return cls(policy, rates, key, validate_cost(cost, policy), name, verbs, exempt_when,
                    label)

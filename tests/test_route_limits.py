@@ -1,0 +1,78 @@
+"""Per-route limits (`ratelimit_mw.http.routing`): what a decorator accepts, and which
+methods its limit applies to."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+from starlette.testclient import TestClient
+
+import ratelimit_mw as rl
+from ratelimit_mw.asgi import RateLimitMiddleware
+from ratelimit_mw.http.routing import validate_methods
+
+
+@pytest.mark.parametrize(
+    ("methods", "mentions"),
+    [
+        ("POST", "not the string 'POST'"),
+        ([], "at least one method"),
+        ([""], "HTTP method names"),
+        (["GET POST"], "HTTP method names"),
+        (["GET\r\n"], "HTTP method names"),
+        ([b"GET"], "HTTP method names"),
+        ([None], "HTTP method names"),
+    ],
+)
+def test_a_decorator_with_methods_it_could_never_match_fails_at_import(
+    methods: Any, mentions: str
+) -> None:
+    with pytest.raises(rl.ConfigurationError, match=mentions):
+        rl.AsyncLimiter().limit("1/minute", methods=methods)
+
+
+@pytest.mark.parametrize(
+    ("methods", "normalised"),
+    [
+        (None, None),
+        (["post"], frozenset({"POST"})),
+        (["GET"], frozenset({"GET", "HEAD"})),  # HEAD is served by the GET handler
+        (("PROPFIND", "MKCOL"), frozenset({"PROPFIND", "MKCOL"})),
+    ],
+)
+def test_methods_are_upper_cased_and_get_covers_head(
+    methods: Any, normalised: frozenset[str] | None
+) -> None:
+    assert validate_methods(methods) == normalised
+
+
+def _dav_app() -> TestClient:
+    limiter = rl.AsyncLimiter(rl.MemoryBackend())
+
+    @limiter.limit("2/minute", methods=["PROPFIND"])
+    async def dav(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    app = Starlette(routes=[Route("/dav", dav, methods=["PROPFIND", "MKCOL"])])
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, default="100/minute")
+    return TestClient(app)
+
+
+@pytest.mark.parametrize("first", [None, "MKCOL", "FOO"])
+def test_a_limit_for_an_unusual_method_holds_whatever_methods_came_first(
+    first: str | None,
+) -> None:
+    # Methods outside the common ones share one selection cache entry, except one that a
+    # route's limit names: one MKCOL (or invented FOO) request used to put PROPFIND on the
+    # default for good.
+    client = _dav_app()
+    if first is not None:
+        client.request(first, "/dav")
+    statuses = [client.request("PROPFIND", "/dav").status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    assert client.request("MKCOL", "/dav").headers["ratelimit-policy"] == '"minute";q=100;w=60'
