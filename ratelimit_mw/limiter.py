@@ -25,7 +25,7 @@ from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.identity import encode_identity
 from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check, ScriptCall
-from ratelimit_mw.core.policy import Policy, as_policy
+from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
 from ratelimit_mw.core.wire import Wire, wire
 from ratelimit_mw.http.routing import RouteLimit, exempt, limit_decorator
 from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
@@ -115,6 +115,9 @@ class _Shared:
         self.prefix = prefix
         self.clock = clock
         self.metrics = _metrics_hook(metrics)
+        # Sliding-log policies of one name share one log in the store: every policy
+        # configured on this limiter (decorators, a middleware's) must keep it as long.
+        self._shared_logs = SharedLogs()
         self._rng = random.Random()
         if isinstance(deny_cache, bool) or not isinstance(deny_cache, int) or deny_cache < 0:
             raise ConfigurationError(
@@ -140,7 +143,8 @@ class _Shared:
     ) -> Callable[[F], F]:
         """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint."""
         return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name,
-                                               methods=methods, exempt_when=exempt_when))
+                                               methods=methods, exempt_when=exempt_when),
+                               self._shared_logs)
 
     def exempt(self, func: F) -> F:
         """Exempt one route from the middleware's default limits."""

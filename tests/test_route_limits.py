@@ -13,7 +13,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 import ratelimit_mw as rl
-from ratelimit_mw.asgi import RateLimitMiddleware
+from ratelimit_mw.asgi import Config, RateLimitMiddleware
 from ratelimit_mw.http.routing import validate_methods
 
 
@@ -76,3 +76,49 @@ def test_a_limit_for_an_unusual_method_holds_whatever_methods_came_first(
     statuses = [client.request("PROPFIND", "/dav").status_code for _ in range(3)]
     assert statuses == [200, 200, 429]
     assert client.request("MKCOL", "/dav").headers["ratelimit-policy"] == '"minute";q=100;w=60'
+
+
+def test_decorators_sharing_a_sliding_log_name_must_keep_it_for_one_window() -> None:
+    # One name, one log in the store: a 1-second namesake would trim the hits a 3/hour
+    # limit still counts, and /a would admit ten requests in 20 s.
+    limiter = rl.AsyncLimiter(rl.MemoryBackend())
+    limiter.limit("3/hour", name="shared")(_endpoint("a"))
+    with pytest.raises(rl.ConfigurationError, match="share the name 'shared'"):
+        limiter.limit("3/second", name="shared")(_endpoint("b"))
+    limiter.limit("5/hour", name="shared")(_endpoint("c"))  # the same window: one log is right
+    limiter.limit("3/second", name="shared")  # a decorator not yet applied checks nothing
+
+
+@pytest.mark.parametrize("decorated_first", [True, False])
+def test_a_decorator_and_the_middleware_on_one_limiter_must_agree_on_a_log(
+    decorated_first: bool,
+) -> None:
+    limiter = rl.AsyncLimiter(rl.MemoryBackend())
+    config = Config(default=rl.Policy("3/second", name="shared"))
+
+    def decorate() -> None:
+        limiter.limit("3/hour", name="shared")(_endpoint("a"))
+
+    def install() -> None:
+        RateLimitMiddleware(Starlette(), limiter, config=config)
+
+    first, second = (decorate, install) if decorated_first else (install, decorate)
+    first()
+    with pytest.raises(rl.ConfigurationError, match="share the name 'shared'"):
+        second()
+
+
+def test_other_limiters_and_other_algorithms_keep_their_own_names() -> None:
+    rl.AsyncLimiter().limit("3/hour", name="n")(_endpoint("a"))
+    rl.AsyncLimiter().limit("3/second", name="n")(_endpoint("b"))  # another limiter
+    limiter = rl.AsyncLimiter()
+    limiter.limit(rl.Policy("3/hour", name="n", algorithm="gcra"))(_endpoint("c"))
+    limiter.limit(rl.Policy("3/second", name="n", algorithm="gcra"))(_endpoint("d"))
+
+
+def _endpoint(name: str) -> Any:
+    async def endpoint(request: Request) -> PlainTextResponse:
+        return PlainTextResponse(name)
+
+    endpoint.__qualname__ = name
+    return endpoint

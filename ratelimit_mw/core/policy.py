@@ -184,6 +184,26 @@ def check_shared_logs(policies: Iterable[Policy]) -> None:
             )
 
 
+class SharedLogs:
+    """The sliding-log policies configured on one limiter so far, one per name: what
+    `check_shared_logs` checks when the policies are not configured together (decorators
+    applied one by one at import, a middleware's default and rules, in either order)."""
+
+    __slots__ = ("_by_name",)
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Policy] = {}
+
+    def add(self, policies: Iterable[Policy]) -> None:
+        """Record `policies`; raise ConfigurationError for one whose namesake keeps its log
+        for another window (nothing of that call is recorded then)."""
+        fresh = [policy for policy in policies if policy.algorithm == "sliding-log"]
+        check_shared_logs([*(self._by_name[p.name] for p in fresh if p.name in self._by_name),
+                           *fresh])
+        for policy in fresh:
+            self._by_name.setdefault(policy.name, policy)
+
+
 def _longest_ms(policy: Policy) -> int:
     return max(rate.period_ms for rate in policy.rates)
 

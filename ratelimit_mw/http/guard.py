@@ -32,7 +32,7 @@ from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check
-from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.policy import Policy, SharedLogs
 from ratelimit_mw.core.wire import wire
 from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.http.config import Config
@@ -216,6 +216,12 @@ class Guard:
             for p in config.defaults
         )
         self.rules: tuple[Rule, ...] = config.rule_list
+        logs = getattr(limiter, "_shared_logs", None)
+        if isinstance(logs, SharedLogs):
+            # The limiter's decorators, and any other middleware on it, count in the same
+            # logs: config.py checked the default and rules among themselves only.
+            logs.add([*config.defaults,
+                      *(rule.policy for rule in self.rules if rule.policy is not None)])
         self._rule_cache: dict[tuple[str, str], tuple[Rule, ...]] = {}
         self._selection_cache: dict[tuple[object, ...], Selection | None] = {}
         self._dynamic_cache: dict[tuple[int, ...], Selection] = {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypeVar
 
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.policy import Policy, SharedLogs
 from ratelimit_mw.keys import KeyFunc
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -218,7 +218,10 @@ class RouteLimit:
         return self.methods is None or method in self.methods
 
 
-def limit_decorator(route_limit: RouteLimit) -> Callable[[F], F]:
+def limit_decorator(route_limit: RouteLimit,
+                    logs: SharedLogs | None = None) -> Callable[[F], F]:
+    """The decorator attaching `route_limit` to an endpoint; `logs`: the limiter's record of
+    sliding-log names, which the bound policy must agree with (checked as it decorates)."""
     def decorate(func: F) -> F:
         current = getattr(func, ATTRIBUTE, ())
         if current == EXEMPT:
@@ -226,6 +229,8 @@ def limit_decorator(route_limit: RouteLimit) -> Callable[[F], F]:
                 f"{getattr(func, '__qualname__', func)!r} is both exempt and limited; keep one"
             )
         bound = route_limit.bound_to(func)
+        if logs is not None and bound.policy is not None:
+            logs.add((bound.policy,))
         setattr(func, ATTRIBUTE, (*current, bound))
         return func
 
