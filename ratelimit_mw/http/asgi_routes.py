@@ -174,7 +174,10 @@ def _walk(routes: Iterable[Any], found: _Walk, depth: int, seen: set[int]) -> No
 
 def _match(routes: Iterable[Any], scope: dict[str, Any], method: str, prefix: str,
            depth: int) -> Resolved | None:
-    """The first full match (else the first partial one) among `routes`, or None."""
+    """The first full match among `routes`, else the template of the first partial one
+    (the path matches, the method does not: the router answers 405) with no endpoint
+    metadata, or None. A 405 never reaches the endpoint, so its decorators do not apply:
+    the default does, as in Flask, where a 405 has no endpoint at all."""
     if depth > _MAX_DEPTH:
         return None
     partial: tuple[Any, dict[str, Any]] | None = None
@@ -189,7 +192,8 @@ def _match(routes: Iterable[Any], scope: dict[str, Any], method: str, prefix: st
         if level == 1 and partial is None:  # Match.PARTIAL
             partial = (route, child)
     if partial is not None:
-        return _descend(partial[0], scope, partial[1], method, prefix, depth)
+        resolved = _descend(partial[0], scope, partial[1], method, prefix, depth)
+        return None if resolved is None else (resolved[0], None)
     return None
 
 

@@ -140,6 +140,19 @@ def test_405_answers_are_charged_when_configured(driver: Driver) -> None:
     assert driver.statuses(3, "DELETE", "/") == [405, 405, 429]
 
 
+def test_a_405_on_a_decorated_route_counts_under_the_default(routed: Driver) -> None:
+    # The method is not the route's: the endpoint never runs, so its limit does not apply.
+    routed.build(Config(default="2/minute", charge_method_not_allowed=True))
+    assert routed.statuses(3, "POST", "/limited") == [405, 405, 429]
+    assert routed.statuses(3, "GET", "/limited") == [200, 200, 429]  # its own quota, whole
+
+
+def test_a_405_on_an_exempt_route_counts_under_the_default(routed: Driver) -> None:
+    routed.build(Config(default="2/minute", charge_method_not_allowed=True))
+    assert routed.statuses(3, "DELETE", "/exempt") == [405, 405, 429]
+    assert routed.statuses(3, "GET", "/exempt") == [200] * 3
+
+
 def test_a_decorated_route_whose_key_says_none_falls_back_to_the_default(
         routed: Driver) -> None:
     routed.build(Config(default="3/minute"), route_key=keys.header("X-User-Id"))
