@@ -278,6 +278,9 @@ def test_hop_count_at_the_element_bound() -> None:
         pytest.param(["::/0"], "trusted_proxies=1", id="trust every IPv6"),
         # Mapped networks are folded to IPv4 before the test: this one is 0.0.0.0/0.
         pytest.param(["::ffff:0:0/96"], "trusted_proxies=1", id="trust every mapped IPv4"),
+        pytest.param(["0.0.0.0/1", "10.0.0.0/8", "128.0.0.0/1"], "cover every IPv4",
+                     id="halves that cover every IPv4"),
+        pytest.param(["::/1", "8000::/1"], "cover every IPv6", id="halves that cover every IPv6"),
         pytest.param(["fe80::1%eth0"], "'fe80::/10'", id="zone id"),
     ],
 )
@@ -367,7 +370,9 @@ header_text = st.one_of(
         )
     ).map(", ".join),
 )
-trust_configs = st.sampled_from([None, 0, 1, 2, 5, NETS, ["0.0.0.0/1", "128.0.0.0/1"]])
+# The last: nearly every address trusted (all of them together is refused at configuration).
+trust_configs = st.sampled_from([None, 0, 1, 2, 5, NETS,
+                                 ["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "::/1"]])
 peers = st.one_of(st.none(), st.ip_addresses().map(str), st.text(), st.just(PROXY))
 
 

@@ -47,7 +47,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
+from ipaddress import (
+    IPv4Address,
+    IPv4Network,
+    IPv6Address,
+    IPv6Network,
+    collapse_addresses,
+    ip_address,
+    ip_network,
+)
 from typing import TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
@@ -139,6 +147,7 @@ class TrustedProxies:
                 f" {type(spec).__name__}; write {_EXAMPLE}"
             )
         networks = tuple(_parse_trusted_network(item) for item in spec)
+        _refuse_trusting_everyone(networks)
         self._networks = networks
         self._v4 = tuple(
             (int(n.network_address), int(n.netmask)) for n in networks if n.version == 4
@@ -180,6 +189,22 @@ class TrustedProxies:
 
     def __hash__(self) -> int:
         return hash((self._hops, self._networks))
+
+
+def _refuse_trusting_everyone(networks: Sequence[IPv4Network | IPv6Network]) -> None:
+    """Entries that together cover a whole family (``0.0.0.0/1`` and ``128.0.0.0/1``)
+    trust every address as surely as ``0.0.0.0/0``, which one entry alone may not be."""
+    v4 = [n for n in networks if isinstance(n, IPv4Network)]
+    v6 = [n for n in networks if isinstance(n, IPv6Network)]
+    for family, members, whole in ((4, v4, list(collapse_addresses(v4))),
+                                   (6, v6, list(collapse_addresses(v6)))):
+        if len(whole) == 1 and whole[0].prefixlen == 0:
+            raise ConfigurationError(
+                f"trusted_proxies {[str(n) for n in members]!r} together cover every IPv{family}"
+                " address, so any client could choose its own IP through X-Forwarded-For;"
+                " list your proxies' networks, or give the number of proxies in front of the"
+                " app, e.g. trusted_proxies=1"
+            )
 
 
 def _parse_trusted_network(item: object) -> IPv4Network | IPv6Network:
