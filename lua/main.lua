@@ -308,17 +308,12 @@ for i = 1, n do
       if v and tonumber(v) > now then left = tonumber(v) - now end
       bans[ban] = left
     end
-    if left > 0 then
-      banned = 1
-      -- A cost above the limit stays "never" under a ban: waiting it out would not admit it.
-      local wait = left
-      if cost > limit then wait = -1 end
-      ok, before, retry, reset_now, reset_hit = false, 0, wait, left, left
-    end
+    -- Banned: the tier is still checked (reading only: a refused hit writes nothing), since
+    -- a retry is admitted only once both the ban and the tier's own wait are over; the
+    -- refusal below turns its answer into the ban's (see "bans" after phase 1).
+    if left > 0 then banned = 1 end
   end
-  if banned == 1 then
-    value = false
-  elseif algo == 'sl' then
+  if algo == 'sl' then
     if sl_check == nil then sl_check, sl_commit = sliding_log() end
     local ahead
     ok, before, retry, reset_now, reset_hit, ahead = sl_check(keys[i], limit, period, cost, at, now)
@@ -347,6 +342,7 @@ for i = 1, n do
         sw_check(v, limit, period, cost, now, own_clock)
     end
   end
+  if banned == 1 then ok = false end
   local k = 5 * i - 4  -- tier i's five reply values are reply[k + 1] .. reply[k + 5]
   local j = 4 * i - 4
   reply[k + 1] = ok and 1 or 0
@@ -397,24 +393,6 @@ if hit then
   end
 end
 
-if tied then
-  -- Bookings ahead tie the retries of one log's tiers together (sliding_log.lua); with none,
-  -- each tier's own retry stands.
-  local tiers = {}
-  for i = 1, n do
-    local b, k = 7 * i - 2, 5 * i - 4
-    if argv[b + 1] == 'sl' and reply[k + 5] == 0 then
-      tiers[#tiers + 1] = {
-        i = i, key = keys[i], ok = reply[k + 1] == 1, retry = reply[k + 3],
-        limit = tonumber(argv[b + 2]), period = tonumber(argv[b + 3]),
-        cost = tonumber(argv[b + 4]),
-      }
-    end
-  end
-  sliding_log_ahead().joint_retry(tiers, at)
-  for _, t in ipairs(tiers) do reply[5 * t.i - 1] = t.retry end
-end
-
 -- A refusal by a tier whose policy has a penalty starts that policy's ban.
 if op == 'H' and bans ~= nil then
   for i = 1, n do
@@ -430,17 +408,47 @@ if op == 'H' and bans ~= nil then
       end
     end
   end
+end
+
+-- Every tier of a banned policy is refused, with nothing left. A retry is admitted only once
+-- the ban has ended AND the tier's own check admits it, so its retry is the later of the two
+-- (a penalty shorter than the window's wait must not send the client back into a refusal
+-- that starts a new ban), and its reset the later of the ban's end and its own. A cost above
+-- the limit stays "never" (-1): waiting out the ban would not admit it.
+if bans ~= nil then
   for i = 1, n do
     local ban, k = tonumber(argv[7 * i + 3]), 5 * i - 4
     if ban > 0 and bans[ban] > 0 then
+      local left = bans[ban]
       reply[k + 1] = 0
       reply[k + 2] = 0
-      -- A cost above the limit stays "never": waiting out the ban would not admit it.
-      if reply[k + 3] ~= -1 then reply[k + 3] = bans[ban] end
-      reply[k + 4] = bans[ban]
+      if reply[k + 3] ~= -1 and reply[k + 3] < left then reply[k + 3] = left end
+      if reply[k + 4] < left then reply[k + 4] = left end
       reply[k + 5] = 1
     end
   end
+end
+
+if tied then
+  -- Bookings ahead tie the retries of one log's tiers together (sliding_log.lua); with none,
+  -- each tier's own retry stands. A banned tier's retry is the first time from the ban's end
+  -- that fits (with bookings ahead a log may refuse again later, so the later of the two
+  -- waits would not do).
+  local tiers = {}
+  for i = 1, n do
+    local b, k = 7 * i - 2, 5 * i - 4
+    if argv[b + 1] == 'sl' then
+      local from, ban = at, argv[b + 5] + 0
+      if ban > 0 and bans[ban] > 0 and now + bans[ban] > at then from = now + bans[ban] end
+      tiers[#tiers + 1] = {
+        i = i, key = keys[i], ok = reply[k + 1] == 1, retry = reply[k + 3],
+        limit = tonumber(argv[b + 2]), period = tonumber(argv[b + 3]),
+        cost = tonumber(argv[b + 4]), from = from,
+      }
+    end
+  end
+  sliding_log_ahead().joint_retry(tiers, at)
+  for _, t in ipairs(tiers) do reply[5 * t.i - 1] = t.retry end
 end
 
 if op == 'H' then
@@ -455,7 +463,20 @@ if op == 'H' then
     local limit, period, cost = argv[b + 2] + 0, argv[b + 3] + 0, argv[b + 4] + 0
     local stable, retry, reset
     if reply[k + 5] == 1 then
-      stable = us(reply[k + 4])  -- banned: every number holds until the ban ends
+      -- Banned: every number holds until the ban ends (nothing is written meanwhile, so the
+      -- retry and reset, the later of the ban's end and the tier's own, count down).
+      local left = us(bans[argv[b + 5] + 0])
+      stable = left
+      if algo == 'gc' then
+        -- The exact retry and reset are the later of the ban's end and GCRA's own, in µs.
+        local v
+        if values ~= nil then v = values[i] else v = redis.call('GET', key) end
+        local _, _, gc_stable = gcra()
+        local _, own_retry, own_reset = gc_stable(v, limit, period, cost, now_us)
+        retry, reset = own_retry, own_reset
+        if retry ~= -1 and retry < left then retry = left end
+        if reset < left then reset = left end
+      end
     elseif reply[k + 1] == 0 and argv[b + 5] ~= '0' then
       stable = 0  -- refused under a penalty that started no ban: a later hit may start one
     elseif algo == 'sl' then

@@ -77,8 +77,11 @@ local function sliding_log_ahead()
   -- fit again at a different time, and at the latest of those another tier may refuse again.
   -- For such logs the retry of every refusing tier becomes the first time that fits them all.
   -- (With nothing ahead each tier's wait only shrinks with time, and the longest one fits all.)
-  -- `tiers`: the unbanned sliding-log tiers of a call, {key, ok, retry, limit, period, cost}
-  -- each, in order; the retry of each refusing tier is updated in place.
+  -- A banned tier cannot be admitted before its ban ends, so its search starts there, for a
+  -- log of one tier too.
+  -- `tiers`: the sliding-log tiers of a call, {key, ok, retry, limit, period, cost, from}
+  -- each, in order (from: `at`, or the end of the tier's ban); the retry of each refusing
+  -- tier is updated in place.
   local function joint_retry(tiers, at)
     local groups, order = {}, {}
     for i = 1, #tiers do
@@ -92,19 +95,20 @@ local function sliding_log_ahead()
     end
     for _, key in ipairs(order) do
       local g = groups[key]
-      local refused, never, longest = false, false, 0
+      local refused, never, longest, late = false, false, 0, false
       for _, t in ipairs(g) do
         if not t.ok then refused = true end
         if t.retry < 0 then never = true end
         if t.period > longest then longest = t.period end
+        if t.from > at then late = true end
       end
-      if refused and not never and #g > 1 and redis.call('ZCOUNT', key, '(' .. at, '+inf') > 0 then
+      if refused and not never and (#g > 1 or late)
+          and redis.call('ZCOUNT', key, '(' .. at, '+inf') > 0 then
         local ts = times(key, at - longest)
         local spans = {}
         for _, t in ipairs(g) do blocked(ts, t.limit, t.period, t.cost, spans) end
-        local retry = first_free(spans, at) - at
         for _, t in ipairs(g) do
-          if not t.ok then t.retry = retry end
+          if not t.ok then t.retry = first_free(spans, t.from) - at end
         end
       end
     end

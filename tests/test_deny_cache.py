@@ -397,7 +397,9 @@ def policies(draw: st.DrawFn) -> rl.Policy:
     algorithm = draw(st.sampled_from(ALGORITHMS))
     periods = draw(st.lists(st.sampled_from(PERIODS), min_size=1, max_size=3, unique=True))
     rates = [rl.Rate(draw(st.integers(1, 5)), period) for period in periods]
-    penalty = draw(st.sampled_from([None, None, 1, 3.5]))
+    # Penalties shorter than most windows' waits (0.25, 1, 3.5 s: the reply's retry is then the
+    # window's own) and longer than every period (90 s: the ban's).
+    penalty = draw(st.sampled_from([None, None, None, 0.25, 1, 3.5, 90]))
     return rl.Policy(rates, algorithm=algorithm, penalty=penalty,
                      name=f"p{draw(st.integers(0, 10**6))}")
 

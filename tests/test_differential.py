@@ -67,7 +67,8 @@ def policies(draw: st.DrawFn) -> rl.Policy:
     # Mostly small limits; sometimes 40, so that costs of 12 and 25 (members "<token>:10" and
     # up, which sort before "<token>:2" in Redis) are admitted and refunded too.
     rates = [rl.Rate(draw(st.sampled_from([1, 2, 3, 4, 5, 40])), period) for period in periods]
-    penalty = draw(st.sampled_from([None, None, 1, 3.5]))
+    # Penalties shorter than most periods (0.25, 1, 3.5 s) and longer than every one (90 s).
+    penalty = draw(st.sampled_from([None, None, None, 0.25, 1, 3.5, 90]))
     name = f"p{draw(st.integers(0, 10**6))}"
     if algorithm == "sliding-log":
         # Namesakes share one log, which each call trims and keeps alive by its own longest

@@ -759,16 +759,19 @@ class MemoryBackend:
         self._sl_expire(key, log, longest, now)
 
     def _sl_joint_retry(self, tiers: list[_Tier], results: list[_Result],
-                        banned: list[int], at: int, now: int) -> None:
-        """As sl_joint_retry: one log's refusing tiers wait for the first time fitting all."""
+                        starts: list[int], at: int, now: int) -> None:
+        """As sl_joint_retry: one log's refusing tiers wait for the first time fitting all,
+        each from its `starts` (`at`, or the end of its ban: then a log of one tier too)."""
         groups: dict[str, list[int]] = {}
         for i, tier in enumerate(tiers):
-            if tier[0] == "sl" and not banned[i]:
+            if tier[0] == "sl":
                 groups.setdefault(tier[7], []).append(i)
         for key, group in groups.items():
-            if len(group) < 2 or all(results[i][0] for i in group):
+            if all(results[i][0] for i in group):
                 continue
             if any(results[i][2] < 0 for i in group):
+                continue
+            if len(group) < 2 and starts[group[0]] <= at:
                 continue
             log: _Log | None = self._get(key, now)
             if log is None or log.count_above(at) == 0:
@@ -778,10 +781,10 @@ class MemoryBackend:
             for i in group:
                 _, limit, period, cost, *_ = tiers[i]
                 _sl_blocked(ts, limit, period, cost, blocked)
-            retry = _sl_first_free(blocked, at) - at
             for i in group:
                 ok, before, _, reset_now, reset_hit, state = results[i]
                 if not ok:
+                    retry = _sl_first_free(blocked, starts[i]) - at
                     results[i] = (ok, before, retry, reset_now, reset_hit, state)
 
     # -- the entry point, as lua/main.lua ---------------------------------------------------
@@ -874,7 +877,7 @@ class MemoryBackend:
         if not ok:
             reply = [0, 0, before, retry, reset_now, 0]
             if op == "H":
-                self._stability([tier], [0], reply, now, now_us)
+                self._stability([tier], [0], {}, reply, now, now_us)
             return reply
         if op == "P":
             return [1, 1, before, retry, reset_now, 0]
@@ -888,55 +891,66 @@ class MemoryBackend:
                 now: int, now_us: int) -> list[int]:
         """Hit (H), peek (P) or book (B): phase 1 decides every tier, phase 2 records."""
         bans: dict[int, int] = {}
-        banned = [0] * len(tiers)
+        banned: list[int] | None = None  # per tier, 1: banned (built only when one is)
         results: list[_Result] = []
         all_ok = True
         for i, tier in enumerate(tiers):
-            ban = tier[4]
+            algo, limit, period, cost, ban, _, cal, key = tier
             if ban > 0 and self._ban_left(bans, keys, ban, now) > 0:
-                left = bans[ban]
+                if banned is None:
+                    banned = [0] * len(tiers)
                 banned[i] = 1
-                # A cost above the limit stays "never" under a ban, as main.lua.
-                result: _Result = (False, 0, -1 if tier[3] > tier[1] else left, left, left, None)
-            else:
-                algo, limit, period, cost, _, _, cal, key = tier
-                result = self._checks[algo](key, limit, period, cost, cal, at, now, now_us)
+            # A banned tier is checked too (reading only), as main.lua: its own wait bounds
+            # when a retry is admitted once the ban is over (_banned_answers).
+            result = self._checks[algo](key, limit, period, cost, cal, at, now, now_us)
             if not result[0]:
                 all_ok = False
             results.append(result)
-        if not all_ok and len(tiers) > 1:
-            self._sl_joint_retry(tiers, results, banned, at, now)
-
-        # Remaining and reset describe the state after this call: after the hit if recorded.
-        record = all_ok and op != "P"
-        reply = [1 if all_ok else 0]
-        for i, (ok, before, retry, reset_now, reset_hit, _) in enumerate(results):
-            if record:
-                reply += (1, before - tiers[i][3], retry, reset_hit, banned[i])
-            else:
-                reply += (1 if ok else 0, before, retry, reset_now, banned[i])
-        if record:
+        if banned is not None:
+            all_ok = False
+        if all_ok:
+            # Remaining and reset describe the state after this call: after the hit if
+            # recorded.
+            if op == "P":
+                reply = [1]
+                for _, before, retry, reset_now, _, _ in results:
+                    reply += (1, before, retry, reset_now, 0)
+                return reply
+            reply = [1]
+            for i, (_, before, retry, _, reset_hit, _) in enumerate(results):
+                reply += (1, before - tiers[i][3], retry, reset_hit, 0)
             self._commit(tiers, results, at, token, now)
-        elif op == "H" and not all_ok:
-            if bans:
-                self._start_bans(keys, tiers, results, bans, now, reply)
-            self._stability(tiers, banned, reply, now, now_us)
+            return reply
+        if bans:
+            if op == "H":
+                self._start_bans(keys, tiers, results, bans, now)
+            banned = self._banned_answers(tiers, results, bans, at, now)
+        elif len(tiers) > 1:
+            self._sl_joint_retry(tiers, results, [at] * len(tiers), at, now)
+        if banned is None:
+            banned = [0] * len(tiers)
+        # Refused: the reply describes the state as it stands.
+        reply = [0]
+        for i, (ok, before, retry, reset_now, _, _) in enumerate(results):
+            reply += (1 if ok else 0, before, retry, reset_now, banned[i])
+        if op == "H":
+            self._stability(tiers, banned, bans, reply, now, now_us)
         return reply
 
-    def _stability(self, tiers: list[_Tier], banned: list[int], reply: list[int], now: int,
-                   now_us: int) -> None:
+    def _stability(self, tiers: list[_Tier], banned: list[int], bans: dict[int, int],
+                   reply: list[int], now: int, now_us: int) -> None:
         """As main.lua for a refused hit: append, per tier, how long (µs) its numbers hold,
         and its exact retry and reset in µs, for the client's deny cache. `banned`: the tiers
-        banned before this call (their logs were not read)."""
+        under a ban (`bans`: ms left per ban index)."""
         phase = now_us - now * 1000
 
         def us(ms: int) -> int:
             return ms * 1000 - phase if ms > 0 else ms
 
-        # As the script's `tied`: an unbanned sliding-log tier whose log has entries ahead.
+        # As the script's `tied`: a sliding-log tier whose log has entries ahead.
         tied = False
-        for i, (algo, *_, key) in enumerate(tiers):
-            if algo == "sl" and not banned[i]:
+        for algo, *_, key in tiers:
+            if algo == "sl":
                 log: _Log | None = self._get(key, now)
                 if log is not None and log.scores and log.scores[-1] > now:
                     tied = True
@@ -945,8 +959,15 @@ class MemoryBackend:
             k = 5 * i
             retry: int | None = None
             reset = 0
-            if reply[k + 5] == 1:
-                stable = us(reply[k + 4])
+            if banned[i]:
+                # Every number holds until the ban ends; retry and reset, the later of the
+                # ban's end and the tier's own, count down.
+                stable = left = us(bans[ban])
+                if algo == "gc":
+                    _, retry, reset = self._gc_stable(key, limit, period, cost, now, now_us)
+                    if retry != -1 and retry < left:
+                        retry = left
+                    reset = max(reset, left)
             elif reply[k + 1] == 0 and ban > 0:
                 stable = 0
             elif algo == "sl":
@@ -978,7 +999,7 @@ class MemoryBackend:
                 self._store(tier, result, longest, at, token, now)
 
     def _start_bans(self, keys: Sequence[str], tiers: list[_Tier], results: list[_Result],
-                    bans: dict[int, int], now: int, reply: list[int]) -> None:
+                    bans: dict[int, int], now: int) -> None:
         """A refused hit starts the ban of each refusing policy that has a penalty."""
         for i, (_, _, _, _, ban, ban_end, _, _) in enumerate(tiers):
             if not results[i][0] and ban > 0 and bans[ban] == 0 and ban_end:
@@ -987,12 +1008,28 @@ class MemoryBackend:
                 if stop > now:
                     self._set(keys[ban - 1], stop, now, stop - now)
                     bans[ban] = stop - now
-        for i, (_, _, _, _, ban, _, _, _) in enumerate(tiers):
-            if ban > 0 and bans[ban] > 0:
-                base = 1 + i * 5
-                # A cost above the limit stays "never": waiting out the ban would not admit it.
-                retry = results[i][2]
-                reply[base : base + 5] = [0, 0, retry if retry == -1 else bans[ban], bans[ban], 1]
+
+    def _banned_answers(self, tiers: list[_Tier], results: list[_Result],
+                        bans: dict[int, int], at: int, now: int) -> list[int]:
+        """As main.lua: every tier of a banned policy refuses with nothing left; its retry is
+        the later of the ban's end and its own wait (a cost above the limit stays "never"),
+        its reset the later of the ban's end and its own; then one log's tiers are tied by
+        bookings ahead, a banned tier's search starting at its ban's end. Returns, per tier,
+        1 if banned."""
+        banned = [0] * len(tiers)
+        starts = [at] * len(tiers)
+        for i, tier in enumerate(tiers):
+            ban = tier[4]
+            if ban > 0 and (left := bans[ban]) > 0:
+                banned[i] = 1
+                _, _, retry, reset_now, reset_hit, state = results[i]
+                if retry != -1 and retry < left:
+                    retry = left
+                results[i] = (False, 0, retry, max(reset_now, left), reset_hit, state)
+                if now + left > at:
+                    starts[i] = now + left
+        self._sl_joint_retry(tiers, results, starts, at, now)
+        return banned
 
     # -- the start-up check (``Limiter.ping``), the same answer as the Redis backends' -----
     def ping(self) -> dict[str, Any]:
