@@ -48,7 +48,7 @@ def validate_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
     for method in methods:
         if not isinstance(method, str) or not method or not _TOKEN_CHARS.issuperset(method):
             raise ConfigurationError(
-                f"methods must be HTTP method names such as \"POST\" or \"PROPFIND\", got "
+                f"methods takes HTTP method names such as \"POST\" or \"PROPFIND\", got "
                 f'{method!r}; e.g. methods=["POST"]'
             )
         out.add(method.upper())

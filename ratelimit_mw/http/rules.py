@@ -13,15 +13,29 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.http.routing import Cost, DynamicLimit, validate_cost, validate_key
+from ratelimit_mw.http.routing import (
+    Cost,
+    DynamicLimit,
+    validate_cost,
+    validate_key,
+    validate_methods,
+)
 from ratelimit_mw.keys import KeyFunc
 
 
 def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
+    """The regex of a rule's path: use it with ``.match(path)``.
+
+    A compiled ``re.Pattern`` is the user's own and is returned as it is. A string is defined
+    by its plain regex: ``*`` -> ``(?s:.*)`` (any characters, '/' and newlines included, or
+    none), ``{name}`` -> ``[^/]+``, anything else literal, matched to the path's end. That regex
+    backtracks polynomially on hostile paths, so the one returned gives the same answers but
+    is written for the engine to answer in O(len(path) * len(pattern)) (see `_Writer`).
+    """
     if isinstance(pattern, re.Pattern):
         return pattern
     if not isinstance(pattern, str) or not pattern.startswith("/"):
@@ -29,29 +43,145 @@ def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
             f"a rule's path must start with '/', got {pattern!r}; e.g. Rule(\"/api/*\", "
             '"100/minute"), Rule("/users/{id}", "10/minute") or a compiled re.Pattern'
         )
-    out = []
-    for token in re.split(r"(\*|\{[^{}/]+\})", pattern):
-        if token == "*":
-            out.append(".*")
-        elif token.startswith("{") and token.endswith("}"):
-            out.append("[^/]+")
+    return re.compile(_Writer().pattern(pattern))
+
+
+_PARTS = re.compile(r"(\*|\{[^{}/]+\})")
+# A string pattern is read as pieces (split at '*'), a piece as components (split at '/'), a
+# component as items: a literal without '/', or the number n of adjacent '{name}'s, which
+# match n or more characters other than '/'.
+_Component = list[str | int]
+
+
+def _pieces(pattern: str) -> list[list[_Component]]:
+    pieces: list[list[_Component]] = [[[]]]
+    for index, part in enumerate(_PARTS.split(pattern)):
+        if part == "*":
+            pieces.append([[]])
+        elif index % 2:  # a {name}
+            items = pieces[-1][-1]
+            if items and isinstance(items[-1], int):
+                items[-1] += 1
+            else:
+                items.append(1)
         else:
-            out.append(re.escape(token))
-    return re.compile("".join(out) + r"\Z")
+            for position, text in enumerate(part.split("/")):
+                if position:
+                    pieces[-1].append([])
+                items = pieces[-1][-1]
+                if text and items and isinstance(items[-1], str):
+                    items[-1] += text
+                elif text:
+                    items.append(text)
+    return pieces
 
 
-def _methods(methods: Iterable[str] | None) -> frozenset[str] | None:
-    if methods is None:
-        return None
-    if isinstance(methods, str):
-        raise ConfigurationError(
-            f'methods takes a list, e.g. methods=["POST"], not the string {methods!r}'
-        )
-    out = frozenset(str(m).upper() for m in methods)
-    if not out:
-        raise ConfigurationError('methods must name at least one method, e.g. methods=["GET"]')
-    # HEAD is served by the GET handler: a GET rule covers it.
-    return out | {"HEAD"} if "GET" in out else out
+def _run(count: int) -> str:
+    """Exactly `count` characters of one segment."""
+    return "" if count == 0 else "[^/]" if count == 1 else f"[^/]{{{count}}}"
+
+
+class _Writer:
+    """Writes a string pattern as a regex that never tries one thing twice.
+
+    The plain translation backtracks polynomially: with several ``*``, every way of splitting
+    the path between them is tried. Here, the pieces between ``*`` are taken one after the
+    other, each where it ENDS EARLIEST, and kept (an atomic group): the ``*`` that follows
+    absorbs whatever a later end would have skipped, so an earliest end never loses a match
+    (if a match puts a piece's end at e, the earliest end is <= e and the rest of that match
+    still fits after it). The first piece is anchored at the start, the last at the end.
+
+    How a piece's earliest end is found without quadratic work:
+
+    - Within a segment, after a ``{name}`` (``[^/]{n,}``) the next literal is taken at its
+      leftmost place, atomically (greedy in the same sense: the leftmost place ends first and
+      leaves the most room to what follows in that segment).
+    - A piece with no '/' is tried where the previous piece ended and then only right after
+      each '/', with ``[^/]*`` in front: one try covers every start in that segment, and the
+      earliest-ending segment is the first that matches.
+    - A piece with '/' has its '/' on '/' of the path; every start in a segment gives the
+      same alignment, so again one try per segment, and the first that matches ends first.
+      Its inner components must fill their segments exactly (checked without backtracking).
+
+    Each try is linear in the segments it reads and reads at most one segment per component,
+    so each piece costs O(len(path) * len(piece)).
+    """
+
+    def __init__(self) -> None:
+        self.groups = 0
+
+    def atomic(self, regex: str) -> str:
+        # (?>regex), which Python 3.10 lacks: a lookahead is never re-entered by backtracking.
+        self.groups += 1
+        name = f"_{self.groups}"
+        return f"(?=(?P<{name}>{regex}))(?P={name})"
+
+    def shortest(self, items: _Component) -> str:
+        """`items` from here to their earliest end within the segment."""
+        out: list[str] = []
+        wild: int | None = None  # a pending [^/]{wild,}
+        for item in items:
+            if isinstance(item, int):
+                wild = item
+            elif wild is None:
+                out.append(re.escape(item))
+            else:  # the leftmost `item` `wild` or more characters on
+                out.append(self.atomic(f"{_run(wild)}[^/]*?{re.escape(item)}"))
+                wild = None
+        return "".join(out) + _run(wild or 0)
+
+    def whole(self, items: _Component) -> str:
+        """`items` from here to the end of the segment (a '/' or the path's end follows)."""
+        if not items:
+            return ""
+        last = items[-1]
+        if isinstance(last, int):
+            return self.shortest(items[:-1]) + self.atomic(f"[^/]{{{last},}}")
+        if len(items) == 1:
+            return re.escape(last)
+        wild = cast(int, items[-2])  # items alternate literals and wildcard counts
+        # The rest of the segment, `wild` + len(last) characters or more, ending in `last`.
+        return (self.shortest(items[:-2]) + self.atomic(f"{_run(wild + len(last))}[^/]*")
+                + f"(?<={re.escape(last)})")
+
+    def piece(self, components: list[_Component], *, first: bool, last: bool) -> str:
+        out = []
+        for position, items in enumerate(components):
+            if position == 0 and not first and not (items and isinstance(items[0], int)):
+                items = [0, *items]  # after '*': anywhere in the segment, [^/]*
+            final = position == len(components) - 1
+            out.append(self.shortest(items) if final and not last else self.whole(items))
+        return "/".join(out)
+
+    def pattern(self, pattern: str) -> str:
+        pieces = _pieces(pattern)
+        if len(pieces) == 1:
+            return self.piece(pieces[0], first=True, last=True) + r"\Z"
+        out = [self.piece(pieces[0], first=True, last=False)]
+        for index, components in enumerate(pieces[1:], 1):
+            last = index == len(pieces) - 1
+            literal = _literal(components)
+            if literal == "":
+                continue  # '**', or the path's end after a final '*'
+            if literal is not None and last:
+                out.append(f"(?s:.*){re.escape(literal)}\\Z")
+            elif literal is not None:
+                out.append(self.atomic(f"(?s:.*?){re.escape(literal)}"))
+            else:
+                # Tried where the previous piece ended, then right after each '/'.
+                tried = "(?:|(?s:.*?)(?<=/))" + self.piece(components, first=False, last=last)
+                out.append(tried + r"\Z" if last else self.atomic(tried))
+        return "".join(out)
+
+
+def _literal(components: list[_Component]) -> str | None:
+    """The text of a piece with no {name}; None if it has one."""
+    texts = []
+    for items in components:
+        if any(isinstance(item, int) for item in items):
+            return None
+        texts.append("".join(str(item) for item in items))
+    return "/".join(texts)
 
 
 class Rule:
@@ -79,7 +209,7 @@ class Rule:
     ) -> None:
         self.pattern = path
         self.regex = compile_pattern(path)
-        self.methods: frozenset[str] | None = _methods(methods)
+        self.methods: frozenset[str] | None = validate_methods(methods)
         shown = path if isinstance(path, str) else path.pattern
         verbs = "" if methods is None else ",".join(sorted(self.methods or ())) + " "
         # What a person reads in RateLimit headers: "POST /login".
@@ -124,6 +254,11 @@ def as_rules(rules: Sequence[Rule] | Mapping[str, Policy | str] | None) -> tuple
         return tuple(Rule(path, policy) for path, policy in rules.items())
     if isinstance(rules, (str, Rule)):
         rules = [rules]
+    if not isinstance(rules, Iterable):
+        raise ConfigurationError(
+            f"rules takes a list of rules or a mapping of paths to rates, got {rules!r}; write "
+            'rules=[Rule("/login", "5/minute")] or rules={"/api/*": "100/minute"}'
+        )
     out = []
     for rule in rules:
         if isinstance(rule, Rule):
