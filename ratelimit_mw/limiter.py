@@ -27,6 +27,7 @@ from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
 from ratelimit_mw.core.wire import Wire, wire
+from ratelimit_mw.http.log import ThrottledLog
 from ratelimit_mw.http.routing import RouteLimit, exempt, limit_decorator
 from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
 
@@ -115,6 +116,7 @@ class _Shared:
         self.prefix = prefix
         self.clock = clock
         self.metrics = _metrics_hook(metrics)
+        self._metrics_failed = ThrottledLog()
         # Sliding-log policies of one name share one log in the store: every policy
         # configured on this limiter (decorators, a middleware's) must keep it as long.
         self._shared_logs = SharedLogs()
@@ -338,11 +340,17 @@ class _Shared:
         if metrics is None:
             return
         names: list[str] = []
-        for check in checks:
-            name = check.policy.name
-            if name not in names:
-                names.append(name)
-                metrics.observe(event, name, seconds)
+        try:
+            for check in checks:
+                name = check.policy.name
+                if name not in names:
+                    names.append(name)
+                    metrics.observe(event, name, seconds)
+        except Exception as exc:
+            # A metrics bug must not change the answer: raised from here it would reach the
+            # middleware as a store failure, and on_backend_error="allow" would admit
+            # everyone (the hit was recorded already).
+            self._metrics_failed("ratelimit_mw metrics hook raised", exc)
 
     def _acquire_plan(self, policy: Policy | str, identity: str, cost: int,
                       timeout: float | None) -> plans.Plan:

@@ -72,3 +72,42 @@ def test_a_store_that_is_down_is_a_backend_error_event() -> None:
         limiter.hit(LOGIN, "u")
     events = samples(registry, "ratelimit_events_total")
     assert events == {(("event", "backend_error"), ("policy", "login")): 1.0}
+
+
+class _BrokenHook:
+    """A metrics hook whose exporter is down: every observe raises."""
+
+    def observe(self, event: str, policy: str, seconds: float) -> None:
+        raise RuntimeError("statsd socket closed")
+
+
+def test_a_metrics_hook_that_raises_changes_no_answer(
+    backend: Any, prefix: str, clock: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Raised through the limiter, it reached the middleware as a store failure, and
+    # on_backend_error="allow" then admitted everyone.
+    limiter = rl.Limiter(backend, prefix=prefix, clock=clock, metrics=_BrokenHook())
+    answers = [limiter.hit(LOGIN, "u").allowed for _ in range(3)]
+    assert answers == [True, True, False]
+    assert "metrics hook raised" in caplog.text
+
+
+async def test_a_metrics_hook_that_raises_changes_no_answer_through_the_middleware(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from ratelimit_mw.asgi import RateLimitMiddleware
+
+    async def home(request: Any) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    limiter = rl.AsyncLimiter(rl.MemoryBackend(), metrics=_BrokenHook())
+    app = RateLimitMiddleware(Starlette(routes=[Route("/", home)]), limiter,
+                              default="2/minute")
+    with TestClient(app) as client:
+        assert [client.get("/").status_code for _ in range(3)] == [200, 200, 429]
+    assert "metrics hook raised" in caplog.text
