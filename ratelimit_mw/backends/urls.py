@@ -138,17 +138,29 @@ class BackendURL:
 
 def _fail(url: str, problem: str, scheme: str = "redis") -> ConfigurationError:
     example = EXAMPLES.get(scheme, EXAMPLES["redis"])
-    return ConfigurationError(f"bad backend URL {_redact(url)!r}: {problem}; e.g. {example!r}")
+    return ConfigurationError(f"bad backend URL {redact(url)!r}: {problem}; e.g. {example!r}")
 
 
-def _redact(url: str) -> str:
-    """The URL without its password: error messages end up in logs."""
+def redact(url: str) -> str:
+    """The URL with every password hidden, for messages (they end up in logs).
+
+    Text-based, so that it holds for URLs the parser refuses: the user information is
+    everything before the LAST '@' ahead of the query (a password may hold '@' or '/'), and
+    a query option whose name holds "password" (``sentinel_password=``) loses its value.
+    """
     head, sep, rest = url.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
-        return url
-    userinfo, _, hosts = rest.partition("@")
-    user = userinfo.split(":", 1)[0]
-    return f"{head}://{user}:***@{hosts}"
+    if not sep:
+        head, rest = "", url
+    main, question, query = rest.partition("?")
+    userinfo, at, hosts = main.rpartition("@")
+    if at and ":" in userinfo:  # a user alone ("user@host") is no secret
+        main = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+    if question:
+        query = "&".join(
+            f"{name}=***" if "password" in name.lower() and is_set else f"{name}{is_set}{value}"
+            for name, is_set, value in (item.partition("=") for item in query.split("&"))
+        )
+    return f"{head}{sep}{main}{question}{query}"
 
 
 def parse(url: str) -> BackendURL:

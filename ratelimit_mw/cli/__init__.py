@@ -17,9 +17,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from ratelimit_mw.backends.urls import redact
 from ratelimit_mw.cli import report
 from ratelimit_mw.cli.args import build_parser, positive_limit, resolve_policy
-from ratelimit_mw.cli.store import Store, redact
+from ratelimit_mw.cli.store import Store
 from ratelimit_mw.core import plans, wire
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.identity import identity_head

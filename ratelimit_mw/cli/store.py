@@ -8,23 +8,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from ratelimit_mw.backends import urls
 from ratelimit_mw.backends.redis import STORE_ERRORS, RedisBackend, store_error
+from ratelimit_mw.backends.urls import redact
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 
 SCAN_COUNT = 1000  # keys per SCAN step: large enough to be quick, small enough never to block
-
-
-def redact(url: str) -> str:
-    """The URL with any password hidden, for messages (also with several sentinel hosts)."""
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    user, colon, _password = userinfo.partition(":")
-    if not at or not colon:
-        return url
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{hosts}"))
 
 
 @contextlib.contextmanager
