@@ -127,11 +127,19 @@ local function sliding_log_upkeep()
     if newest[2] then redis.call('PEXPIRE', key, tonumber(newest[2]) + longest - now) end
   end
 
+  -- ZREM of `members`, 200 at a time: Lua's unpack fails past about 8000 values, and a
+  -- booking or refund of such a cost must still be given back (commit writes likewise).
+  local function zrem(key, members)
+    for first = 1, #members, 200 do
+      redis.call('ZREM', key, unpack(members, first, math.min(first + 199, #members)))
+    end
+  end
+
   -- Remove the members "<token>:1" .. "<token>:<cost>" of one call.
   local function remove(key, token, cost)
     local members = {}
     for j = 1, cost do members[#members + 1] = token .. ':' .. j end
-    redis.call('ZREM', key, unpack(members))
+    zrem(key, members)
   end
 
   -- Give back a hit: exactly its own entries when its token is known (the core compensating a
@@ -142,7 +150,7 @@ local function sliding_log_upkeep()
       remove(key, token, cost)
     else
       local gone = redis.call('ZREVRANGEBYSCORE', key, now, '-inf', 'LIMIT', 0, cost)
-      if #gone > 0 then redis.call('ZREM', key, unpack(gone)) end
+      zrem(key, gone)
     end
     expire(key, longest, now)
   end
