@@ -246,3 +246,15 @@ def test_acquire_rejects_a_bad_timeout(timeout: object) -> None:
                              random.Random())
     with pytest.raises(rl.ConfigurationError, match="timeout"):
         next(plan)
+
+
+@pytest.mark.parametrize(("retry", "waited", "timeout"),
+                         [(1.0, 0.0, 1.0), (0.5, 0.49, 1.0), (0.3, 0.0, 0.31), (2.0, 8.0, 10.0)])
+def test_acquire_jitter_never_carries_a_wait_past_the_timeout(
+    retry: float, waited: float, timeout: float
+) -> None:
+    # A retry due just inside the timeout is still taken, and the jitter (up to 50 ms) that
+    # spreads a fleet out is cut to what is left: acquire(timeout=1.0) answered after 1.025 s.
+    rng = random.Random(7)
+    waits = [plans.acquire_wait(_refused(retry), waited, timeout, rng) for _ in range(200)]
+    assert all(w is not None and retry <= w <= timeout - waited for w in waits)

@@ -458,14 +458,18 @@ def acquire_wait(
     """How long `acquire` sleeps before trying again, or None to give up now.
 
     The wait is the decision's retry_after plus up to 10% (at most 50 ms) of jitter, so that a
-    fleet refused together does not retry in lockstep.
+    fleet refused together does not retry in lockstep; the jitter never carries the wait past
+    the timeout (the retry is admitted by then, and the caller was promised an answer).
     """
     retry = decision.retry_after
     if retry == math.inf:
         return None
     if timeout is not None and waited + retry > timeout:
         return None
-    return retry + rng.uniform(0.0, min(0.05, retry * 0.1 + 0.001))
+    jitter = rng.uniform(0.0, min(0.05, retry * 0.1 + 0.001))
+    if timeout is not None:
+        jitter = min(jitter, timeout - waited - retry)
+    return retry + jitter
 
 
 # acquire rides out a backend outage within its timeout: the first retry after ~10 ms, each
