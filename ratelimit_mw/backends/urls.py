@@ -72,6 +72,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _timeout(text: str) -> float:
+    # 0 would make the socket non-blocking: every call would fail at once.
+    value = _seconds(text)
+    if value == 0:
+        raise ValueError(text)
+    return value
+
+
 def _count(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -79,20 +87,41 @@ def _count(text: str) -> int:
     return value
 
 
+def _protocol(text: str) -> int:
+    value = int(text)
+    if value not in (2, 3):
+        raise ValueError(text)
+    return value
+
+
+def _cert_reqs(text: str) -> str:
+    value = text.lower()
+    if value not in ("none", "optional", "required"):
+        raise ValueError(text)
+    return value
+
+
+def _client_name(text: str) -> str:
+    # CLIENT SETNAME refuses spaces, newlines and other special characters.
+    if not text.isascii() or not all(33 <= ord(c) <= 126 for c in text):
+        raise ValueError(text)
+    return text
+
+
 # Option → (converter, what a valid value looks like).
 _CONVERT: dict[str, tuple[Callable[[str], Any], str]] = {
-    "socket_timeout": (_seconds, "a number of seconds, e.g. 0.1"),
-    "socket_connect_timeout": (_seconds, "a number of seconds, e.g. 0.1"),
+    "socket_timeout": (_timeout, "a number of seconds above 0, e.g. 0.1"),
+    "socket_connect_timeout": (_timeout, "a number of seconds above 0, e.g. 0.1"),
     "timeout": (_seconds, "a number of seconds, e.g. 0.1"),
     "health_check_interval": (_count, "a whole number of seconds, e.g. 0"),
     "max_connections": (_count, "a whole number, e.g. 100"),
     "db": (_count, "a database number, e.g. 0"),
-    "protocol": (_count, "2 or 3"),
+    "protocol": (_protocol, "2 or 3"),
     "socket_keepalive": (_bool, "true or false"),
     "retry_on_timeout": (_bool, "true or false"),
     "ssl_check_hostname": (_bool, "true or false"),
-    "client_name": (str, "a name"),
-    "ssl_cert_reqs": (str, "none, optional or required"),
+    "client_name": (_client_name, "a name without spaces, e.g. api-worker"),
+    "ssl_cert_reqs": (_cert_reqs, "none, optional or required"),
     "ssl_ca_certs": (str, "a file path"),
     "ssl_certfile": (str, "a file path"),
     "ssl_keyfile": (str, "a file path"),

@@ -63,6 +63,14 @@ INVALID: list[tuple[Any, str]] = [
     ("redis://host:port/0", "port must be a number"),
     ("redis://host:99999/0", "port must be a number"),
     ("redis://host:6379/0?bogus=1", "unknown option 'bogus'"),
+    # Values redis-py would only refuse on the first call, which the middleware would take
+    # for an outage (and, failing open, admit everyone): refused here, at start-up.
+    ("redis://host:6379/0?protocol=5", "protocol must be 2 or 3"),
+    ("rediss://host:6380/0?ssl_cert_reqs=bogus", "none, optional or required"),
+    ("redis://host:6379/0?socket_timeout=0", "above 0"),
+    ("redis://host:6379/0?socket_connect_timeout=0", "above 0"),
+    ("redis://host:6379/0?client_name=api%20worker", "without spaces"),
+    ("redis://host:6379/0?client_name=api worker", "without spaces"),
     ("redis://host:6379/0?sockettimeout=1", "unknown option 'sockettimeout'"),
     ("redis://host:6379/0?socket_timeout=fast", "socket_timeout must be a number of seconds"),
     ("redis://host:6379/0?socket_timeout=-1", "socket_timeout must be"),
