@@ -64,6 +64,42 @@ EXTENSION_KEY = "ratelimit_mw"
 # What before_request leaves for after_request: the headers to add, whether they only fill
 # gaps (a refusal rendered by the app's own handler), and the checks to refund.
 _PENDING = "ratelimit_mw.pending"
+# An admitted request whose response status may give its hit back: its `_Refund`.
+_REFUND = "ratelimit_mw.refund"
+
+
+class _Refund:
+    """One admitted request's give-back, decided once on the response that goes out.
+
+    ``after_request`` hands it every response it finishes (Flask finishes a second one, a
+    500, when a view or another after_request hook raises); only the close of the last one
+    runs it, after the response has gone out, so the client does not wait for the round
+    trip. When no response of ours goes out (the exception propagates: debug mode,
+    ``app.testing``), ``teardown_request`` runs it with status 500, as the WSGI middleware
+    counts an exception.
+    """
+
+    __slots__ = ("admit", "done", "guard", "limiter", "response")
+
+    def __init__(self, guard: Guard, limiter: Limiter, admit: Admit) -> None:
+        self.guard, self.limiter, self.admit = guard, limiter, admit
+        self.response: Response | None = None
+        self.done = False
+
+    def on(self, response: Response) -> None:
+        """`response` is the one going out now: its close decides."""
+        if response is self.response:
+            return
+        self.response = response
+        status = response.status_code
+        if self.guard.refund_due(status):
+            response.call_on_close(lambda: self.run(response, status))
+
+    def run(self, response: Response | None, status: int) -> None:
+        if self.done or response is not self.response:
+            return
+        self.done = True
+        refund_sync(self.guard, self.limiter, self.admit, status)
 _JSON = ("Content-Type", "application/json")
 
 
@@ -212,19 +248,28 @@ class _AppState:
             return None
         if isinstance(verdict, Admit):
             environ[DECISION_KEY] = _g._get_current_object().ratelimit = verdict.decision
-            if verdict.headers or verdict.refund is not None:
-                environ[_PENDING] = (verdict.headers, False, verdict)
+            if verdict.headers:
+                environ[_PENDING] = (verdict.headers, False)
+            if verdict.refund is not None:
+                environ[_REFUND] = _Refund(guard, self.limiter, verdict)
             return None
         if not isinstance(verdict, Refuse):
             environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
-            environ[_PENDING] = (verdict.headers, True, None)
+            environ[_PENDING] = (verdict.headers, True)
             raise BackendUnavailable(guard.breaker.retry_after(), verdict.headers, verdict.body)
         environ[DECISION_KEY] = _g._get_current_object().ratelimit = verdict.decision
-        environ[_PENDING] = (verdict.headers, True, None)
+        environ[_PENDING] = (verdict.headers, True)
         on_blocked = guard.config.on_blocked
         if on_blocked is not None:
             try:
-                return on_blocked(request, verdict.decision)
+                answer = on_blocked(request, verdict.decision)
+                if answer is None:
+                    # Flask reads None from before_request as "go on to the view": the
+                    # refused request would be served.
+                    raise TypeError("on_blocked returned None, not a response")
+                # Made here, so that a value Flask cannot render is this fallback's, not a
+                # 500 later.
+                return self.app.make_response(answer)
             except Exception as exc:
                 guard.log_failure("ratelimit_mw on_blocked failed; answering the JSON 429", exc)
         blueprints = tuple(request.blueprints)
@@ -244,11 +289,14 @@ class _AppState:
         raise RateLimited(verdict)
 
     def after_request(self, response: Response) -> Response:
-        request = _request_proxy._get_current_object()  # type: ignore[attr-defined]
-        pending = request.environ.pop(_PENDING, None)
+        environ = _request_proxy._get_current_object().environ  # type: ignore[attr-defined]
+        refund: _Refund | None = environ.get(_REFUND)
+        if refund is not None:
+            refund.on(response)
+        pending = environ.pop(_PENDING, None)
         if pending is None:
             return response
-        headers, fill_only, admit = pending
+        headers, fill_only = pending
         if headers:
             target = response.headers
             if fill_only:
@@ -260,12 +308,14 @@ class _AppState:
                 add = target.add
                 for name, value in headers:
                     add(name, value)
-        if admit is not None and admit.refund is not None \
-                and self.guard.refund_due(response.status_code):
-            # After the response has gone out: the client does not wait for the round trip.
-            guard, limiter, status = self.guard, self.limiter, response.status_code
-            response.call_on_close(lambda: refund_sync(guard, limiter, admit, status))
         return response
+
+    def teardown_request(self, exc: BaseException | None) -> None:
+        refund: _Refund | None = _request_proxy.environ.get(_REFUND)
+        if refund is not None and refund.response is None:
+            # No response of ours went out: the exception propagated (or an after_request
+            # hook before ours failed twice); it counts as a 500.
+            refund.run(None, 500)
 
 
 class RateLimit:
@@ -308,6 +358,7 @@ class RateLimit:
         app.extensions[EXTENSION_KEY] = state
         app.before_request(state.before_request)
         app.after_request(state.after_request)
+        app.teardown_request(state.teardown_request)
 
     # -- decorators (metadata only, like Limiter.limit / Limiter.exempt) --------------------
     def limit_blueprint(self, blueprint: Blueprint, rates: Policy | str, *,

@@ -413,3 +413,71 @@ def test_key_functions_see_what_hooks_registered_before_init_app_set(
     assert statuses(c, "/", 2, headers={"X-User": "ann"}) == [200, 429]
     assert c.get("/", headers={"X-User": "bob"}).status_code == 200
     assert statuses(c, "/", 3) == [200, 200, 200]  # no user: the policy does not apply
+
+
+# -- what the hooks may get wrong ----------------------------------------------------------
+@pytest.mark.parametrize("answer", [None, 42])
+def test_an_on_blocked_that_returns_no_response_falls_back_to_the_json_429(
+    limiter: rl.Limiter, answer: Any
+) -> None:
+    # None from before_request is Flask's "go on to the view": the refused request was
+    # served; a value Flask cannot render was a 500.
+    app, served = new_app(), []
+
+    @app.route("/")
+    def index() -> str:
+        served.append(1)
+        return "served"
+
+    RateLimit(app, limiter=limiter, default="1/minute",
+              on_blocked=lambda request, decision: answer)
+    client = app.test_client()
+    assert statuses(client, "/", 3) == [200, 429, 429]
+    assert served == [1]
+    refused = client.get("/")
+    assert refused.json == {"detail": "Too Many Requests", "retry_after": 60}
+    assert refused.headers["Retry-After"] == "60"
+
+
+def _failing_app(limiter: rl.Limiter, *, propagate: bool, hook_fails: bool) -> Flask:
+    app = Flask(__name__)
+    app.config["PROPAGATE_EXCEPTIONS"] = propagate
+
+    @app.route("/ok")
+    def ok() -> str:
+        return "ok"
+
+    @app.route("/boom")
+    def boom() -> str:
+        raise RuntimeError("the view failed")
+
+    RateLimit(app, limiter=limiter, default="3/minute", count_when=lambda status: status < 500)
+    if hook_fails:
+        @app.after_request
+        def broken(response: Any) -> Any:  # registered after the extension: runs first
+            if flask.request.path == "/boom":
+                raise RuntimeError("an after_request hook failed")
+            return response
+
+    return app
+
+
+@pytest.mark.parametrize(("propagate", "hook_fails"),
+                         [(False, False), (True, False), (False, True)])
+def test_a_failed_request_gives_its_hit_back_once_however_it_failed(
+    limiter: rl.Limiter, propagate: bool, hook_fails: bool
+) -> None:
+    # An exception counts as a 500, whose hit count_when gives back: also when the exception
+    # propagates (debug mode, app.testing) or a later hook throws the response away, which
+    # lost the refund; and never twice, which would give back the admitted /ok too.
+    app = _failing_app(limiter, propagate=propagate, hook_fails=hook_fails)
+    client = app.test_client()
+    assert client.get("/ok").status_code == 200
+    for _ in range(4):
+        try:
+            response = client.get("/boom")
+        except RuntimeError:
+            continue
+        assert response.status_code == 500
+        response.close()
+    assert limiter.peek(rl.Policy("3/minute"), PEER).remaining == 2
