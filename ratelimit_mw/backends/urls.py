@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from ratelimit_mw.core.errors import ConfigurationError
 
@@ -242,6 +242,15 @@ def _options(url: str, query: str, kind: str, scheme: str) -> dict[str, Any]:
     return options
 
 
+def _split(url: str, text: str, scheme: str) -> SplitResult:
+    """urlsplit, whose ValueError (an unclosed "[" of an IPv6 address) says what to write."""
+    try:
+        return urlsplit(text)
+    except ValueError as exc:
+        raise _fail(url, f"{exc}: an IPv6 address goes in brackets, e.g. [::1]:6379",
+                    scheme) from exc
+
+
 def _db_from_path(url: str, path: str, scheme: str) -> int | None:
     text = path.strip("/")
     if not text:
@@ -261,7 +270,7 @@ def _single_or_cluster(url: str, scheme: str, kind: str, body: str,
         client_url = f"{plain}://{body}"
         return BackendURL(kind=kind, scheme=scheme, client_url=client_url, options=options,
                           db=options.get("db", 0))
-    parts = urlsplit(f"{plain}://{body}")
+    parts = _split(url, f"{plain}://{body}", scheme)
     if not parts.hostname:
         raise _fail(url, "no host", scheme)
     if "," in parts.netloc:
@@ -282,7 +291,7 @@ def _single_or_cluster(url: str, scheme: str, kind: str, body: str,
 
 
 def _address(url: str, text: str, scheme: str) -> tuple[str, int]:
-    parts = urlsplit(f"//{text}")
+    parts = _split(url, f"//{text}", scheme)
     if not parts.hostname:
         raise _fail(url, f"no host in the sentinel address {text!r}", scheme)
     try:

@@ -30,8 +30,10 @@ class Store:
     (TIME, EXISTS, GET, SCAN)."""
 
     def __init__(self, url: str, timeout: float) -> None:
-        if timeout <= 0:
-            raise ConfigurationError(f"--timeout must be positive seconds, got {timeout}")
+        if not 0 < timeout <= 3600:  # also NaN and inf, which the socket would refuse
+            raise ConfigurationError(
+                f"--timeout must be seconds above 0 and at most 3600, got {timeout}; "
+                "e.g. --timeout 2")
         # A malformed URL or option is a ConfigurationError here, saying what to write.
         if urls.parse(url).kind == "memory":
             raise ConfigurationError(

@@ -65,6 +65,8 @@ INVALID: list[tuple[Any, str]] = [
     ("redis://host:6379/0?bogus=1", "unknown option 'bogus'"),
     # Values redis-py would only refuse on the first call, which the middleware would take
     # for an outage (and, failing open, admit everyone): refused here, at start-up.
+    ("redis://[::1:6379/0", "goes in brackets"),
+    ("redis+sentinel://[::1:26379/mymaster", "goes in brackets"),
     ("redis://host:6379/0?protocol=5", "protocol must be 2 or 3"),
     ("rediss://host:6380/0?ssl_cert_reqs=bogus", "none, optional or required"),
     ("redis://host:6379/0?socket_timeout=0", "above 0"),

@@ -253,7 +253,15 @@ def test_ping_reports_version_topology_and_round_trip(store_url: str) -> None:
     (["ping", "--url", "memory://"], "the CLI reads a shared store"),
     (["ping", "--url", "127.0.0.1:6379"], "redis://"),
     (["ping", "--url", "redis://127.0.0.1:6379/abc"], "abc"),
-    (["ping", "--timeout", "0"], "--timeout must be positive"),
+    (["ping", "--timeout", "0"], "--timeout must be seconds above 0"),
+    # NaN and infinity passed "<= 0" and ended in a traceback from the socket.
+    (["ping", "--timeout", "nan"], "--timeout must be seconds above 0"),
+    (["ping", "--timeout", "inf"], "--timeout must be seconds above 0"),
+    (["ping", "--timeout", "1e300"], "at most 3600"),
+    # An unclosed IPv6 bracket was a bare ValueError from urlsplit.
+    (["ping", "--url", "redis://[::1:6379/0"], "goes in brackets"),
+    (["ping", "--url", "redis+sentinel://[::1:26379/mymaster"], "goes in brackets"),
+    (["ping", "--url", "redis+cluster://[::1:7000"], "goes in brackets"),
 ])
 def test_bad_input_is_a_configuration_error_with_exit_code_2(argv: list[str], says: str) -> None:
     ran = cli(*argv)
