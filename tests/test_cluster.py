@@ -128,6 +128,25 @@ def test_a_refusal_in_a_later_slot_gives_back_what_the_earlier_slot_took(
     assert [t.remaining for t in after.tiers] == [t.remaining for t in before.tiers] == [4, 7]
 
 
+def test_every_slot_is_asked_so_the_longest_wait_and_every_ban_count(
+    cluster_backend: rl.RedisBackend, prefix: str, step_clock: StepClock,
+) -> None:
+    # As on one node: the slot refusing for an hour governs even when another slot's
+    # 1-second refusal comes first, and its penalty starts a ban (the plan stopped at the
+    # first refusal: Retry-After 1 s, refused again then, and no ban).
+    limiter = rl.Limiter(cluster_backend, prefix=prefix, clock=step_clock, deny_cache=0)
+    short = rl.Policy("1/second", name="short")
+    long = rl.Policy("1/hour", name="long", penalty="2 hours")
+    assert key_slot(b"{a:1}") != key_slot(b"{b:1}")
+    checks = [rl.Check(short, "a:1"), rl.Check(long, "b:1")]
+    assert limiter.check(checks).allowed
+    refused = limiter.check(checks)
+    assert not refused.allowed and refused.policy is long and refused.retry_after == 7200.0
+    assert limiter.peek(long, "b:1").banned
+    step_clock.advance_ms(1_000)
+    assert limiter.peek(short, "a:1").allowed  # the refused request took nothing there
+
+
 async def test_async_cluster_checks_give_back_across_slots(
     async_cluster_backend: rl.AsyncRedisBackend, prefix: str, step_clock: StepClock,
 ) -> None:

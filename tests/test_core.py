@@ -200,14 +200,28 @@ def _drive(plan: plans.Plan, replies: Sequence[list[int]]) -> tuple[rl.Decision,
             return done.value, asked
 
 
-def test_a_refusal_in_a_later_slot_gives_back_the_earlier_slots() -> None:
+def test_a_refusal_in_one_slot_gives_back_every_slot_that_admitted() -> None:
     p = rl.Policy("5/minute", name="p")
     calls = [plans.build(plans.HIT, [plans.Check(p, identity)], "rl") for identity in "abc"]
     decision, asked = _drive(plans.plan_hit(calls),
-                             [_reply(1, (1, 4, 0, 60_000, 0)), _reply(0, (0, 0, 9_000, 60_000, 0))])
-    assert asked == [plans.HIT, plans.HIT, plans.REFUND]  # the third slot is never hit
+                             [_reply(1, (1, 4, 0, 60_000, 0)), _reply(0, (0, 0, 9_000, 60_000, 0)),
+                              _reply(1, (1, 2, 0, 60_000, 0))])
+    # Every slot is asked, as one script asks every tier; the two that admitted give back.
+    assert asked == [plans.HIT, plans.HIT, plans.HIT, plans.REFUND, plans.REFUND]
     assert not decision.allowed and decision.identity == "b" and decision.retry_after == 9.0
-    assert len(decision.tiers) == 2
+    assert len(decision.tiers) == 3
+
+
+def test_slots_that_refuse_after_the_first_refusal_still_govern_the_retry() -> None:
+    # Stopping at the first refusal answered its 1 s wait where a later slot refused for an
+    # hour: a client obeying Retry-After was refused again.
+    short, long = rl.Policy("5/second", name="short"), rl.Policy("5/hour", name="long")
+    calls = [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
+             plans.build(plans.HIT, [plans.Check(long, "b")], "rl")]
+    decision, asked = _drive(plans.plan_hit(calls), [_reply(0, (0, 0, 1_000, 1_000, 0)),
+                                                    _reply(0, (0, 0, 3_600_000, 3_600_000, 0))])
+    assert asked == [plans.HIT, plans.HIT]  # nothing admitted, nothing to give back
+    assert decision.retry_after == 3600.0 and decision.policy is long
 
 
 def test_merged_slots_are_governed_like_tiers() -> None:

@@ -406,21 +406,24 @@ class DenyCacheLike(Protocol):
 
 
 def plan_hit(calls: Sequence[ScriptCall]) -> Plan:
-    """Run the calls in order; if one refuses, give back what the earlier ones admitted.
+    """Run every call; if one refuses, give back what the others admitted.
 
     One call is the normal case (one atomic script). Several happen only on a Redis Cluster
     when one request is limited under several identities, which live in different slots; the
     compensation keeps "a refused request consumes nothing" as nearly as two slots allow.
+    Every call runs even after a refusal, as one script decides every tier on one node: the
+    Retry-After is the longest wait of them all (stopping at the first refusal answered a
+    1 s wait where another slot's policy refused for an hour), and a refusing policy with
+    a penalty starts its ban wherever its slot comes in the order.
     """
     decisions: list[Decision] = []
     for call in calls:
         reply: Sequence[int] = yield call
-        decision = decide(call, reply)
-        decisions.append(decision)
-        if not decision.allowed:
-            for earlier in calls[: len(decisions) - 1]:
-                yield refund_of(earlier)
-            break
+        decisions.append(decide(call, reply))
+    if len(decisions) > 1 and not all(decisions):
+        for call, decision in zip(calls, decisions, strict=True):
+            if decision.allowed:
+                yield refund_of(call)
     return merge(decisions)
 
 
