@@ -200,14 +200,15 @@ def _drive(plan: plans.Plan, replies: Sequence[list[int]]) -> tuple[rl.Decision,
             return done.value, asked
 
 
-def test_a_refusal_in_one_slot_gives_back_every_slot_that_admitted() -> None:
+def test_a_refusal_in_one_slot_gives_back_what_the_others_recorded() -> None:
     p = rl.Policy("5/minute", name="p")
     calls = [plans.build(plans.HIT, [plans.Check(p, identity)], "rl") for identity in "abc"]
     decision, asked = _drive(plans.plan_hit(calls),
                              [_reply(1, (1, 4, 0, 60_000, 0)), _reply(0, (0, 0, 9_000, 60_000, 0)),
                               _reply(1, (1, 2, 0, 60_000, 0))])
-    # Every slot is asked, as one script asks every tier; the two that admitted give back.
-    assert asked == [plans.HIT, plans.HIT, plans.HIT, plans.REFUND, plans.REFUND]
+    # Every slot is asked, as one script asks every tier, but after the refusal as a peek,
+    # which records nothing: only the first slot has a hit to give back.
+    assert asked == [plans.HIT, plans.HIT, plans.PEEK, plans.REFUND]
     assert not decision.allowed and decision.identity == "b" and decision.retry_after == 9.0
     assert len(decision.tiers) == 3
 
@@ -220,8 +221,32 @@ def test_slots_that_refuse_after_the_first_refusal_still_govern_the_retry() -> N
              plans.build(plans.HIT, [plans.Check(long, "b")], "rl")]
     decision, asked = _drive(plans.plan_hit(calls), [_reply(0, (0, 0, 1_000, 1_000, 0)),
                                                     _reply(0, (0, 0, 3_600_000, 3_600_000, 0))])
-    assert asked == [plans.HIT, plans.HIT]  # nothing admitted, nothing to give back
+    assert asked == [plans.HIT, plans.PEEK]  # nothing recorded, nothing to give back
     assert decision.retry_after == 3600.0 and decision.policy is long
+
+
+def test_a_later_slot_refusing_under_a_penalty_is_hit_to_start_its_ban() -> None:
+    short = rl.Policy("5/second", name="short")
+    banning = rl.Policy("5/hour", name="banning", penalty="2 hours")
+    calls = [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
+             plans.build(plans.HIT, [plans.Check(banning, "b")], "rl")]
+    decision, asked = _drive(plans.plan_hit(calls), [
+        _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
+        _reply(0, (0, 0, 7_200_000, 7_200_000, 1))])
+    assert asked == [plans.HIT, plans.PEEK, plans.HIT]
+    assert decision.banned and decision.retry_after == 7200.0
+
+
+def test_a_later_slot_that_admits_its_penalty_hit_after_all_gives_it_back() -> None:
+    short = rl.Policy("5/second", name="short")
+    banning = rl.Policy("5/hour", name="banning", penalty="2 hours")
+    calls = [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
+             plans.build(plans.HIT, [plans.Check(banning, "b")], "rl")]
+    decision, asked = _drive(plans.plan_hit(calls), [
+        _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
+        _reply(1, (1, 0, 0, 3_600_000, 0))])  # a refund elsewhere came in between
+    assert asked == [plans.HIT, plans.PEEK, plans.HIT, plans.REFUND]
+    assert not decision.allowed and decision.retry_after == 1.0
 
 
 def test_merged_slots_are_governed_like_tiers() -> None:

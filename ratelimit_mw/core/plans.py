@@ -406,25 +406,48 @@ class DenyCacheLike(Protocol):
 
 
 def plan_hit(calls: Sequence[ScriptCall]) -> Plan:
-    """Run every call; if one refuses, give back what the others admitted.
+    """Run the calls in order; if one refuses, give back what the earlier ones admitted.
 
     One call is the normal case (one atomic script). Several happen only on a Redis Cluster
     when one request is limited under several identities, which live in different slots; the
     compensation keeps "a refused request consumes nothing" as nearly as two slots allow.
-    Every call runs even after a refusal, as one script decides every tier on one node: the
-    Retry-After is the longest wait of them all (stopping at the first refusal answered a
-    1 s wait where another slot's policy refused for an hour), and a refusing policy with
-    a penalty starts its ban wherever its slot comes in the order.
+
+    After a refusal the later slots are still asked, as one script asks every tier, but as
+    peeks that record nothing (`peek_of`): the Retry-After is the longest wait of them all
+    (stopping at the first refusal answered a 1 s wait where a later slot refused for an
+    hour), while a refused request never holds another slot's quota even for a moment (a
+    concurrent request would be refused by it: a burst admitted one less than the limit). A
+    later slot that refuses under a penalty is then hit, which records nothing on a refusal
+    and starts its ban; if it admits after all (a race), that hit is given back too.
     """
     decisions: list[Decision] = []
+    recorded: list[ScriptCall] = []
+    refused = False
     for call in calls:
-        reply: Sequence[int] = yield call
-        decisions.append(decide(call, reply))
-    if len(decisions) > 1 and not all(decisions):
-        for call, decision in zip(calls, decisions, strict=True):
+        if not refused:
+            reply: Sequence[int] = yield call
+            decision = decide(call, reply)
             if decision.allowed:
-                yield refund_of(call)
+                recorded.append(call)
+        else:
+            decision = decide(call, (yield peek_of(call)))
+            if not decision.allowed and any(p.penalty is not None for p, _ in call.layout):
+                decision = decide(call, (yield call))
+                if decision.allowed:
+                    recorded.append(call)
+        decisions.append(decision)
+        refused = refused or not decision.allowed
+    if refused:
+        for call in recorded:
+            yield refund_of(call)
     return merge(decisions)
+
+
+def peek_of(call: ScriptCall) -> ScriptCall:
+    """`call` as a peek: the same keys, tiers and costs, answered without recording."""
+    args = list(call.args)
+    args[0] = PEEK
+    return ScriptCall(call.keys, args, call.layout, PEEK)
 
 
 def plan_check(
