@@ -225,12 +225,16 @@ def test_slots_that_refuse_after_the_first_refusal_still_govern_the_retry() -> N
     assert decision.retry_after == 3600.0 and decision.policy is long
 
 
-def test_a_later_slot_refusing_under_a_penalty_is_hit_to_start_its_ban() -> None:
+def _short_then_banning() -> list[plans.ScriptCall]:
+    """Two slots: a 5/second policy refusing for 1 s, then a 5/hour one with a penalty."""
     short = rl.Policy("5/second", name="short")
     banning = rl.Policy("5/hour", name="banning", penalty="2 hours")
-    calls = [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
-             plans.build(plans.HIT, [plans.Check(banning, "b")], "rl")]
-    decision, asked = _drive(plans.plan_hit(calls), [
+    return [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
+            plans.build(plans.HIT, [plans.Check(banning, "b")], "rl")]
+
+
+def test_a_later_slot_refusing_under_a_penalty_is_hit_to_start_its_ban() -> None:
+    decision, asked = _drive(plans.plan_hit(_short_then_banning()), [
         _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
         _reply(0, (0, 0, 7_200_000, 7_200_000, 1))])
     assert asked == [plans.HIT, plans.PEEK, plans.HIT]
@@ -238,11 +242,7 @@ def test_a_later_slot_refusing_under_a_penalty_is_hit_to_start_its_ban() -> None
 
 
 def test_a_later_slot_that_admits_its_penalty_hit_after_all_gives_it_back() -> None:
-    short = rl.Policy("5/second", name="short")
-    banning = rl.Policy("5/hour", name="banning", penalty="2 hours")
-    calls = [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
-             plans.build(plans.HIT, [plans.Check(banning, "b")], "rl")]
-    decision, asked = _drive(plans.plan_hit(calls), [
+    decision, asked = _drive(plans.plan_hit(_short_then_banning()), [
         _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
         _reply(1, (1, 0, 0, 3_600_000, 0))])  # a refund elsewhere came in between
     assert asked == [plans.HIT, plans.PEEK, plans.HIT, plans.REFUND]
