@@ -1,18 +1,28 @@
-"""A pipelined Redis connection for the async hot path (single node, and each cluster node).
+"""The one async connection design: pipelined, one per event loop and Redis node.
+
+Every async Redis call goes through it, whatever the transport: TCP, TLS, a unix socket,
+the primary that Redis Sentinel names, and each node of a cluster (cluster.py).
 
 redis.asyncio spends more CPU per awaited call than the rate limit check itself: a pool
 checkout and return with their hooks, a Python command packer, and an ``asyncio.wait_for``
 (a new Task) around every write. For one EVALSHA per request the physical floor is lower:
-one TCP connection per event loop and node, each call written at once (calls from concurrent
+one connection per event loop and node, each call written at once (calls from concurrent
 requests pipeline on the wire, which Redis answers in order), replies parsed by hiredis in C
 and handed to the waiting futures in the same order. There is no pool, so no pool ceiling: a
 burst of any size is one queue on one socket (redis-py's cluster client raised
 MaxConnectionsError past 100 connections per node, which the middleware took for an outage).
 
-It is used only where it is exactly equivalent: a plain TCP ``redis.asyncio.Redis`` or
-``redis.asyncio.RedisCluster`` (RESP2, no TLS, no credential provider) with hiredis
-installed. The client's host, port, database, username, password, name and timeouts apply.
-Anything else goes through redis-py.
+A pool per transport was what broke the guarantees: over TLS a burst opened a connection
+per concurrent call, each handshake inside the 100 ms connect timeout, and they timed out
+into fail-open (400 admitted of 100); redis-py's sentinel pool raised MaxConnectionsError
+at its ceiling. Here a TLS handshake happens once per connection, not per burst.
+
+The connection mirrors the redis-py client it is given (``Settings.from_kwargs``): its
+connection class says the transport (TLS through redis-py's own SSL context), and its host,
+port, unix path, database, username and password or credential provider, client name and
+timeouts apply. It always speaks RESP2: the replies are the script's integers either way.
+Under Sentinel every connect asks the sentinels for the primary, and a READONLY reply (the
+server was demoted under us) drops the connection, so the one retry asks them again.
 
 Failure behaviour, which the middleware's failure policy builds on:
 - a call waits at most the client's ``socket_timeout``; a timed-out call drops the
@@ -30,17 +40,22 @@ import collections
 import functools
 import heapq
 import itertools
+import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
 import hiredis
 from redis.asyncio.connection import Connection as _PlainConnection
+from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
+from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ratelimit_mw.backends.base import LOOK, bounded
 from ratelimit_mw.core import scripts
+from ratelimit_mw.core.errors import ConfigurationError
 
 _EVALSHA = b"EVALSHA"
 
@@ -52,23 +67,6 @@ def script_load() -> bytes:
 
 
 ASKING = hiredis.pack_command(("ASKING",))
-
-
-def eligible(client: Any) -> bool:
-    """Whether `client` is a plain TCP RESP2 redis.asyncio client this connection can mirror.
-
-    A ``redis.asyncio.Redis`` keeps its settings in its pool, a ``RedisCluster`` on itself.
-    """
-    pool = getattr(client, "connection_pool", None)
-    if pool is not None:
-        connection_class, kwargs = pool.connection_class, pool.connection_kwargs
-    else:
-        kwargs = getattr(client, "connection_kwargs", None)
-        if not isinstance(kwargs, dict):
-            return False
-        connection_class = kwargs.get("connection_class")
-    return (connection_class is _PlainConnection and kwargs.get("credential_provider") is None
-            and kwargs.get("protocol") in (None, 2, "2"))
 
 
 def pack_evalsha(keys: list[str], args: list[Any]) -> bytes:
@@ -87,36 +85,77 @@ def raise_for_error(reply: Any) -> Any:
 
 @dataclass(frozen=True)
 class Settings:
-    """Where and how to connect: one node's address and the client's credentials and timeouts."""
+    """Where and how to connect: one node's address, its transport, and the client's
+    credentials and timeouts."""
 
     host: str = "localhost"
     port: int = 6379
+    path: str | None = None  # a unix socket, instead of host and port
+    tls: ssl.SSLContext | None = None
+    # Sentinel: asks the sentinels for the primary's address on every connect.
+    locate: Callable[[], Awaitable[tuple[str, int]]] | None = None
     db: int = 0
     username: str | None = None
     password: str | None = None
+    credentials: Any = None  # a redis-py CredentialProvider, asked on every connect
     client_name: str | None = None
     timeout: float | None = None
     connect_timeout: float | None = None
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any], **where: Any) -> Settings:
-        """From redis-py connection kwargs (`where` gives a cluster node's host and port)."""
+        """From a redis-py connection class and its kwargs (`where` gives a cluster node's
+        host and port): the class says the transport, the kwargs the rest.
+
+        TLS takes redis-py's own SSL context, built from the ``ssl_*`` options by the same
+        code a redis-py connection runs, so certificates, verification and hostname checks
+        mean what they mean there."""
         kwargs = {**kwargs, **where}
+        connection_class = kwargs.get("connection_class", _PlainConnection)
+        tls = path = locate = None
+        if issubclass(connection_class, UnixDomainSocketConnection):
+            path = kwargs.get("path") or ""
+        elif issubclass(connection_class, SSLConnection):
+            options = {k: v for k, v in kwargs.items() if k.startswith("ssl_")}
+            tls = SSLConnection(**options).ssl_context.get()
+        elif not issubclass(connection_class, _PlainConnection):
+            raise ConfigurationError(
+                f"connection_class={connection_class.__name__} is not one ratelimit_mw can "
+                "mirror; use redis-py's Connection, SSLConnection or "
+                "UnixDomainSocketConnection (or a subclass), e.g. redis.asyncio.from_url("
+                "\"rediss://...\")"
+            )
+        if issubclass(connection_class, SentinelManagedConnection):
+            pool = kwargs.get("connection_pool")
+            if pool is None or not pool.is_master:
+                raise ConfigurationError(
+                    "a rate limiter writes: give it the primary, sentinel.master_for(...), "
+                    "not a replica (slave_for)"
+                )
+            locate = pool.get_master_address
         timeout = kwargs.get("socket_timeout")
         return cls(
-            host=kwargs.get("host", "localhost"),
-            port=int(kwargs.get("port", 6379)),
+            host=kwargs.get("host") or "localhost",
+            port=int(kwargs.get("port") or 6379),
+            path=path,
+            tls=tls,
+            locate=locate,
             db=int(kwargs.get("db", 0) or 0),
             username=kwargs.get("username"),
             password=kwargs.get("password"),
+            credentials=kwargs.get("credential_provider"),
             client_name=kwargs.get("client_name"),
             timeout=timeout,
             connect_timeout=kwargs.get("socket_connect_timeout") or timeout,
         )
 
     def at(self, host: str, port: int) -> Settings:
-        """The same credentials and timeouts, another node."""
+        """The same transport, credentials and timeouts, another node."""
         return replace(self, host=host, port=port)
+
+    def where(self) -> str:
+        """The address, for messages."""
+        return f"unix:{self.path}" if self.path is not None else f"{self.host}:{self.port}"
 
 
 class _Protocol(asyncio.Protocol):
@@ -337,7 +376,10 @@ class PipelinedConnection:
 
     @classmethod
     def for_client(cls, client: Any) -> PipelinedConnection:
-        return cls(Settings.from_kwargs(client.connection_pool.connection_kwargs))
+        """Mirroring a redis.asyncio.Redis: its pool's connection class and kwargs."""
+        pool = client.connection_pool
+        return cls(Settings.from_kwargs({**pool.connection_kwargs,
+                                         "connection_class": pool.connection_class}))
 
     async def evalsha(self, keys: list[str], args: list[Any]) -> Any:
         """Run the script; NOSCRIPT loads it and runs it again."""
@@ -348,10 +390,28 @@ class PipelinedConnection:
         loads the script and sends it again. An error reply is returned, not raised: a
         cluster reads MOVED and ASK from it."""
         reply = await self._call(packed, skipped)
-        if isinstance(reply, hiredis.ReplyError) and str(reply).startswith("NOSCRIPT"):
-            await self._load_script()
+        if self.recovers(reply):
+            if str(reply).startswith("NOSCRIPT"):
+                await self._load_script()
             reply = await self._call(packed, skipped)
         return reply
+
+    def recovers(self, reply: Any) -> bool:
+        """Whether `reply` is an error that sending the call again mends: NOSCRIPT (after
+        loading the script), or READONLY under Sentinel: the server was demoted under us,
+        so the connection is dropped here (calls in flight on it fail and are retried) and
+        the next connect asks the sentinels where the primary is now."""
+        if not isinstance(reply, hiredis.ReplyError):
+            return False
+        message = str(reply)
+        if message.startswith("NOSCRIPT"):
+            return True
+        if not message.startswith("READONLY") or self.settings.locate is None:
+            return False
+        protocol = self._protocol
+        if protocol is not None and protocol.lost is None:
+            protocol.close(RedisConnectionError("the primary was demoted to a replica"))
+        return True
 
     async def _load_script(self) -> None:
         """SCRIPT LOAD, once for all the calls that met NOSCRIPT together.
@@ -392,8 +452,8 @@ class PipelinedConnection:
 
     async def evalsha_within(self, keys: list[str], args: list[Any], seconds: float) -> Any:
         """`evalsha`, failing with TimeoutError after `seconds`: on an open connection by the
-        protocol's give-up timer, otherwise (connecting, a reconnect, NOSCRIPT) by a
-        deadline around the whole call for the time that is left."""
+        protocol's give-up timer, otherwise (connecting, a reconnect, an error that
+        `recovers`) by a deadline around the whole call for the time that is left."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + seconds
         protocol = self.ready()
@@ -405,8 +465,7 @@ class PipelinedConnection:
                 raise  # given up (an OSError too, but never to be sent again)
             except (RedisConnectionError, OSError):
                 reply = None  # dropped meanwhile: the plain path below reconnects and retries
-            if reply is not None and not (isinstance(reply, hiredis.ReplyError)
-                                          and str(reply).startswith("NOSCRIPT")):
+            if reply is not None and not self.recovers(reply):
                 return raise_for_error(reply)
         left = give_up - loop.time()
         if left <= 0:
@@ -444,31 +503,42 @@ class PipelinedConnection:
         return await asyncio.shield(task)
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        """Connect (TCP, TLS or unix; to the primary the sentinels name now, under
+        Sentinel) and set the connection up, all within the connect timeout."""
         settings = self.settings
         try:
-            _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _Protocol(loop, settings.timeout),
-                                       settings.host, settings.port),
-                settings.connect_timeout,
-            )
-            try:
-                await self._handshake(protocol, loop)
-            except BaseException:
-                # Timed out, refused or cancelled half-way: never keep it half set up.
-                protocol.close(RedisConnectionError("connection set-up failed"))
-                raise
+            protocol = await asyncio.wait_for(self._establish(loop), settings.connect_timeout)
         except asyncio.TimeoutError as exc:
-            raise RedisTimeoutError(
-                f"Timeout connecting to {settings.host}:{settings.port}") from exc
+            raise RedisTimeoutError(f"Timeout connecting to {settings.where()}") from exc
         except OSError as exc:
             raise RedisConnectionError(
-                f"Error connecting to {settings.host}:{settings.port}: {exc}"
-            ) from exc
+                f"Error connecting to {settings.where()}: {exc}") from exc
         self._protocol = protocol
         return protocol
 
-    async def _handshake(self, protocol: _Protocol, loop: asyncio.AbstractEventLoop) -> None:
-        """AUTH, SELECT, CLIENT SETNAME as configured, and SCRIPT LOAD, in one round trip.
+    async def _establish(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+        settings = self.settings
+        timeout = settings.timeout
+        if settings.path is not None:
+            _, protocol = await loop.create_unix_connection(
+                lambda: _Protocol(loop, timeout), settings.path)
+        else:
+            host, port = settings.host, settings.port
+            if settings.locate is not None:
+                host, port = await settings.locate()
+            _, protocol = await loop.create_connection(
+                lambda: _Protocol(loop, timeout), host, port, ssl=settings.tls)
+        try:
+            await self._handshake(protocol)
+        except BaseException:
+            # Timed out, refused or cancelled half-way: never keep it half set up.
+            protocol.close(RedisConnectionError("connection set-up failed"))
+            raise
+        return protocol
+
+    async def _handshake(self, protocol: _Protocol) -> None:
+        """AUTH, SELECT, CLIENT SETNAME as configured, and SCRIPT LOAD, in one round trip
+        (within the connect timeout, with the TCP or TLS connect before it).
 
         Loading the script with every new connection costs the server a hash of the source
         when it has the script already, and saves the NOSCRIPT round trip (and the load
@@ -477,18 +547,19 @@ class PipelinedConnection:
         """
         settings = self.settings
         commands: list[tuple[Any, ...]] = []
-        if settings.password is not None:
-            if settings.username:
-                commands.append(("AUTH", settings.username, settings.password))
-            else:
-                commands.append(("AUTH", settings.password))
+        username, password = settings.username, settings.password
+        if settings.credentials is not None:
+            *user, password = await settings.credentials.get_credentials_async()
+            username = user[0] if user else None
+        if password is not None:
+            commands.append(("AUTH", username, password) if username else ("AUTH", password))
         if settings.db:
             commands.append(("SELECT", settings.db))
         if settings.client_name:
             commands.append(("CLIENT", "SETNAME", settings.client_name))
         waiters = [protocol.send(hiredis.pack_command(command)) for command in commands]
         waiters.append(protocol.send(script_load()))
-        replies = await asyncio.wait_for(asyncio.gather(*waiters), settings.connect_timeout)
+        replies = await asyncio.gather(*waiters)
         for name, reply in zip([c[0] for c in commands] + ["SCRIPT LOAD"], replies,
                                strict=True):
             if isinstance(reply, hiredis.ReplyError):

@@ -68,12 +68,10 @@ SAFE_DEFAULTS: dict[str, Any] = {
     "retry_on_timeout": False,
     "health_check_interval": 0,
 }
-
-
-_PLAIN_POOLS: tuple[type, ...] = ()
-if redis is not None:
-    _PLAIN_POOLS = (redis.ConnectionPool, redis.BlockingConnectionPool,
-                    redis.asyncio.ConnectionPool, redis.asyncio.BlockingConnectionPool)
+# A TLS handshake is milliseconds of CPU on both ends; on a busy host it outlasts 100 ms. It
+# happens once per connection (per event loop on asyncio, per thread when sync), and each
+# request still waits no longer than its own deadline meanwhile.
+TLS_CONNECT_TIMEOUT = 1.0
 
 
 def _require_redis() -> None:
@@ -97,6 +95,8 @@ def _client_kwargs(spec: urls.BackendURL, overrides: dict[str, Any], *,
     """Safe defaults, then the URL's options, then the caller's keyword arguments."""
     options = {k: v for k, v in spec.options.items()
                if k not in ("db", "sentinel_username", "sentinel_password")}
+    if spec.tls:
+        options.setdefault("socket_connect_timeout", TLS_CONNECT_TIMEOUT)
     return _safe_kwargs({**options, **overrides}, asyncio=asyncio)
 
 
@@ -187,31 +187,16 @@ class _DeferredCluster:
         return "RedisCluster(<not connected yet>)"
 
 
-def _direct(client: Any) -> bool:
-    """Whether the client's pool can be driven directly (a plain pooled client).
-
-    Only redis-py's own pool classes: a subclass may decide where a connection goes when it
-    connects (Sentinel's asks the sentinels for the primary in ``connect()``, which the
-    direct path's reconnect-on-send would bypass, reaching the connection's placeholder
-    address instead), so it keeps redis-py's full call path.
-    """
-    pool = getattr(client, "connection_pool", None)
-    return (
-        getattr(client, "connection", None) is None
-        and type(pool) in _PLAIN_POOLS
-        and not getattr(client, "_single_connection_client", False)
-    )
-
-
 class RedisBackend:
     """Runs the script on a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client.
 
-    On a plain pooled ``redis.Redis`` the call takes the shortest path redis-py offers: a
-    pooled connection, the command packed once, one send, one read — skipping the per-command
-    bookkeeping of ``execute_command`` (about half of a redis-py call's CPU) while keeping the
-    client's timeouts and its retry policy. NOSCRIPT (a flushed or restarted server) loads the
-    script and runs it again. Cluster clients go through ``register_script``, which routes by
-    key.
+    On a ``redis.Redis``, whatever its transport (TCP, TLS, unix socket, the primary that
+    Sentinel names), each thread keeps one connection of its own, made like the client's
+    pooled ones, and a call is the command packed once, one send, one read: no pool
+    checkout, and none of ``execute_command``'s per-command bookkeeping (about half of a
+    redis-py call's CPU), with the client's timeouts and retry policy. NOSCRIPT (a flushed
+    or restarted server) loads the script and runs it again. Cluster clients go through
+    ``register_script``, which routes by key.
     """
 
     in_process = False
@@ -226,10 +211,12 @@ class RedisBackend:
         self.client = client
         self.is_cluster = isinstance(client, (redis.cluster.RedisCluster, _DeferredCluster))
         self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=False)
-        self._script = client.register_script(scripts.source())
+        self._script: Any = client.register_script(scripts.source()) if self.is_cluster else None
         self._pool: Any = None
-        if not self.is_cluster and _direct(client):
-            self._pool = getattr(client, "connection_pool", None)
+        self._connection_class: Any = None
+        if not self.is_cluster:
+            self._pool = client.connection_pool
+            self._connection_class = _sentinel.following(self._pool.connection_class)
         self._connect_lock = threading.Lock()
         self._local = threading.local()
 
@@ -292,13 +279,14 @@ class RedisBackend:
         Taking a pooled connection and giving it back costs more than the script itself in
         redis-py 8 (deprecation and observability hooks, an event, a poll syscall); a thread
         runs one call at a time, so it keeps one connection of its own (a new one after a
-        fork). Threads are bounded by the server, and so are these connections.
+        fork). Threads are bounded by the server, and so are these connections. Under
+        Sentinel the connection asks the sentinels for the primary whenever it connects.
         """
         local = self._local
         conn = getattr(local, "conn", None)
         if conn is None or local.pid != os.getpid():
             pool = self._pool
-            conn = pool.connection_class(**pool.connection_kwargs)
+            conn = self._connection_class(**pool.connection_kwargs)
             local.conn, local.pid = conn, os.getpid()
         return conn
 
@@ -328,7 +316,7 @@ class RedisBackend:
         failure policy applied to live traffic.
         """
         try:
-            if self._script is None:
+            if self.is_cluster and self._script is None:
                 self._build_deferred()
             client: Any = self.client
             if self.is_cluster:
@@ -362,9 +350,11 @@ class RedisBackend:
 
 
 class AsyncRedisBackend:
-    """Runs the script on a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster`` client.
+    """Runs the script on the Redis a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``
+    client points at, through one pipelined connection per event loop and node (pipeline.py,
+    cluster.py) that mirrors the client's settings, whatever its transport.
 
-    The client belongs to the event loop it was first used on.
+    The client itself serves only to describe the server, and is closed with the backend.
     """
 
     in_process = False
@@ -376,25 +366,14 @@ class AsyncRedisBackend:
                 "AsyncRedisBackend takes a redis.asyncio client; for a sync client use "
                 "RedisBackend(redis.Redis(...))"
             )
+        if _pipeline is None:  # pragma: no cover - hiredis comes with the [redis] extra
+            raise ConfigurationError(
+                "AsyncRedisBackend needs hiredis: pip install 'ratelimit_mw[redis]'")
         self.client = client
         self.is_cluster = isinstance(client, redis.asyncio.RedisCluster)
         self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=True)
-        self._script = client.register_script(scripts.source())
-        self._pool: Any = None
-        if not self.is_cluster and _direct(client):
-            self._pool = getattr(client, "connection_pool", None)
-        # A redis.asyncio.RedisCluster that has not initialized yet routes the commands that
-        # reach it meanwhile as keyless, to one node: with concurrent first calls most of
-        # them get MOVED, and the topology refreshes that follow close connections other
-        # calls are using. So a cluster client is initialized once, alone, first.
-        self._ready = not self.is_cluster
-        self._init_lock = asyncio.Lock()
-        # The fastest path: one pipelined connection per event loop and node (pipeline.py,
-        # cluster.py); redis-py's own client only for what it cannot mirror (TLS, RESP3...).
-        self._pipe: Any = None
-        if _pipeline is not None and _pipeline.eligible(client):
-            self._pipe = (PipelinedCluster.for_client(client) if self.is_cluster
-                          else _pipeline.PipelinedConnection.for_client(client))
+        self._pipe: Any = (PipelinedCluster.for_client(client) if self.is_cluster
+                           else _pipeline.PipelinedConnection.for_client(client))
 
     @classmethod
     def from_url(cls, url: str, **redis_kwargs: Any) -> AsyncRedisBackend | MemoryBackend:
@@ -422,26 +401,16 @@ class AsyncRedisBackend:
 
     async def arun(self, call: ScriptCall) -> list[int]:
         try:
-            if self._pipe is not None:
-                return await self._pipe.evalsha(call.keys, call.args)  # type: ignore[no-any-return]
-            if self._pool is None:
-                if not self._ready:
-                    await self._initialize()
-                return await self._script(keys=call.keys, args=call.args)  # type: ignore[no-any-return]
-            try:
-                return await self._evalsha(call)
-            except NoScriptError:
-                await self.client.script_load(scripts.source())
-                return await self._evalsha(call)
+            return await self._pipe.evalsha(call.keys, call.args)  # type: ignore[no-any-return]
         except STORE_ERRORS as exc:
             raise store_error(exc) from exc
 
     async def arun_within(self, call: ScriptCall, seconds: float) -> list[int]:
-        """`arun`, failing with TimeoutError after `seconds`. On the pipelined connection
-        the deadline costs no timer of its own (see pipeline._Protocol); elsewhere it is an
-        ``asyncio.timeout`` around the call."""
+        """`arun`, failing with TimeoutError after `seconds`. On a single node the deadline
+        costs no timer of its own (see pipeline._Protocol); on a cluster, where a call may
+        be redirected, it is a deadline around the call."""
         pipe = self._pipe
-        if pipe is None or self.is_cluster:
+        if self.is_cluster:
             return await bounded(self.arun(call), seconds)
         try:
             return await pipe.evalsha_within(call.keys, call.args, seconds)  # type: ignore[no-any-return]
@@ -454,99 +423,47 @@ class AsyncRedisBackend:
         """Queue a packed EVALSHA on the pipelined connection of the running loop, failing
         with TimeoutError at loop time `give_up`: the reply as a future (an error reply is
         returned, not raised), or None when there is no open connection to queue it on
-        (none yet, a cluster, not pipelined): then `arun_within` is the way.
+        (none yet, a cluster): then `arun_within` is the way.
 
         No coroutine of its own: the caller awaits the connection's future directly (see
         `AsyncLimiter.lane_hit`), one frame fewer to enter and resume on every request."""
-        pipe = self._pipe
-        if pipe is None or self.is_cluster:
+        if self.is_cluster:
             return None
-        protocol = pipe.ready()
+        protocol = self._pipe.ready()
         return None if protocol is None else protocol.send(packed, give_up=give_up)
 
     def settle(self, outcome: Any) -> list[int] | None:
         """What a `post` that did not bring a plain reply means: `outcome` is the exception
         its future raised or the error reply it brought. None: send the call again the
-        complete way (`arun_within`), which reconnects after a dropped connection and loads
-        the script after NOSCRIPT, as `PipelinedConnection.evalsha_within` does. Otherwise
+        complete way (`arun_within`), which reconnects after a dropped connection and mends
+        what `PipelinedConnection.recovers` (NOSCRIPT, a demoted primary). Otherwise
         raises what `arun_within` would have raised: the caller's TimeoutError as it is (a
         call given up is never sent again), any other failure as BackendError."""
         if isinstance(outcome, (TimeoutError, asyncio.TimeoutError)):
             raise outcome
         if isinstance(outcome, (RedisConnectionError, OSError)):
             return None
-        if _pipeline is not None and isinstance(outcome, hiredis.ReplyError):
-            if str(outcome).startswith("NOSCRIPT"):
+        if isinstance(outcome, hiredis.ReplyError):
+            if self._pipe.recovers(outcome):
                 return None
             outcome = ResponseError(str(outcome))
         if isinstance(outcome, BaseException):
             raise store_error(outcome) from outcome
         raise store_error(TypeError(f"unexpected reply {outcome!r}"))
 
-    async def _initialize(self) -> None:
-        async with self._init_lock:
-            if not self._ready:
-                await self.client.initialize()
-                self._ready = True
-
-    async def _evalsha(self, call: ScriptCall) -> list[int]:
-        pool = self._pool
-        conn = await pool.get_connection()
-        try:
-            packed = conn.pack_command("EVALSHA", scripts.sha1(), len(call.keys), *call.keys,
-                                       *call.args)
-
-            async def attempt() -> list[int]:
-                await conn.send_packed_command(packed)
-                return await conn.read_response()  # type: ignore[no-any-return]
-
-            async def dropped(_: BaseException) -> None:
-                await conn.disconnect()
-
-            return await conn.retry.call_with_retry(attempt, dropped)  # type: ignore[no-any-return]
-        except (asyncio.CancelledError, TimeoutError, OSError):
-            # Cancelled (e.g. by the middleware's deadline) between send and read: the reply
-            # may still arrive, so this connection must not serve another call.
-            await conn.disconnect()
-            raise
-        finally:
-            await pool.release(conn)
-
     async def aping(self) -> dict[str, Any]:
-        """The async twin of ``RedisBackend.ping``: connect, load the script, time a PING."""
+        """The async twin of ``RedisBackend.ping``: connect, load the script, time a PING.
+
+        It opens the connections that serve the checks: the first burst then finds them
+        ready instead of connecting inside its deadline."""
         try:
             pipe = self._pipe
-            if isinstance(pipe, PipelinedCluster):
-                return await self._aping_pipelined_cluster(pipe)
-            if pipe is not None:
-                # Open the connection that serves the checks, not redis-py's: the first
-                # burst then finds it ready instead of connecting inside its deadline.
-                rtt = await _aping_pipelined(pipe)
-                return ping_report(self._label, version=_version(
-                    await pipe.command("INFO", "server")), nodes=1, rtt_s=rtt,
-                    script_sha=scripts.sha1())
-            client: Any = self.client
             if self.is_cluster:
-                if not self._ready:
-                    await self._initialize()
-                primaries = client.get_primaries()
-                rtt = 0.0
-                for node in primaries:
-                    start = time.perf_counter()
-                    await client.execute_command("PING", target_nodes=node)
-                    rtt = max(rtt, time.perf_counter() - start)
-                    await client.execute_command("SCRIPT", "LOAD", scripts.source(),
-                                                 target_nodes=node)
-                info = await client.execute_command("INFO", "server", target_nodes=primaries[0])
-                return ping_report("redis-cluster", version=_version(info),
-                                   nodes=len(primaries), rtt_s=rtt, script_sha=scripts.sha1())
-            await client.ping()
-            start = time.perf_counter()
-            await client.ping()
-            rtt = time.perf_counter() - start
-            await client.script_load(scripts.source())
-            return ping_report(self._label, version=_version(await client.info("server")),
-                               nodes=1, rtt_s=rtt, script_sha=scripts.sha1())
+                return await self._aping_pipelined_cluster(pipe)
+            rtt = await _aping_pipelined(pipe)
+            return ping_report(self._label, version=_version(
+                await pipe.command("INFO", "server")), nodes=1, rtt_s=rtt,
+                script_sha=scripts.sha1())
         except STORE_ERRORS as exc:
             raise _unreachable(self.client, exc) from exc
 
@@ -561,6 +478,5 @@ class AsyncRedisBackend:
                            rtt_s=rtt, script_sha=scripts.sha1())
 
     async def aclose(self) -> None:
-        if self._pipe is not None:
-            await self._pipe.aclose()
+        await self._pipe.aclose()
         await self.client.aclose()

@@ -45,6 +45,19 @@ class _AsyncFollowingTLS(_AsyncFollowing, redis.asyncio.sentinel.SentinelManaged
     pass
 
 
+def following(connection_class: type) -> type:
+    """The class that makes a sync connection like `connection_class` but follows the
+    sentinels on every connect (for a client built outside ``from_url`` too); any other
+    class as it is."""
+    if not issubclass(connection_class, redis.sentinel.SentinelManagedConnection):
+        return connection_class
+    if issubclass(connection_class, _Following):
+        return connection_class
+    if issubclass(connection_class, redis.sentinel.SentinelManagedSSLConnection):
+        return _FollowingTLS
+    return _Following
+
+
 def client(spec: BackendURL, kwargs: dict[str, Any], *, asyncio: bool) -> Any:
     """A redis-py client (sync or asyncio) on the primary Sentinel names for `spec.service`.
 

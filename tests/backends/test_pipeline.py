@@ -29,34 +29,56 @@ def policy(algorithm: str = "gcra") -> rl.Policy:
 
 
 @pytest.mark.parametrize(
-    ("client", "eligible"),
+    ("client", "transport"),
     [
-        (lambda: redis.asyncio.Redis(), True),
-        (lambda: redis.asyncio.Redis.from_url(f"{REDIS}/1"), True),
-        (lambda: redis.asyncio.Redis(protocol=3), False),
-        (lambda: redis.asyncio.Redis(ssl=True), False),
-        (lambda: redis.asyncio.Redis(unix_socket_path="/tmp/nothing.sock"), False),
+        (lambda: redis.asyncio.Redis(), ("localhost", 6379, None, False)),
+        (lambda: redis.asyncio.Redis.from_url(f"{REDIS}/1"), ("127.0.0.1", 6379, None, False)),
+        (lambda: redis.asyncio.Redis(protocol=3), ("localhost", 6379, None, False)),
+        (lambda: redis.asyncio.Redis(ssl=True, port=6380), ("localhost", 6380, None, True)),
+        (lambda: redis.asyncio.Redis(unix_socket_path="/tmp/nothing.sock"),
+         ("localhost", 6379, "/tmp/nothing.sock", False)),
     ],
     ids=["plain", "url-with-db", "resp3", "tls", "unix-socket"],
 )
-def test_only_plain_tcp_resp2_clients_take_the_pipelined_path(client, eligible) -> None:
-    assert _pipeline.eligible(client()) is eligible
-    assert (rl.AsyncRedisBackend(client())._pipe is not None) is eligible
+def test_every_client_takes_the_one_connection_design_with_its_transport(
+    client: Callable[[], Any], transport: tuple[str, int, str | None, bool],
+) -> None:
+    settings = rl.AsyncRedisBackend(client())._pipe.settings
+    assert (settings.host, settings.port, settings.path, settings.tls is not None) == transport
 
 
-async def test_pipelined_and_redis_py_paths_give_the_same_answers(prefix: str) -> None:
-    piped = rl.AsyncRedisBackend(redis.asyncio.Redis())
-    plain = rl.AsyncRedisBackend(redis.asyncio.Redis(protocol=3))
-    assert piped._pipe is not None and plain._pipe is None
+def test_the_tls_context_is_redis_pys_own_with_the_clients_ssl_options() -> None:
+    import ssl
+
+    client = redis.asyncio.Redis(ssl=True, ssl_cert_reqs="none")
+    settings = rl.AsyncRedisBackend(client)._pipe.settings
+    assert settings.tls.verify_mode == ssl.CERT_NONE and not settings.tls.check_hostname
+    required = rl.AsyncRedisBackend(redis.asyncio.Redis(ssl=True))._pipe.settings.tls
+    assert required.verify_mode == ssl.CERT_REQUIRED and required.check_hostname
+
+
+def test_a_connection_class_it_cannot_mirror_is_refused_with_what_to_write() -> None:
+    class Custom(redis.asyncio.connection.AbstractConnection):
+        pass
+
+    client = redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
+        connection_class=Custom))
+    with pytest.raises(rl.ConfigurationError, match="SSLConnection or UnixDomainSocket"):
+        rl.AsyncRedisBackend(client)
+
+
+async def test_a_resp3_client_gets_the_same_answers_as_the_sync_backend(prefix: str) -> None:
+    piped = rl.AsyncRedisBackend(redis.asyncio.Redis(protocol=3))
+    sync = rl.RedisBackend(redis.Redis())
     for algorithm in rl.ALGORITHMS:
         shared = policy(algorithm)
         a = rl.AsyncLimiter(piped, prefix=prefix + "a", deny_cache=0)
-        b = rl.AsyncLimiter(plain, prefix=prefix + "b", deny_cache=0)
+        b = rl.Limiter(sync, prefix=prefix + "b", deny_cache=0)
         for _ in range(12):
-            x, y = await a.hit(shared, "ip:1"), await b.hit(shared, "ip:1")
+            x, y = await a.hit(shared, "ip:1"), b.hit(shared, "ip:1")
             assert (x.allowed, x.remaining, x.limit) == (y.allowed, y.remaining, y.limit)
     await piped.aclose()
-    await plain.aclose()
+    sync.close()
 
 
 async def test_concurrent_calls_pipeline_on_one_connection_and_admit_exactly_the_limit(
