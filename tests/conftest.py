@@ -216,3 +216,32 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         yield local.url
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_transports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A private Redis served over TLS (a certificate the run makes) and a unix socket, for
+    the whole session; started on first use, always stopped (tests/transports.py)."""
+    from transports import LocalTransports
+
+    local = LocalTransports(tmp_path_factory.mktemp("redis-transports"))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A private primary, replica and three sentinels for the whole session (started on
+    first use, always stopped: tests/sentinel.py). Tests may fail it over."""
+    from sentinel import LocalSentinel
+
+    local = LocalSentinel(tmp_path_factory.mktemp("sentinel"))
+    try:
+        local.start()
+        yield local
+    finally:
+        local.stop()
+

@@ -38,12 +38,23 @@ class AsyncBackend(Protocol):
 # A deadline fails a call only once the event loop has looked for its answer: LOOK seconds
 # after it found the call overdue, when the loop has polled for I/O at least once (under
 # libuv a timer due at once may run before the poll) and has woken what the poll answered.
-# A loop busy past a deadline (a burst of incoming requests, a GC pause, a starved CPU)
-# would otherwise fail calls whose replies had come, or that it had itself written late, and
-# the middleware would open its breaker over a stall of its own process. 1 ms also lets a
-# command written just now be answered; a server that has not answered by then fails its
-# calls 1 ms after the deadline.
+# A loop busy past a deadline (a burst of incoming requests, a GC pause, a starved CPU, an
+# app's blocking call) would otherwise fail calls whose replies had come, or that it had
+# itself written late, and the middleware would open its breaker over a stall of its own
+# process. 1 ms also lets a command written just now be answered; a server that has not
+# answered by then fails its calls 1 ms after the deadline.
 LOOK = 0.001
+
+
+def look(late: float) -> float:
+    """How long the look lasts for a timer that ran `late` seconds after it was due.
+
+    A timer that runs late tells of a loop that was busy (uvloop even stamps the calls it
+    sends after a stall with the time from before it, so they look overdue as they leave):
+    the server then gets as long again as the stall took from its deadline, not 1 ms, to
+    answer what the loop sent or could not read meanwhile. A server that is really hung
+    still fails its calls, one stall later."""
+    return late if late > LOOK else LOOK
 
 
 class _Rescheduling(Protocol):
@@ -53,20 +64,22 @@ class _Rescheduling(Protocol):
 
 
 class _Deadline:
-    """The two timers of `bounded`: at the deadline, one look (LOOK later); then the
+    """The two timers of `bounded`: at the deadline, one look (see `look`); then the
     cancellation, queued behind the wake-ups that are due already (call_soon order), so a
     task whose answer has come resumes with it instead of being cancelled."""
 
-    __slots__ = ("handle", "loop", "scope")
+    __slots__ = ("handle", "loop", "scope", "when")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, scope: _Rescheduling,
                  when: float) -> None:
         self.loop = loop
         self.scope = scope
+        self.when = when
         self.handle = loop.call_at(when, self._look)
 
     def _look(self) -> None:
-        self.handle = self.loop.call_at(self.loop.time() + LOOK, self._expire)
+        now = self.loop.time()
+        self.handle = self.loop.call_at(now + look(now - self.when), self._expire)
 
     def _expire(self) -> None:
         self.scope.reschedule(self.loop.time())  # a time past: cancels via call_soon

@@ -53,7 +53,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ratelimit_mw.backends.base import LOOK, bounded
+from ratelimit_mw.backends.base import bounded, look
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.errors import ConfigurationError
 
@@ -185,16 +185,18 @@ class _Protocol(asyncio.Protocol):
     ``asyncio.timeout`` per call would cost a timer, a context manager and a cancellation
     path each (about 3 µs).
 
-    One look before failing (see ``base.LOOK``): neither timer fails a call before the loop
-    has polled for I/O again and 1 ms has passed since the timer found it overdue. A loop
+    One look before failing (see ``base.look``): neither timer fails a call before the loop
+    has polled for I/O again and the look has passed since the timer found it overdue: 1 ms
+    when the timer ran on time, as long as it ran late when the loop was busy. A loop
     busy past a deadline would otherwise fail calls whose replies had arrived meanwhile, or
     that it wrote late itself (a batch leaves at the next iteration): uvloop (libuv) runs
     the timers that fell due during its I/O callbacks before it polls again, so a reply
     waiting in the socket would lose to the timer there. A timer that finds a call overdue
-    comes back once, LOOK later; the calls still unanswered then fail. Each call gets that
+    comes back once, a look later; the calls still unanswered then fail. Each call gets that
     one look, so a server answering slowly behind a queue still fails its calls on time
-    (1 ms late), and a hung one too. (Not covered: under uvloop, a reply that arrives while
-    the loop is busy in the I/O callbacks of the look's own poll is read after the look.)
+    (1 ms late on a free loop), and a hung one too. (Not covered: under uvloop, a reply that
+    arrives while the loop is busy in the I/O callbacks of the look's own poll is read
+    after the look.)
 
     A waiter of None stands for a reply that nobody reads (ASKING's, sent just before the
     command it prefixes): it is consumed in its turn and dropped.
@@ -215,8 +217,9 @@ class _Protocol(asyncio.Protocol):
         self.give_up_timer: asyncio.TimerHandle | None = None
         self.give_up_at = 0.0
         # When the give-up timer last found a call overdue with no look yet: every call due
-        # by then has its look once the loop time reaches looked_at + LOOK.
+        # by then has had its look once the loop time reaches look_until.
         self.looked_at = float("-inf")
+        self.look_until = float("-inf")
         self.sequence = itertools.count()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -319,10 +322,11 @@ class _Protocol(asyncio.Protocol):
                 return
             elif when > self.looked_at:
                 self.looked_at = now
-                self._arm_give_up(now + LOOK)
+                self.look_until = now + look(now - when)
+                self._arm_give_up(self.look_until)
                 return
-            elif now < self.looked_at + LOOK:
-                self._arm_give_up(self.looked_at + LOOK)
+            elif now < self.look_until:
+                self._arm_give_up(self.look_until)
                 return
             else:
                 heapq.heappop(heap)
@@ -343,7 +347,7 @@ class _Protocol(asyncio.Protocol):
 
     def _watch(self, looked_at: float = float("-inf")) -> None:
         """The deadline timer: give up on a server whose oldest reply is overdue, after one
-        look (`looked_at`: when this timer found a reply overdue and came back LOOK later;
+        look (`looked_at`: when this timer found a reply overdue and came back a look later;
         nothing else arms it while it is set, so it never comes early)."""
         self.timer = None
         if not self.deadlines:
@@ -353,7 +357,7 @@ class _Protocol(asyncio.Protocol):
         if now < oldest:
             self.timer = self.loop.call_at(oldest, self._watch)
         elif oldest > looked_at:
-            self.timer = self.loop.call_at(now + LOOK, self._watch, now)
+            self.timer = self.loop.call_at(now + look(now - oldest), self._watch, now)
         else:
             self.close(RedisTimeoutError("Timeout reading from Redis"))
 

@@ -107,13 +107,31 @@ async def test_an_answer_read_during_the_look_is_the_calls_answer() -> None:
     loop = _Loop()
     protocol = _protocol(loop)
     waiter = protocol.send(b"x", give_up=1000.05)
-    loop.now = 1000.2  # the loop comes to its timers late
+    loop.now = 1000.2  # the loop comes to its timers 150 ms late
     loop.fire()
-    assert not waiter.done() and loop.live() == [pytest.approx(1000.2 + LOOK)]
+    assert not waiter.done() and loop.live() == [pytest.approx(1000.2 + 0.15)]
     protocol.data_received(b":5\r\n")
-    loop.now = 1000.2 + LOOK
+    loop.now = loop.live()[0]
     loop.fire()
     assert waiter.result() == 5 and protocol.give_ups == [] and loop.live() == []
+
+
+@pytest.mark.parametrize(("late", "looks"), [(0.0, LOOK), (0.0005, LOOK), (0.15, 0.15)])
+async def test_a_late_timer_gives_the_server_as_long_again_and_then_fails_the_call(
+    late: float, looks: float,
+) -> None:
+    """A timer that runs late tells of a busy loop (a blocking call in the app): the look
+    lasts as long as the timer was late, 1 ms at the least. A server still silent after it
+    is failed: a hung Redis is found, one stall later."""
+    loop = _Loop()
+    protocol = _protocol(loop)
+    waiter = protocol.send(b"x", give_up=1000.05)
+    loop.now = 1000.05 + late
+    loop.fire()
+    assert not waiter.done() and loop.live() == [pytest.approx(1000.05 + late + looks)]
+    loop.now = loop.live()[0]
+    loop.fire()
+    assert isinstance(waiter.exception(), TimeoutError) and loop.live() == []
 
 
 async def test_each_overdue_call_gets_one_look_not_more() -> None:

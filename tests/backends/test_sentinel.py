@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -28,14 +26,9 @@ from ratelimit_mw.core import scripts
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSentinel]:
-    local = LocalSentinel(Path(tmp_path_factory.mktemp("sentinel")))
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
+@pytest.fixture
+def sentinel(redis_sentinel: LocalSentinel) -> LocalSentinel:
+    return redis_sentinel
 
 
 def primary_client(sentinel: LocalSentinel) -> redis.Redis:

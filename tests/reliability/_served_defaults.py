@@ -4,7 +4,8 @@ Nothing tuned: ``AsyncRedisBackend.from_url(RL_REDIS_URL)`` (100 ms socket timeo
 ``on_backend_error="allow"``, the middleware's 100 ms deadline, the deny cache on. One
 default policy, ``LIMIT`` per minute per ``X-Client``. Each response says whether the
 request was decided by the store (``decided``: a request let through by the failure policy
-carries no Decision) and which worker answered (``pid``).
+carries no Decision) and which worker answered (``pid``). ``/block`` holds the event loop
+for 150 ms (``time.sleep``) before answering, as a slow synchronous call in an app does.
 
 Each worker runs the start-up check (``aping()``: connect, load the script on every primary)
 in its lifespan, as the documentation recommends, unless RL_STARTUP_CHECK=0: then the first
@@ -14,6 +15,7 @@ requests of a fresh worker also pay the connection set-up inside their deadline.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,6 +33,8 @@ def make_asgi_app() -> Any:
     from ratelimit_mw.asgi import RateLimitMiddleware
 
     async def endpoint(request: Request) -> JSONResponse:
+        if request.url.path == "/block":
+            time.sleep(0.15)  # the whole worker stalls, every request in flight with it
         decided = getattr(request.state, "ratelimit", None) is not None
         return JSONResponse({"decided": decided, "pid": os.getpid()})
 

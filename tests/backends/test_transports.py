@@ -1,0 +1,123 @@
+"""Every transport takes the one connection design and counts exactly: TCP, TLS (a
+certificate this run makes), a unix socket, the primary that real sentinels name, and the
+3-node cluster, each at the library's defaults (``from_url`` alone).
+
+The bursts are larger than any pool redis-py would have given them, sync and async: each
+must admit exactly the limit with no error (over TLS a pool per burst once timed out its
+handshakes into fail-open: 3 admitted and 47 BackendErrors of 50 at 20/minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import redis
+from transports import TRANSPORTS, transport_url
+
+import ratelimit_mw as rl
+
+pytestmark = pytest.mark.slow
+
+BURST = 60
+LIMIT = 20
+
+
+def outcome(result: object) -> str:
+    if isinstance(result, rl.Decision):
+        return "admitted" if result.allowed else "refused"
+    return type(result).__name__
+
+
+@pytest.fixture(params=TRANSPORTS)
+def url(request: pytest.FixtureRequest) -> str:
+    return transport_url(request, request.param)
+
+
+@pytest.mark.parametrize("algorithm", ["sliding-log", "gcra"])
+async def test_an_async_burst_admits_exactly_the_limit(url: str, algorithm: str) -> None:
+    backend = rl.AsyncRedisBackend.from_url(url)
+    limiter = rl.AsyncLimiter(backend, prefix="tt" + uuid.uuid4().hex[:10])
+    policy = rl.Policy(f"{LIMIT}/minute", algorithm=algorithm)
+    try:
+        results = await asyncio.gather(*(limiter.hit(policy, "burst") for _ in range(BURST)),
+                                       return_exceptions=True)
+        assert Counter(map(outcome, results)) == {"admitted": LIMIT, "refused": BURST - LIMIT}
+        await limiter.reset(policy, "burst")
+    finally:
+        await backend.aclose()
+
+
+def test_a_threaded_sync_burst_admits_exactly_the_limit(url: str) -> None:
+    backend = rl.RedisBackend.from_url(url)
+    limiter = rl.Limiter(backend, prefix="tt" + uuid.uuid4().hex[:10])
+
+    def hit(_: int) -> object:
+        try:
+            return limiter.hit(f"{LIMIT}/minute", "burst")
+        except rl.BackendError as exc:
+            return exc
+
+    try:
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            results = list(pool.map(hit, range(BURST)))
+        assert Counter(map(outcome, results)) == {"admitted": LIMIT, "refused": BURST - LIMIT}
+        limiter.reset(f"{LIMIT}/minute", "burst")
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize("transport", ["tls", "unix", "sentinel"])
+async def test_a_burst_is_one_connection_per_event_loop(
+    request: pytest.FixtureRequest, transport: str,
+) -> None:
+    """A TLS handshake once per connection, not per burst: the server sees one client of
+    the backend however many calls are in flight."""
+    name = "tt" + uuid.uuid4().hex[:10]
+    url = transport_url(request, transport)
+    backend = rl.AsyncRedisBackend.from_url(url + ("&" if "?" in url else "?")
+                                            + f"client_name={name}")
+    limiter = rl.AsyncLimiter(backend, prefix=name)
+    try:
+        await asyncio.gather(*(limiter.hit("1000/minute", "burst") for _ in range(200)))
+        local = request.getfixturevalue(
+            "redis_sentinel" if transport == "sentinel" else "redis_transports")
+        port = local.primary() if transport == "sentinel" else local.port
+        inspector = redis.Redis(port=port, socket_timeout=2)
+        try:
+            clients = [c for c in inspector.client_list() if c["name"] == name]
+        finally:
+            inspector.close()
+        assert len(clients) == 1, clients
+        await limiter.reset("1000/minute", "burst")
+    finally:
+        await backend.aclose()
+
+
+async def test_tls_verifies_the_servers_certificate(redis_transports: object) -> None:
+    """Without the certificate that signed the server's, the start-up check fails (redis-py's
+    default is to verify) instead of talking to whoever answers."""
+    unverified = redis_transports.tls_url.split("?", 1)[0]  # type: ignore[attr-defined]
+    backend = rl.AsyncRedisBackend.from_url(unverified)
+    with pytest.raises(rl.BackendError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
+        await backend.aping()
+    await backend.aclose()
+    sync_backend = rl.RedisBackend.from_url(unverified)
+    with pytest.raises(rl.BackendError, match=r"CERTIFICATE_VERIFY_FAILED|certificate"):
+        sync_backend.ping()
+    sync_backend.close()
+
+
+async def test_the_start_up_check_names_the_transport_it_reached(url: str) -> None:
+    backend = rl.AsyncRedisBackend.from_url(url)
+    try:
+        report = await backend.aping()
+    finally:
+        await backend.aclose()
+    expected = {"sentinel": "redis-sentinel", "cluster": "redis-cluster"}
+    kind = next((k for k in expected if k in url), None)
+    assert report["backend"] == expected.get(kind or "", "redis")
+    assert report["version"] and report["rtt_ms"] >= 0
