@@ -11,7 +11,12 @@ serves apps/burst_app.py at the library's defaults, and BURSTS bursts of 400 req
 200 connections hit one identity at 100/minute: loop free, then with 12 requests among them
 that each hold the worker's loop for 150 ms. With ``on_backend_error="allow"`` the figure is
 the admitted count (100 is exact; more is the failure policy letting requests through); with
-``"deny"`` it is the count of 503s (0 is right on a healthy Redis).
+``"deny"`` it is the count of 503s (0 is right on a healthy Redis). ``in process``: the same
+app driven in this process by httpx's ASGI transport, 400 requests at once (no server
+between: every request reaches the limiter in the same loop iteration). ``conns`` is how many
+connections the server accepted while one worker served its eight bursts (INFO stats
+``total_connections_received``, the probe's own excluded): with a pool per burst, each TLS
+one a handshake.
 """
 
 from __future__ import annotations
@@ -124,6 +129,29 @@ async def burst(port: int, blocking: int) -> dict[int, int]:
     return counts
 
 
+def in_process(url: str, tree: Path, on_error: str) -> dict[int, int]:
+    """apps/burst_app.py's in-process burst, in a child process importing `tree`."""
+    env = child_env(RL_REDIS_URL=url, RL_PREFIX="bt" + uuid.uuid4().hex[:8],
+                    RL_ON_ERROR=on_error)
+    env["PYTHONPATH"] = f"{tree}:{BENCH_DIR / 'apps'}:{env['PYTHONPATH']}"
+    done = subprocess.run([sys.executable, str(BENCH_DIR / "apps" / "burst_app.py"),
+                           str(REQUESTS)], env=env, capture_output=True, text=True,
+                          timeout=60, check=True)
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    return {int(status): count for status, count in counts.items()}
+
+
+def connections(url: str) -> int:
+    """The connections the server has accepted so far (this probe's included)."""
+    import redis
+
+    probe = redis.Redis.from_url(url)
+    try:
+        return int(probe.info("stats")["total_connections_received"])
+    finally:
+        probe.close()
+
+
 def serve(url: str, tree: Path, on_error: str) -> Child:
     port = free_port()
     env = child_env(RL_REDIS_URL=url, RL_PREFIX="bt" + uuid.uuid4().hex[:8],
@@ -153,19 +181,24 @@ def main() -> None:
     with servers() as urls:
         for name, url in urls.items():
             for on_error in ("allow", "deny"):
+                accepted = connections(urls["redis://"])
                 app = serve(url, args.tree, on_error)
                 try:
-                    row = {}
+                    row: dict[str, Any] = {}
                     for phase, blocking in (("free", 0), ("busy", BLOCKING)):
                         row[phase] = [asyncio.run(burst(app.port, blocking))  # type: ignore[attr-defined]
                                       for _ in range(BURSTS)]
+                    row["connections"] = connections(urls["redis://"]) - accepted - 1
                 finally:
                     app.stop()
+                row["in process"] = [in_process(url, args.tree, on_error)
+                                     for _ in range(BURSTS)]
                 results[f"{name} {on_error}"] = row
                 figure = 200 if on_error == "allow" else 503
                 log(f"{name:20} {on_error:5}  " + "  ".join(
-                    f"{phase}: " + ", ".join(str(c.get(figure, 0)) for c in counts)
-                    for phase, counts in row.items()))
+                    f"{phase}: " + ", ".join(str(c.get(figure, 0)) for c in row[phase])
+                    for phase in ("free", "busy", "in process"))
+                    + f"  conns: {row['connections']}")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "transport_burst.json").write_text(json.dumps(results, indent=1))

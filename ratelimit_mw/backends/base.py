@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable
-from typing import Protocol, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
 
 from ratelimit_mw.core.plans import ScriptCall
 
@@ -57,6 +57,37 @@ def look(late: float) -> float:
     return late if late > LOOK else LOOK
 
 
+# A deadline acts only after the loop has turned twice more (two call_soon hops): one turn
+# polls for I/O and hands what it read to the protocols, the next one runs the wake-ups
+# that handed. A loop saturated with ready work (hundreds of requests arriving at once)
+# runs timers on time but takes longer per turn than a look lasts: it writes a call one
+# turn after making it and reads the reply a turn later, and a healthy server looked hung.
+TURNS = 2
+
+
+class Later:
+    """`callback(*args)` at loop time `when`, then TURNS turns of the loop later; cancellable
+    at every step."""
+
+    __slots__ = ("args", "callback", "handle", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, when: float,
+                 callback: Callable[..., None], *args: Any) -> None:
+        self.loop = loop
+        self.callback = callback
+        self.args = args
+        self.handle: asyncio.Handle = loop.call_at(when, self._turn, TURNS)
+
+    def _turn(self, left: int) -> None:
+        if left:
+            self.handle = self.loop.call_soon(self._turn, left - 1)
+        else:
+            self.callback(*self.args)
+
+    def cancel(self) -> None:
+        self.handle.cancel()
+
+
 class _Rescheduling(Protocol):
     """What `_Deadline` uses of an ``asyncio.Timeout`` (Python 3.11+)."""
 
@@ -64,7 +95,8 @@ class _Rescheduling(Protocol):
 
 
 class _Deadline:
-    """The two timers of `bounded`: at the deadline, one look (see `look`); then the
+    """The two timers of `bounded` (each acting TURNS turns late: see `Later`): at the
+    deadline, one look (see `look`); then the
     cancellation, queued behind the wake-ups that are due already (call_soon order), so a
     task whose answer has come resumes with it instead of being cancelled."""
 
@@ -75,11 +107,11 @@ class _Deadline:
         self.loop = loop
         self.scope = scope
         self.when = when
-        self.handle = loop.call_at(when, self._look)
+        self.handle = Later(loop, when, self._look)
 
     def _look(self) -> None:
         now = self.loop.time()
-        self.handle = self.loop.call_at(now + look(now - self.when), self._expire)
+        self.handle = Later(self.loop, now + look(now - self.when), self._expire)
 
     def _expire(self) -> None:
         self.scope.reschedule(self.loop.time())  # a time past: cancels via call_soon

@@ -53,7 +53,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ratelimit_mw.backends.base import bounded, look
+from ratelimit_mw.backends.base import Later, bounded, look
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.errors import ConfigurationError
 
@@ -187,7 +187,8 @@ class _Protocol(asyncio.Protocol):
 
     One look before failing (see ``base.look``): neither timer fails a call before the loop
     has polled for I/O again and the look has passed since the timer found it overdue: 1 ms
-    when the timer ran on time, as long as it ran late when the loop was busy. A loop
+    when the timer ran on time, as long as it ran late when the loop was busy; and each
+    timer acts only two turns of the loop after it is due (``base.Later``). A loop
     busy past a deadline would otherwise fail calls whose replies had arrived meanwhile, or
     that it wrote late itself (a batch leaves at the next iteration): uvloop (libuv) runs
     the timers that fell due during its I/O callbacks before it polls again, so a reply
@@ -210,11 +211,11 @@ class _Protocol(asyncio.Protocol):
         self.waiters: collections.deque[asyncio.Future[Any] | None] = collections.deque()
         self.deadlines: collections.deque[float] = collections.deque()  # one per waiter
         self.pending: list[bytes] = []  # written at the next iteration of the loop
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: Later | None = None
         self.lost: BaseException | None = None
         # (give-up time, sequence, waiter): a heap; the timer that serves it and its time.
         self.give_ups: list[tuple[float, int, asyncio.Future[Any]]] = []
-        self.give_up_timer: asyncio.TimerHandle | None = None
+        self.give_up_timer: Later | None = None
         self.give_up_at = 0.0
         # When the give-up timer last found a call overdue with no look yet: every call due
         # by then has had its look once the loop time reaches look_until.
@@ -278,7 +279,7 @@ class _Protocol(asyncio.Protocol):
         if self.timeout is not None:
             deadline = loop.time() + self.timeout
             if self.timer is None:
-                self.timer = loop.call_at(deadline, self._watch)
+                self.timer = Later(loop, deadline, self._watch)
         # Nothing in flight, so nothing pending either (every pending command has its
         # waiter): Redis is idle as far as this connection knows, and order is kept.
         idle = not self.waiters
@@ -303,7 +304,7 @@ class _Protocol(asyncio.Protocol):
         if self.give_up_timer is not None:
             self.give_up_timer.cancel()
         self.give_up_at = when
-        self.give_up_timer = self.loop.call_at(when, self._give_up)
+        self.give_up_timer = Later(self.loop, when, self._give_up)
 
     def _give_up(self) -> None:
         """The give-up timer: fail the calls whose time is up and whose look is over, drop
@@ -355,9 +356,9 @@ class _Protocol(asyncio.Protocol):
         oldest = self.deadlines[0]
         now = self.loop.time()
         if now < oldest:
-            self.timer = self.loop.call_at(oldest, self._watch)
+            self.timer = Later(self.loop, oldest, self._watch)
         elif oldest > looked_at:
-            self.timer = self.loop.call_at(now + look(now - oldest), self._watch, now)
+            self.timer = Later(self.loop, now + look(now - oldest), self._watch, now)
         else:
             self.close(RedisTimeoutError("Timeout reading from Redis"))
 

@@ -18,7 +18,7 @@ import redis.asyncio
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends import pipeline as _pipeline
-from ratelimit_mw.backends.base import LOOK
+from ratelimit_mw.backends.base import LOOK, TURNS
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.plans import Check
 from tests.conftest import REDIS_URL
@@ -47,12 +47,15 @@ class _Loop:
         self.timers.append((when, handle))
         return handle
 
-    def fire(self) -> None:
-        """Run the live timers that are due, as the loop would."""
+    async def fire(self) -> None:
+        """Run the live timers that are due, as the loop would, and the turns of the real
+        loop that a deadline waits for after its time (see base.Later)."""
         due = [(w, h) for w, h in self.timers if w <= self.now and not h.cancelled()]
         self.timers = [(w, h) for w, h in self.timers if (w, h) not in due]
         for _, handle in due:
             handle._run()
+        for _ in range(TURNS + 1):
+            await asyncio.sleep(0)
 
     def live(self) -> list[float]:
         return sorted(w for w, h in self.timers if not h.cancelled())
@@ -86,10 +89,10 @@ async def test_each_call_gives_up_at_its_own_time_whatever_the_order_they_were_s
     never = protocol.send(b"c")
     assert loop.live() == [1000.05]  # one timer, at the earliest give-up
     loop.now = 1000.05
-    loop.fire()
+    await loop.fire()
     assert not early.done() and loop.live() == [LOOKED]  # the loop looks once more first
     loop.now = LOOKED
-    loop.fire()
+    await loop.fire()
     assert isinstance(early.exception(), TimeoutError)
     assert not late.done() and not never.done()
     assert loop.live() == [1000.2]
@@ -97,7 +100,7 @@ async def test_each_call_gives_up_at_its_own_time_whatever_the_order_they_were_s
     protocol.data_received(b":1\r\n:2\r\n:3\r\n")
     assert late.result() == 1 and never.result() == 3
     loop.now = 1000.2
-    loop.fire()  # nothing left to give up: the answered entry is dropped, no timer re-armed
+    await loop.fire()  # nothing left to give up: the answered entry is dropped, no timer re-armed
     assert protocol.give_ups == [] and loop.live() == []
 
 
@@ -108,11 +111,11 @@ async def test_an_answer_read_during_the_look_is_the_calls_answer() -> None:
     protocol = _protocol(loop)
     waiter = protocol.send(b"x", give_up=1000.05)
     loop.now = 1000.2  # the loop comes to its timers 150 ms late
-    loop.fire()
+    await loop.fire()
     assert not waiter.done() and loop.live() == [pytest.approx(1000.2 + 0.15)]
     protocol.data_received(b":5\r\n")
     loop.now = loop.live()[0]
-    loop.fire()
+    await loop.fire()
     assert waiter.result() == 5 and protocol.give_ups == [] and loop.live() == []
 
 
@@ -127,10 +130,10 @@ async def test_a_late_timer_gives_the_server_as_long_again_and_then_fails_the_ca
     protocol = _protocol(loop)
     waiter = protocol.send(b"x", give_up=1000.05)
     loop.now = 1000.05 + late
-    loop.fire()
+    await loop.fire()
     assert not waiter.done() and loop.live() == [pytest.approx(1000.05 + late + looks)]
     loop.now = loop.live()[0]
-    loop.fire()
+    await loop.fire()
     assert isinstance(waiter.exception(), TimeoutError) and loop.live() == []
 
 
@@ -142,13 +145,13 @@ async def test_each_overdue_call_gets_one_look_not_more() -> None:
     first = protocol.send(b"a", give_up=1000.05)
     second = protocol.send(b"b", give_up=1000.0505)
     loop.now = 1000.05
-    loop.fire()  # first overdue: a look
+    await loop.fire()  # first overdue: a look
     loop.now = LOOKED
-    loop.fire()  # first has had its look; second's time came meanwhile: its own look
+    await loop.fire()  # first has had its look; second's time came meanwhile: its own look
     assert isinstance(first.exception(), TimeoutError) and not second.done()
     assert loop.live() == [pytest.approx(LOOKED + LOOK)]
     loop.now = LOOKED + LOOK
-    loop.fire()
+    await loop.fire()
     assert isinstance(second.exception(), TimeoutError) and loop.live() == []
 
 
@@ -160,19 +163,19 @@ async def test_an_earlier_give_up_sent_during_a_look_neither_cuts_it_short_nor_r
     protocol = _protocol(loop)
     overdue = protocol.send(b"a", give_up=1000.05)
     loop.now = 1000.05
-    loop.fire()  # a look, until LOOKED
+    await loop.fire()  # a look, until LOOKED
     stream = []
     for step in range(1, 6):  # calls whose give-up comes before the look ends
         loop.now = 1000.05 + step * LOOK / 10
         stream.append(protocol.send(b"x", give_up=loop.now))
-        loop.fire()
+        await loop.fire()
         assert not overdue.done()  # its look is not over
     loop.now = LOOKED
-    loop.fire()
+    await loop.fire()
     assert isinstance(overdue.exception(), TimeoutError)
     assert not any(call.done() for call in stream)  # due during the look: one of their own
     loop.now = LOOKED + LOOK
-    loop.fire()
+    await loop.fire()
     assert all(isinstance(call.exception(), TimeoutError) for call in stream)
     assert loop.live() == []
 
@@ -184,18 +187,18 @@ async def test_the_connection_deadline_looks_once_before_it_hangs_up() -> None:
     kept = _protocol(loop, timeout=0.05)
     answered = kept.send(b"x")
     loop.now = 1000.05
-    loop.fire()
+    await loop.fire()
     kept.data_received(b":1\r\n")
     loop.now = LOOKED
-    loop.fire()
+    await loop.fire()
     assert answered.result() == 1 and kept.lost is None
     dropped = _protocol(loop, timeout=0.05)
     silent = dropped.send(b"y")
     loop.now = LOOKED + 0.05
-    loop.fire()
+    await loop.fire()
     assert not silent.done() and dropped.lost is None
     loop.now = LOOKED + 0.05 + LOOK
-    loop.fire()
+    await loop.fire()
     assert isinstance(silent.exception(), redis.exceptions.TimeoutError)
     assert dropped.lost is not None
 
@@ -208,7 +211,7 @@ async def test_answered_calls_cost_the_timer_nothing() -> None:
     protocol.data_received(b":7\r\n" * 100)
     assert all(w.result() == 7 for w in waiters)
     loop.now = 1000.1
-    loop.fire()
+    await loop.fire()
     assert protocol.give_ups == [] and loop.live() == []
 
 
