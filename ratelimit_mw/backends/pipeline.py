@@ -53,6 +53,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ratelimit_mw.backends import sentinel as _sentinel
 from ratelimit_mw.backends.base import Later, bounded, look
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.errors import ConfigurationError
@@ -92,8 +93,11 @@ class Settings:
     port: int = 6379
     path: str | None = None  # a unix socket, instead of host and port
     tls: ssl.SSLContext | None = None
-    # Sentinel: asks the sentinels for the primary's address on every connect.
+    # Sentinel: asks the sentinels for the primary's address on every connect; the
+    # sentinels (redis.asyncio clients) whose announcements of `service` it follows.
     locate: Callable[[], Awaitable[tuple[str, int]]] | None = None
+    sentinels: tuple[Any, ...] = ()
+    service: str = ""
     db: int = 0
     username: str | None = None
     password: str | None = None
@@ -113,6 +117,8 @@ class Settings:
         kwargs = {**kwargs, **where}
         connection_class = kwargs.get("connection_class", _PlainConnection)
         tls = path = locate = None
+        sentinels: tuple[Any, ...] = ()
+        service = ""
         if issubclass(connection_class, UnixDomainSocketConnection):
             path = kwargs.get("path") or ""
         elif issubclass(connection_class, SSLConnection):
@@ -133,6 +139,7 @@ class Settings:
                     "not a replica (slave_for)"
                 )
             locate = pool.get_master_address
+            sentinels, service = tuple(pool.sentinel_manager.sentinels), pool.service_name
         timeout = kwargs.get("socket_timeout")
         return cls(
             host=kwargs.get("host") or "localhost",
@@ -140,6 +147,8 @@ class Settings:
             path=path,
             tls=tls,
             locate=locate,
+            sentinels=sentinels,
+            service=service,
             db=int(kwargs.get("db", 0) or 0),
             username=kwargs.get("username"),
             password=kwargs.get("password"),
@@ -207,6 +216,7 @@ class _Protocol(asyncio.Protocol):
         self.loop = loop
         self.timeout = timeout
         self.transport: asyncio.Transport | None = None
+        self.address: tuple[str, int] | None = None  # where it connected, over TCP or TLS
         self.reader = hiredis.Reader()
         self.waiters: collections.deque[asyncio.Future[Any] | None] = collections.deque()
         self.deadlines: collections.deque[float] = collections.deque()  # one per waiter
@@ -378,6 +388,11 @@ class PipelinedConnection:
         # The event loop the connection belongs to, and the task connecting it (shared).
         self._bound: tuple[asyncio.AbstractEventLoop, asyncio.Task[_Protocol] | None] | None = None
         self._script_loading: asyncio.Task[Any] | None = None
+        # Under Sentinel: a listener per sentinel on the bound loop, and the primary the last
+        # announcement named, where the next connect goes (the sentinels asked instead may
+        # not all know of the switch yet).
+        self._listeners: list[asyncio.Task[None]] = []
+        self._announced: tuple[str, int] | None = None
 
     @classmethod
     def for_client(cls, client: Any) -> PipelinedConnection:
@@ -505,7 +520,23 @@ class PipelinedConnection:
             task = loop.create_task(self._open(loop))
             task.add_done_callback(consume)
             self._bound = (loop, task)
+            if not self._listeners and self.settings.sentinels:
+                self._listeners = [
+                    loop.create_task(_sentinel.listen(sentinel, self.settings.service,
+                                                      self._switched))
+                    for sentinel in self.settings.sentinels]
         return await asyncio.shield(task)
+
+    def _switched(self, host: str, port: int) -> None:
+        """A sentinel announced a new primary: the next connect goes there, and the
+        connection to another server is dropped now (its calls in flight fail and are
+        retried once), not when that server is demoted seconds later: every count written
+        to it meanwhile would be lost with it."""
+        self._announced = (host, port)
+        protocol = self._protocol
+        if protocol is not None and protocol.lost is None and protocol.address != (host, port):
+            protocol.close(RedisConnectionError(
+                f"Sentinel announced a new primary at {host}:{port}"))
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
         """Connect (TCP, TLS or unix; to the primary the sentinels name now, under
@@ -529,10 +560,13 @@ class PipelinedConnection:
                 lambda: _Protocol(loop, timeout), settings.path)
         else:
             host, port = settings.host, settings.port
-            if settings.locate is not None:
+            if self._announced is not None:
+                (host, port), self._announced = self._announced, None
+            elif settings.locate is not None:
                 host, port = await settings.locate()
             _, protocol = await loop.create_connection(
                 lambda: _Protocol(loop, timeout), host, port, ssl=settings.tls)
+            protocol.address = (host, port)
         try:
             await self._handshake(protocol)
         except BaseException:
@@ -572,14 +606,18 @@ class PipelinedConnection:
                 raise RedisConnectionError(f"{name} failed: {reply}")
 
     def close(self) -> None:
+        listeners, self._listeners = self._listeners, []
         protocol, self._protocol = self._protocol, None
-        if protocol is None:
-            return
         if self._bound is not None and self._bound[0].is_closed():
-            # Its loop is gone (asyncio.run returned): the transport can no longer be closed
-            # through it, and nothing can be waiting on it any more.
+            # Its loop is gone (asyncio.run returned): its transport and tasks can no longer
+            # be closed through it, and nothing can be waiting on them any more.
             return
-        protocol.close(RedisConnectionError("connection closed"))
+        for listener in listeners:
+            listener.cancel()
+        if protocol is not None:
+            protocol.close(RedisConnectionError("connection closed"))
 
     async def aclose(self) -> None:
+        listeners = self._listeners
         self.close()
+        await asyncio.gather(*listeners, return_exceptions=True)

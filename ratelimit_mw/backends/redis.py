@@ -160,11 +160,9 @@ def _unreachable(client: Any, exc: BaseException) -> BackendError:
 
 
 def _blocking_pool(pool_class: Any, url: str, kwargs: dict[str, Any]) -> Any:
-    """A pool that waits (up to the socket timeout) for a free connection in a burst.
-
-    redis-py's default pool raises past its size instead, which the middleware would take
-    for an outage — turning limiting off (or answering 503) for a whole cool-down.
-    """
+    """The client's own pool, for whoever uses the client besides the checks (which take
+    their own connections): one that waits up to the socket timeout for a free connection,
+    where redis-py's default pool raises past its size."""
     if "connection_pool" in kwargs:
         return kwargs["connection_pool"]
     options = dict(kwargs)

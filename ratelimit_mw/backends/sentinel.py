@@ -12,12 +12,22 @@ primary.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio.sentinel
 import redis.sentinel
 
 from ratelimit_mw.backends.urls import BackendURL
+
+_log = logging.getLogger("ratelimit_mw")
+
+# How long a listener waits before subscribing again after its sentinel failed.
+RESUBSCRIBE = 1.0
 
 # The client options that also apply to the connections to the sentinels themselves.
 _SHARED = ("socket_timeout", "socket_connect_timeout", "socket_keepalive", "retry")
@@ -81,3 +91,55 @@ def client(spec: BackendURL, kwargs: dict[str, Any], *, asyncio: bool) -> Any:
     sentinel = module.Sentinel(list(spec.sentinels), sentinel_kwargs=sentinel_kwargs)
     return sentinel.master_for(spec.service, db=spec.db, connection_class=connection_class,
                                **{**credentials, **kwargs})
+
+
+async def listen(sentinel: Any, service: str, switched: Callable[[str, int], None]) -> None:
+    """Follow one sentinel's ``+switch-master`` announcements until cancelled: call
+    `switched(host, port)` with each new primary of `service` the moment the sentinel
+    announces it (as the Jedis and Lettuce sentinel clients do).
+
+    redis-py's clients find a new primary only when the old one fails or is demoted, which
+    after ``SENTINEL FAILOVER`` took 10 s; every count written there meanwhile is thrown
+    away when it becomes a replica. `sentinel` is a redis.asyncio client of one sentinel
+    (its credentials and TLS apply); a sentinel that fails is subscribed to again, one
+    second later, for as long as the listener runs.
+    """
+    while True:
+        # RESP2: under RESP3 (redis-py 8's default) redis-py hands published messages to a
+        # push handler instead of returning them.
+        pool = sentinel.connection_pool
+        connection = pool.connection_class(**{**pool.connection_kwargs, "protocol": 2})
+        try:
+            await connection.connect()
+            await connection.send_command("SUBSCRIBE", "+switch-master")
+            while True:
+                message = await connection.read_response(timeout=math.inf)
+                primary = announced(message, service)
+                if primary is not None:
+                    switched(*primary)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the sentinel is down or went away: subscribe again
+            _log.debug("ratelimit_mw: sentinel %s: %s", connection, exc)
+        finally:
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+        await asyncio.sleep(RESUBSCRIBE)
+
+
+def announced(message: Any, service: str) -> tuple[str, int] | None:
+    """The new primary in a ``+switch-master`` message for `service`
+    ("<service> <old ip> <old port> <new ip> <new port>"), else None."""
+    if not isinstance(message, list) or len(message) != 3:
+        return None
+    kind, data = message[0], message[2]
+    if isinstance(kind, bytes):
+        kind = kind.decode()
+    if isinstance(data, bytes):
+        data = data.decode(errors="replace")
+    if kind != "message" or not isinstance(data, str):
+        return None
+    parts = data.split()
+    if len(parts) != 5 or parts[0] != service or not parts[4].isdigit():
+        return None
+    return parts[3], int(parts[4])

@@ -17,7 +17,8 @@ Query options (all schemes but ``memory://``): ``socket_timeout``, ``socket_conn
 (seconds), ``max_connections``, ``health_check_interval``, ``socket_keepalive``,
 ``retry_on_timeout``, ``client_name``, ``protocol`` and, over TLS, ``ssl_cert_reqs``,
 ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``. Single node
-also ``timeout`` (how long a burst waits for a free pooled connection) and ``db``;
+also ``timeout`` and ``db`` (``max_connections`` and ``timeout`` size the redis-py client's
+own pool, which the checks do not use: see redis.py);
 Sentinel also ``sentinel_username`` / ``sentinel_password`` (the sentinels' own
 credentials; the ones in the URL are the primary's).
 """

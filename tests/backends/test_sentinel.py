@@ -170,3 +170,84 @@ async def test_traffic_through_a_failover_never_fails_and_counts_exactly_afterwa
         promoted.close()
         sync_backend.close()
         await async_backend.aclose()
+
+
+def role(port: int) -> str:
+    client = redis.Redis(port=port, socket_timeout=2)
+    try:
+        return str(client.info("replication")["role"])
+    finally:
+        client.close()
+
+
+async def test_the_async_backend_follows_the_announcement_not_the_demotion(
+    sentinel: LocalSentinel, prefix: str,
+) -> None:
+    """After SENTINEL FAILOVER the async checks move to the promoted replica as soon as a
+    sentinel announces it on +switch-master, while the old primary still takes writes as a
+    primary: every count written there until its demotion (seconds later) is thrown away
+    when it becomes a replica. Here the checks reach the new primary before the old one is
+    demoted, and every check of the switch is decided (none refused, none failed)."""
+    backend = rl.AsyncRedisBackend.from_url(sentinel.url, socket_timeout=0.5)
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
+    old = sentinel.primary()
+    new = sentinel.replica_port if old == sentinel.primary_port else sentinel.primary_port
+    outcomes: Counter[str] = Counter()
+    moved_while_old_was_primary = False
+    try:
+        await limiter.ping()  # connected, listening to the sentinels
+        await asyncio.sleep(0.2)  # the listeners have subscribed
+        failover = asyncio.ensure_future(asyncio.to_thread(sentinel.failover))
+        on_new = redis.Redis(port=new, socket_timeout=2)
+        on_old = redis.Redis(port=old, socket_timeout=2)
+        i = 0
+        while not failover.done():
+            i += 1
+            try:
+                outcomes["admitted" if (await limiter.hit("1000000/hour", f"f{i}")).allowed
+                         else "refused"] += 1
+            except rl.BackendError:
+                outcomes["BackendError"] += 1
+            # Written on the new primary itself (not replicated from the old one, which does
+            # not have it), while the old one is still a primary.
+            pattern = f"{prefix}:{{f{i}}}:*"
+            if not moved_while_old_was_primary and role(old) == "master" \
+                    and not on_old.keys(pattern) and on_new.keys(pattern):
+                moved_while_old_was_primary = True
+            await asyncio.sleep(0.01)
+        await failover
+        on_new.close()
+        on_old.close()
+        assert moved_while_old_was_primary, outcomes
+        assert set(outcomes) <= {"admitted", "BackendError"}, outcomes
+        assert (await limiter.hit("1000000/hour", "after")).allowed
+        promoted = redis.Redis(port=new, socket_timeout=2)
+        for key in promoted.scan_iter(match=f"{prefix}:*"):
+            promoted.delete(key)
+        promoted.close()
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.parametrize(
+    ("message", "primary"),
+    [
+        ([b"message", b"+switch-master", b"mymaster 127.0.0.1 6379 127.0.0.1 6380"],
+         ("127.0.0.1", 6380)),
+        (["message", "+switch-master", "mymaster 10.0.0.1 6379 10.0.0.2 6379"],
+         ("10.0.0.2", 6379)),
+        ([b"message", b"+switch-master", b"other 127.0.0.1 6379 127.0.0.1 6380"], None),
+        ([b"subscribe", b"+switch-master", 1], None),
+        ([b"message", b"+switch-master", b"mymaster 127.0.0.1 6379"], None),
+        ([b"message", b"+switch-master", b"mymaster a b c notaport"], None),
+        (None, None),
+        ([b"pong", b""], None),
+    ],
+    ids=["bytes", "str", "another-service", "subscribed", "short", "bad-port", "none", "pong"],
+)
+def test_an_announcement_names_the_new_primary_of_its_service_only(
+    message: object, primary: tuple[str, int] | None,
+) -> None:
+    from ratelimit_mw.backends.sentinel import announced
+
+    assert announced(message, "mymaster") == primary

@@ -1,6 +1,6 @@
 """Every transport takes the one connection design and counts exactly: TCP, TLS (a
 certificate this run makes), a unix socket, the primary that real sentinels name, and the
-3-node cluster, each at the library's defaults (``from_url`` alone).
+3-node cluster, each built by ``from_url`` (the defaults, but for a second to read).
 
 The bursts are larger than any pool redis-py would have given them, sync and async: each
 must admit exactly the limit with no error (over TLS a pool per burst once timed out its
@@ -24,6 +24,9 @@ pytestmark = pytest.mark.slow
 
 BURST = 60
 LIMIT = 20
+# Reads get a second (connects keep the defaults: 100 ms, 1 s over TLS): the claim is about
+# connections, and a loaded CI machine answering in more than 100 ms is no pool failure.
+READ_TIMEOUT = 1.0
 
 
 def outcome(result: object) -> str:
@@ -39,7 +42,7 @@ def url(request: pytest.FixtureRequest) -> str:
 
 @pytest.mark.parametrize("algorithm", ["sliding-log", "gcra"])
 async def test_an_async_burst_admits_exactly_the_limit(url: str, algorithm: str) -> None:
-    backend = rl.AsyncRedisBackend.from_url(url)
+    backend = rl.AsyncRedisBackend.from_url(url, socket_timeout=READ_TIMEOUT)
     limiter = rl.AsyncLimiter(backend, prefix="tt" + uuid.uuid4().hex[:10])
     policy = rl.Policy(f"{LIMIT}/minute", algorithm=algorithm)
     try:
@@ -52,7 +55,7 @@ async def test_an_async_burst_admits_exactly_the_limit(url: str, algorithm: str)
 
 
 def test_a_threaded_sync_burst_admits_exactly_the_limit(url: str) -> None:
-    backend = rl.RedisBackend.from_url(url)
+    backend = rl.RedisBackend.from_url(url, socket_timeout=READ_TIMEOUT)
     limiter = rl.Limiter(backend, prefix="tt" + uuid.uuid4().hex[:10])
 
     def hit(_: int) -> object:
@@ -127,20 +130,24 @@ async def test_the_start_up_check_names_the_transport_it_reached(url: str) -> No
 async def test_a_burst_through_the_middleware_is_decided_request_by_request(
     url: str, on_backend_error: str,
 ) -> None:
-    """400 requests at once through the ASGI middleware at its defaults (100 ms deadline),
-    after the start-up check: exactly the limit admitted, the rest refused, none let through
-    or answered 503 by the failure policy on a healthy Redis. (Before the one connection
-    design: TLS 400 admitted, or 351 503s; Sentinel 400, or 382 503s.)"""
+    """400 requests at once through the ASGI middleware, after the start-up check: exactly
+    the limit admitted, the rest refused, none let through or answered 503 by the failure
+    policy on a healthy Redis. (Before the one connection design, at the defaults: TLS 400
+    admitted, or 351 503s; Sentinel 400, or 382 503s.) Timeouts of a second: the claim is
+    about connections, and a loaded CI machine whose Redis answers 400 calls in more than
+    100 ms must not be mistaken for a pool failure (tests/reliability/test_transport_burst.py
+    holds the defaults, through uvicorn)."""
     import httpx
     from starlette.responses import PlainTextResponse
 
     from ratelimit_mw import asgi, keys
 
-    backend = rl.AsyncRedisBackend.from_url(url)
+    backend = rl.AsyncRedisBackend.from_url(url, socket_timeout=READ_TIMEOUT)
     await backend.aping()
     middleware = asgi.RateLimitMiddleware(
         PlainTextResponse("ok"), rl.AsyncLimiter(backend, prefix="tt" + uuid.uuid4().hex[:10]),
-        default="100/minute", key=keys.header("x-client"), on_backend_error=on_backend_error)
+        default="100/minute", key=keys.header("x-client"), on_backend_error=on_backend_error,
+        backend_timeout=1.0)
     transport = httpx.ASGITransport(app=middleware)
     try:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
