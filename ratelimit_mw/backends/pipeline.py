@@ -221,6 +221,10 @@ class _Protocol(asyncio.Protocol):
         self.waiters: collections.deque[asyncio.Future[Any] | None] = collections.deque()
         self.deadlines: collections.deque[float] = collections.deque()  # one per waiter
         self.pending: list[bytes] = []  # written at the next iteration of the loop
+        # What the pending commands wait with, counted from their write (see `_flush`): how
+        # many entries of `deadlines` are theirs, and each give-up's budget and waiter.
+        self.pending_deadlines = 0
+        self.pending_give_ups: list[tuple[float, asyncio.Future[Any]]] = []
         self.timer: Later | None = None
         self.lost: BaseException | None = None
         # (give-up time, sequence, waiter): a heap; the timer that serves it and its time.
@@ -270,6 +274,8 @@ class _Protocol(asyncio.Protocol):
             self.give_up_timer = None
         self.give_ups.clear()
         self.pending.clear()
+        self.pending_deadlines = 0
+        self.pending_give_ups.clear()
         self.deadlines.clear()
         while self.waiters:
             waiter = self.waiters.popleft()
@@ -280,14 +286,16 @@ class _Protocol(asyncio.Protocol):
              give_up: float | None = None) -> asyncio.Future[Any]:
         """Queue `packed` (`skipped` unread replies, then the one returned) for this
         iteration's write; `give_up`: the loop time at which the returned future fails with
-        TimeoutError if no reply has come."""
+        TimeoutError if no reply has come, counted from the write (a command batched for the
+        next iteration gets as long from its write as it had from now)."""
         if self.lost is not None or self.transport is None:
             raise self.lost or RedisConnectionError("not connected to Redis")
         loop = self.loop
         waiter = loop.create_future()
+        now = loop.time()
         deadline = 0.0
         if self.timeout is not None:
-            deadline = loop.time() + self.timeout
+            deadline = now + self.timeout
             if self.timer is None:
                 self.timer = Later(loop, deadline, self._watch)
         # Nothing in flight, so nothing pending either (every pending command has its
@@ -300,15 +308,21 @@ class _Protocol(asyncio.Protocol):
         self.deadlines.append(deadline)
         if idle:
             self._write(packed)
+            if give_up is not None:
+                self._give_up_at(give_up, waiter)
         else:
             if not self.pending:
                 loop.call_soon(self._flush)
             self.pending.append(packed)
-        if give_up is not None:
-            heapq.heappush(self.give_ups, (give_up, next(self.sequence), waiter))
-            if self.give_up_timer is None or give_up < self.give_up_at:
-                self._arm_give_up(give_up)
+            self.pending_deadlines += skipped + 1
+            if give_up is not None:
+                self.pending_give_ups.append((give_up - now, waiter))
         return waiter
+
+    def _give_up_at(self, when: float, waiter: asyncio.Future[Any]) -> None:
+        heapq.heappush(self.give_ups, (when, next(self.sequence), waiter))
+        if self.give_up_timer is None or when < self.give_up_at:
+            self._arm_give_up(when)
 
     def _arm_give_up(self, when: float) -> None:
         if self.give_up_timer is not None:
@@ -344,12 +358,26 @@ class _Protocol(asyncio.Protocol):
                 waiter.set_exception(asyncio.TimeoutError())
 
     def _flush(self) -> None:
+        """Write the pending commands, and start their time now: a loop saturated with ready
+        work runs this a long turn after they were made, and that time is the loop's, not
+        Redis's."""
         pending = self.pending
         if not pending or self.transport is None or self.lost is not None:
             return
         data = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
         self._write(data)
+        now = self.loop.time()
+        count, self.pending_deadlines = self.pending_deadlines, 0
+        if self.timeout is not None:
+            deadlines = self.deadlines
+            for _ in range(count):
+                deadlines.pop()
+            deadlines.extend(itertools.repeat(now + self.timeout, count))
+        give_ups, self.pending_give_ups = self.pending_give_ups, []
+        for budget, waiter in give_ups:
+            if not waiter.done():
+                self._give_up_at(now + budget, waiter)
 
     def _write(self, data: bytes) -> None:
         """Every byte this connection sends goes out here (tests interpose on it)."""

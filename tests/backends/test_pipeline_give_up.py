@@ -87,6 +87,7 @@ async def test_each_call_gives_up_at_its_own_time_whatever_the_order_they_were_s
     late = protocol.send(b"a", give_up=1000.2)
     early = protocol.send(b"b", give_up=1000.05)
     never = protocol.send(b"c")
+    await asyncio.sleep(0)  # the batch of the two last is written
     assert loop.live() == [1000.05]  # one timer, at the earliest give-up
     loop.now = 1000.05
     await loop.fire()
@@ -119,6 +120,30 @@ async def test_an_answer_read_during_the_look_is_the_calls_answer() -> None:
     assert waiter.result() == 5 and protocol.give_ups == [] and loop.live() == []
 
 
+async def test_a_batched_call_counts_its_time_from_its_write() -> None:
+    """A call made while another is in flight leaves with the next turn's batch: a loop
+    saturated with ready work writes it a long turn later. Its give-up and the connection's
+    deadline count from the write: the time before it was the loop's, not Redis's."""
+    loop = _Loop()
+    protocol = _protocol(loop, timeout=0.1)
+    first = protocol.send(b"a", give_up=1000.1)  # written at once
+    batched = protocol.send(b"b", give_up=1000.1)
+    loop.now = 1000.08  # the turn that writes the batch comes 80 ms later
+    await asyncio.sleep(0)
+    assert protocol.transport.written == [b"a", b"b"]  # type: ignore[union-attr]
+    assert sorted(entry[0] for entry in protocol.give_ups) == [1000.1,
+                                                               pytest.approx(1000.18)]
+    assert list(protocol.deadlines) == [1000.1, pytest.approx(1000.18)]
+    protocol.data_received(b":1\r\n")
+    for now in (1000.11, 1000.15, 1000.17):  # past a give-up counted from the send
+        loop.now = now
+        await loop.fire()
+    assert first.result() == 1 and not batched.done()  # the batched call is within its time
+    assert protocol.lost is None
+    protocol.data_received(b":2\r\n")
+    assert batched.result() == 2
+
+
 @pytest.mark.parametrize(("late", "looks"), [(0.0, LOOK), (0.0005, LOOK), (0.15, 0.15)])
 async def test_a_late_timer_gives_the_server_as_long_again_and_then_fails_the_call(
     late: float, looks: float,
@@ -144,6 +169,7 @@ async def test_each_overdue_call_gets_one_look_not_more() -> None:
     protocol = _protocol(loop)
     first = protocol.send(b"a", give_up=1000.05)
     second = protocol.send(b"b", give_up=1000.0505)
+    await asyncio.sleep(0)  # the second is written
     loop.now = 1000.05
     await loop.fire()  # first overdue: a look
     loop.now = LOOKED
