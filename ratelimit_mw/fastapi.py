@@ -41,6 +41,7 @@ from ratelimit_mw.http.config import Config, build_config
 from ratelimit_mw.http.drive import async_timeout, check_async, require_async_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Applied, Guard, Plan, Refuse, Selection
+from ratelimit_mw.http.hooks import answer_all
 from ratelimit_mw.http.routing import Cost, stable_module, validate_cost
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import AsyncLimiter
@@ -182,8 +183,10 @@ class RateLimitDependency:
                 scope[ROUTE_SCOPE_KEY] = resolved[0]
         method: str = scope["method"]
         preflight = method == "OPTIONS" and "access-control-request-method" in request.headers
-        plan: Plan | None = guard.plan(self._selection(scope.get("endpoint")), request, method,
-                                       preflight)
+        selection = self._selection(scope.get("endpoint"))
+        hooks = guard.hooks(selection)
+        answers = await answer_all(hooks, request) if hooks else None
+        plan: Plan | None = guard.plan(selection, request, method, preflight, answers)
         if plan is None:
             return None
         verdict = await check_async(guard, self.limiter, plan, request)

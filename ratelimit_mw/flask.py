@@ -156,7 +156,7 @@ class _AppState:
 
     def __init__(self, app: Flask, config: Config, limiter: Limiter) -> None:
         self.app = app
-        self.guard = Guard(config, limiter, timeout=None)
+        self.guard = Guard(config, limiter, timeout=None, awaits="the Flask extension")
         self.limiter = limiter
         # blueprint chain -> whether an error handler answers a 429 there.
         self.handles_429: dict[tuple[str, ...], bool] = {}

@@ -27,6 +27,7 @@ from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
 from ratelimit_mw.core.wire import Wire, wire
+from ratelimit_mw.http.hooks import refuse_async
 from ratelimit_mw.http.log import ThrottledLog
 from ratelimit_mw.http.routing import RouteLimit, exempt, limit_decorator
 from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
@@ -143,7 +144,13 @@ class _Shared:
         methods: Sequence[str] | None = None,
         exempt_when: Callable[[Any], bool] | None = None,
     ) -> Callable[[F], F]:
-        """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint."""
+        """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint. A sync
+        Limiter's routes are WSGI or Flask views, which cannot await an async hook."""
+        if not isinstance(self, AsyncLimiter):
+            refuse_async("a Limiter's routes (WSGI, Flask)", [
+                ("key", key), ("exempt_when", exempt_when),
+                ("cost", cost if callable(cost) else None),
+                ("rates", rates if callable(rates) and not isinstance(rates, Policy) else None)])
         return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name,
                                                methods=methods, exempt_when=exempt_when),
                                self._shared_logs)

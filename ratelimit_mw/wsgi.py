@@ -169,7 +169,8 @@ class RateLimitMiddleware:
         self.app = app
         self.limiter = require_sync_limiter(limiter, "RateLimitMiddleware")
         self.config = build_config(config, options)
-        self.guard = Guard(self.config, self.limiter, timeout=None)
+        self.guard = Guard(self.config, self.limiter, timeout=None,
+                           awaits="the WSGI middleware")
         # Without path rules the same policies (the defaults) apply to every request: select
         # them once instead of decoding the path and looking them up per request. A
         # per-method default depends on the method, which select() caches cheaply.

@@ -152,7 +152,7 @@ def test_a_single_policy_plans_as_the_generic_loop_does(
         selection = guard.select(method, path, route)
         assert selection is not None
         fast = guard.plan(selection, request, method)
-        generic = guard._plan_generic(selection, request, method)
+        generic = guard._plan_generic(selection, request, method, None)
         assert (fast is None) == (generic is None)
         if fast is not None and generic is not None:
             assert fast.checks == generic.checks
@@ -182,7 +182,7 @@ def test_fast_and_generic_plans_give_the_same_verdicts_and_headers(
         generic_selection = generic_guard.select(method, path, None)
         assert fast_selection is not None and generic_selection is not None
         fast_plan = fast_guard.plan(fast_selection, request, method)
-        generic_plan = generic_guard._plan_generic(generic_selection, request, method)
+        generic_plan = generic_guard._plan_generic(generic_selection, request, method, None)
         if fast_plan is None or generic_plan is None:
             assert fast_plan is generic_plan is None
             continue

@@ -16,6 +16,7 @@ from ratelimit_mw.core.deny_cache import LAPSED
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Selection, Unavailable
+from ratelimit_mw.http.hooks import answer_all
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
 
 Verdict = Admit | Refuse | Unavailable
@@ -75,7 +76,9 @@ async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection
         if identity is None:
             return None
         return await lane_async(guard, limiter, lane, selection, identity, request)
-    plan = guard.plan(selection, request, method, preflight)
+    hooks = guard.hooks(selection)
+    answers = await answer_all(hooks, request) if hooks else None
+    plan = guard.plan(selection, request, method, preflight, answers)
     if plan is None:
         return None
     return await check_async(guard, limiter, plan, request)

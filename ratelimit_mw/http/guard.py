@@ -46,6 +46,7 @@ from ratelimit_mw.http.headers import (
     too_many_requests_body,
     unavailable_body,
 )
+from ratelimit_mw.http.hooks import Answers, ask, is_async, refuse_async
 from ratelimit_mw.http.log import ThrottledLog, describe, logger
 from ratelimit_mw.http.routing import (
     EXEMPT,
@@ -53,7 +54,7 @@ from ratelimit_mw.http.routing import (
     DynamicLimit,
     Predicate,
     RouteLimit,
-    call_cost,
+    checked_cost,
 )
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import KeyFunc
@@ -95,7 +96,8 @@ class Selection:
     decorated route is never left without a limit by a missing header.
     """
 
-    __slots__ = ("applied", "dynamic", "fallback", "lane", "policy_header", "routed", "single")
+    __slots__ = ("applied", "dynamic", "fallback", "hooks", "lane", "policy_header", "routed",
+                 "single")
 
     def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
                  fallback: Selection | None = None) -> None:
@@ -105,13 +107,23 @@ class Selection:
         self.policy_header = PolicyHeader([(item.policy, item.label) for item in applied
                                            if item.policy is not None])
         self.dynamic = any(item.dynamic is not None for item in applied)
-        # The common shape (one fixed policy, a key, a whole-number cost, no per-request
-        # condition) planned without the generic loop: `Guard.plan` takes this item as is.
+        # The async hooks the plan asks (fallback's included): an ASGI adapter awaits them
+        # first (`hooks.answer_all`).
+        self.hooks: tuple[Callable[[Any], Any], ...] = tuple(dict.fromkeys(
+            hook for item in applied
+            for hook in (item.exempt_when, item.key,
+                         item.dynamic.func if item.dynamic is not None else None,
+                         item.cost if callable(item.cost) else None)
+            if is_async(hook)
+        )) + (fallback.hooks if fallback is not None else ())
+        # The common shape (one fixed policy, a sync key, a whole-number cost, no
+        # per-request condition) planned without the generic loop: `Guard.plan` takes this
+        # item as is.
         only = applied[0] if len(applied) == 1 else None
         self.single: Applied | None = (
             only if only is not None and not routed and only.policy is not None
             and only.dynamic is None and only.exempt_when is None
-            and type(only.cost) is int else None
+            and type(only.cost) is int and not self.hooks else None
         )
         # The single check precompiled for the guard's limiter (`Guard._lane_for`).
         self.lane: Lane | None = None
@@ -187,7 +199,17 @@ class Guard:
     """
 
     def __init__(self, config: Config, limiter: Any, *, timeout: float | None,
-                 raw: bool = False) -> None:
+                 raw: bool = False, awaits: str | None = None) -> None:
+        """`awaits`: None when the adapter awaits async hooks (ASGI), else the adapter's
+        name for the ConfigurationError that an async hook is there."""
+        if awaits is not None:
+            refuse_async(awaits, [
+                ("exempt_when", config.exempt_when), ("key", config.key_func),
+                *((f"{option} of the rule {rule.pattern!r}", hook) for rule in config.rule_list
+                  for option, hook in (("key", rule.key), ("exempt_when", rule.exempt_when),
+                                       ("cost", rule.cost),
+                                       ("the dynamic limit",
+                                        rule.dynamic.func if rule.dynamic else None)))])
         self.config = config
         # Admitted responses' headers as RawHeaders (the ASGI adapter's), else as Headers.
         self.raw = raw
@@ -202,6 +224,9 @@ class Guard:
         self.charge_preflight = config.charge_preflight
         self.charge_405 = config.charge_method_not_allowed
         self.exempt_when = config.exempt_when
+        exempt = config.exempt_when
+        self._exempt_hooks: tuple[Callable[[Any], Any], ...] = (
+            (exempt,) if exempt is not None and is_async(exempt) else ())
         # Lanes (core.lane) for limiters that take them: their key prefix.
         self._lane_prefix: str | None = (
             limiter.prefix if callable(getattr(limiter, "lane_hit", None)) else None)
@@ -315,17 +340,23 @@ class Guard:
         return Lane(single.policy, single.cost, self._lane_prefix)  # type: ignore[arg-type]
 
     # -- the checks of one request ---------------------------------------------------------
+    def hooks(self, selection: Selection) -> tuple[Callable[[Any], Any], ...]:
+        """The async hooks planning `selection` asks: an ASGI adapter awaits them
+        (`hooks.answer_all`) and hands their answers to `plan`."""
+        return self._exempt_hooks + selection.hooks if self._exempt_hooks else selection.hooks
+
     def plan(self, selection: Selection, request: Any, method: str,
-             preflight: bool = False) -> Plan | None:
-        """Run the key functions and costs; None when nothing applies to this request."""
+             preflight: bool = False, answers: Answers | None = None) -> Plan | None:
+        """Run the key functions and costs (`answers`: the async ones' answers, awaited
+        already); None when nothing applies to this request."""
         if preflight and not self.charge_preflight:
             return None
-        if self.exempt_when is not None and self._exempt(self.exempt_when, request):
+        if self.exempt_when is not None and self._exempt(self.exempt_when, request, answers):
             return None
         single = selection.single
         if single is not None:
             return self._plan_single(single, selection, request, method)
-        return self._plan_generic(selection, request, method)
+        return self._plan_generic(selection, request, method, answers)
 
     def _plan_single(self, item: Applied, selection: Selection, request: Any,
                      method: str) -> Plan | None:
@@ -362,22 +393,24 @@ class Guard:
             identity = f"{verb} {identity}"
         return identity
 
-    def _plan_generic(self, selection: Selection, request: Any, method: str) -> Plan | None:
+    def _plan_generic(self, selection: Selection, request: Any, method: str,
+                      answers: Answers | None) -> Plan | None:
         checks: list[Check] = []
         chosen: list[Applied] | None = [] if selection.dynamic else None
         routed = selection.routed
         keyed = 0
         for index, item in enumerate(selection.applied):
-            if item.exempt_when is not None and self._exempt(item.exempt_when, request):
+            if item.exempt_when is not None and self._exempt(item.exempt_when, request,
+                                                             answers):
                 keyed += index < routed  # exempted on purpose: no fallback
                 continue
             policy = item.policy
             if item.dynamic is not None:
-                policy = self._dynamic_policy(item.dynamic, request)
+                policy = self._dynamic_policy(item.dynamic, request, answers)
                 if policy is None:
                     continue
             try:
-                identity = item.key(request)
+                identity = ask(item.key, request, answers)
             except Exception as exc:  # a key function's bug must not become a 500
                 self.log_failure("ratelimit_mw key function raised; using the client IP", exc)
                 identity = _fallback_identity(request)
@@ -394,7 +427,7 @@ class Guard:
             cost = item.cost
             if not isinstance(cost, int):
                 try:
-                    cost = call_cost(cost, request)
+                    cost = checked_cost(cost, ask(cost, request, answers))
                 except ConfigurationError:
                     raise  # the app's cost callable returns a non-int: its bug, said so
                 except Exception as exc:
@@ -405,16 +438,17 @@ class Guard:
             fallback = selection.fallback
             if fallback.single is not None:
                 return self._plan_single(fallback.single, fallback, request, method)
-            return self._plan_generic(fallback, request, method)
+            return self._plan_generic(fallback, request, method, answers)
         if not checks:
             return None
         if chosen is not None:
             selection = self._chosen_selection(chosen)
         return Plan(checks, selection)
 
-    def _dynamic_policy(self, dynamic: DynamicLimit, request: Any) -> Policy | None:
+    def _dynamic_policy(self, dynamic: DynamicLimit, request: Any,
+                        answers: Answers | None) -> Policy | None:
         try:
-            return dynamic.policy_for(request)
+            return dynamic.policy_of(ask(dynamic.func, request, answers))
         except Exception as exc:  # raised, or returned text that is not a rate: never a 500
             # The ConfigurationError of bad text names the callable and what to return; it
             # is logged (throttled, not per request) like any failure of the app's hooks.
@@ -439,9 +473,10 @@ class Guard:
                          TypeError(f"{item.key!r} returned {identity!r}"))
         return _fallback_identity(request)
 
-    def _exempt(self, predicate: Callable[[Any], bool], request: Any) -> bool:
+    def _exempt(self, predicate: Callable[[Any], bool], request: Any,
+                answers: Answers | None) -> bool:
         try:
-            return bool(predicate(request))
+            return bool(ask(predicate, request, answers))
         except Exception as exc:
             self.log_failure("ratelimit_mw exempt_when raised; limiting the request", exc)
             return False

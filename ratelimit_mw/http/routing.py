@@ -94,14 +94,14 @@ def validate_cost(cost: Cost, policy: Policy | None) -> Cost:
     return cost
 
 
-def call_cost(cost: Callable[[Any], int], request: Any) -> int:
-    """What a cost callable says for `request`: an int (at least 1), or ConfigurationError.
+def checked_cost(cost: Callable[[Any], int], value: object) -> int:
+    """What the cost callable `cost` said (`value`) as a cost: an int (at least 1), or
+    ConfigurationError.
 
-    A float or any other type is the app's bug, reported as such rather than truncated; an
-    exception inside the callable (e.g. it parsed hostile input) propagates to the caller,
-    which counts 1.
+    A float or any other type is the app's bug, reported as such rather than truncated (an
+    exception inside the callable, e.g. it parsed hostile input, is the caller's to handle:
+    it counts 1).
     """
-    value = cost(request)
     if type(value) is not int:
         raise ConfigurationError(
             f"the cost callable {getattr(cost, '__qualname__', cost)!r} returned {value!r}; "
@@ -130,8 +130,8 @@ class DynamicLimit:
         self.base = base
         self._cache: dict[str, Policy] = {}
 
-    def policy_for(self, request: Any) -> Policy | None:
-        text = self.func(request)
+    def policy_of(self, text: object) -> Policy | None:
+        """The policy for what `func` answered for a request."""
         if text is None:
             return None
         found = self._cache.get(text) if isinstance(text, str) else None
