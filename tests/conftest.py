@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -23,6 +25,13 @@ from ratelimit_mw.limiter import _Shared
 
 REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
 HOUSEKEEPER = Housekeeper(REDIS_URL)
+
+
+def other_db_url() -> str:
+    """REDIS_URL's server with another database (the next one), for the tests of `db`."""
+    parts = urlsplit(REDIS_URL)
+    db = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(db + 1) % 16}"))
 
 
 class FakeClock:
@@ -218,30 +227,29 @@ def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
         local.stop()
 
 
+def _started(server: Any) -> Iterator[Any]:
+    """A private server set (tests/transports.py, tests/sentinel.py) started on first use
+    and always stopped, also when the start-up fails."""
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
-def redis_transports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def redis_transports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A private Redis served over TLS (a certificate the run makes) and a unix socket, for
-    the whole session; started on first use, always stopped (tests/transports.py)."""
+    the whole session."""
     from transports import LocalTransports
 
-    local = LocalTransports(tmp_path_factory.mktemp("redis-transports"))
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
+    yield from _started(LocalTransports(tmp_path_factory.mktemp("redis-transports")))
 
 
 @pytest.fixture(scope="session")
-def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A private primary, replica and three sentinels for the whole session (started on
-    first use, always stopped: tests/sentinel.py). Tests may fail it over."""
+def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A private primary, replica and three sentinels for the whole session. Tests may fail
+    it over."""
     from sentinel import LocalSentinel
 
-    local = LocalSentinel(tmp_path_factory.mktemp("sentinel"))
-    try:
-        local.start()
-        yield local
-    finally:
-        local.stop()
-
+    yield from _started(LocalSentinel(tmp_path_factory.mktemp("sentinel")))

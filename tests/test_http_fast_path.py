@@ -26,9 +26,7 @@ from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.drive import check_sync
 from ratelimit_mw.http.guard import Admit, Guard, Refuse
 from ratelimit_mw.http.routing import RouteLimit
-from tests.conftest import FakeClock, StepClock
-
-REDIS_URL = "redis://127.0.0.1:6379"
+from tests.conftest import REDIS_URL, FakeClock, StepClock
 
 
 def _raising(request: Any) -> str:

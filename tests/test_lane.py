@@ -36,10 +36,10 @@ from ratelimit_mw.core import plans, scripts
 from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.wire import wire
-from tests.conftest import StepClock
+from tests.conftest import REDIS_URL, StepClock
 from tests.test_differential import policies
 
-REDIS = "redis://127.0.0.1:6379"
+REDIS = REDIS_URL
 
 
 class _CountedTokens:

@@ -10,8 +10,9 @@ import pytest
 import redis
 
 import ratelimit_mw as rl
+from tests.conftest import REDIS_URL
 
-URL = "redis://127.0.0.1:6379/0"
+URL = REDIS_URL
 
 
 def test_the_pool_waits_for_a_free_connection_up_to_the_socket_timeout() -> None:

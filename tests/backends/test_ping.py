@@ -13,8 +13,9 @@ import redis
 
 import ratelimit_mw as rl
 from ratelimit_mw.core import scripts
+from tests.conftest import REDIS_URL
 
-URL = "redis://127.0.0.1:6379/0"
+URL = REDIS_URL
 KEYS = {"backend", "version", "cluster", "nodes", "rtt_ms", "script_sha"}
 
 

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 import redis
@@ -20,8 +21,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 import ratelimit_mw as rl
 from ratelimit_mw.backends import pipeline as _pipeline
 from ratelimit_mw.core import scripts
+from tests.conftest import REDIS_URL, other_db_url
 
-REDIS = "redis://127.0.0.1:6379"
+REDIS = REDIS_URL
 
 
 def policy(algorithm: str = "gcra") -> rl.Policy:
@@ -32,7 +34,8 @@ def policy(algorithm: str = "gcra") -> rl.Policy:
     ("client", "transport"),
     [
         (lambda: redis.asyncio.Redis(), ("localhost", 6379, None, False)),
-        (lambda: redis.asyncio.Redis.from_url(f"{REDIS}/1"), ("127.0.0.1", 6379, None, False)),
+        (lambda: redis.asyncio.Redis.from_url("redis://127.0.0.1:6379/1"),
+         ("127.0.0.1", 6379, None, False)),
         (lambda: redis.asyncio.Redis(protocol=3), ("localhost", 6379, None, False)),
         (lambda: redis.asyncio.Redis(ssl=True, port=6380), ("localhost", 6380, None, True)),
         (lambda: redis.asyncio.Redis(unix_socket_path="/tmp/nothing.sock"),
@@ -68,8 +71,8 @@ def test_a_connection_class_it_cannot_mirror_is_refused_with_what_to_write() -> 
 
 
 async def test_a_resp3_client_gets_the_same_answers_as_the_sync_backend(prefix: str) -> None:
-    piped = rl.AsyncRedisBackend(redis.asyncio.Redis(protocol=3))
-    sync = rl.RedisBackend(redis.Redis())
+    piped = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS, protocol=3))
+    sync = rl.RedisBackend(redis.Redis.from_url(REDIS))
     for algorithm in rl.ALGORITHMS:
         shared = policy(algorithm)
         a = rl.AsyncLimiter(piped, prefix=prefix + "a", deny_cache=0)
@@ -84,7 +87,7 @@ async def test_a_resp3_client_gets_the_same_answers_as_the_sync_backend(prefix: 
 async def test_concurrent_calls_pipeline_on_one_connection_and_admit_exactly_the_limit(
     prefix: str,
 ) -> None:
-    backend = rl.AsyncRedisBackend(redis.asyncio.Redis())
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     shared = policy("sliding-log")
     decisions = await asyncio.gather(*(limiter.hit(shared, "ip:1") for _ in range(200)))
@@ -93,7 +96,7 @@ async def test_concurrent_calls_pipeline_on_one_connection_and_admit_exactly_the
 
 
 async def test_a_flushed_script_cache_is_reloaded(prefix: str, redis_client: redis.Redis) -> None:
-    backend = rl.AsyncRedisBackend(redis.asyncio.Redis())
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     shared = policy()
     assert (await limiter.hit(shared, "ip:1")).remaining == 9
@@ -103,7 +106,7 @@ async def test_a_flushed_script_cache_is_reloaded(prefix: str, redis_client: red
 
 
 async def test_a_cancelled_call_leaves_the_replies_in_order(prefix: str) -> None:
-    backend = rl.AsyncRedisBackend(redis.asyncio.Redis())
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     shared = policy()
     await limiter.hit(shared, "ip:warm")  # connect first, so the cancel hits an in-flight call
@@ -116,7 +119,7 @@ async def test_a_cancelled_call_leaves_the_replies_in_order(prefix: str) -> None
 
 
 def test_each_event_loop_gets_its_own_connection(prefix: str) -> None:
-    backend = rl.AsyncRedisBackend(redis.asyncio.Redis())
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     shared = policy()
     first = asyncio.run(limiter.hit(shared, "ip:1"))
@@ -125,17 +128,26 @@ def test_each_event_loop_gets_its_own_connection(prefix: str) -> None:
 
 
 async def test_the_database_from_the_url_is_selected(prefix: str) -> None:
-    backend = rl.AsyncRedisBackend.from_url(f"{REDIS}/1")
+    backend = rl.AsyncRedisBackend.from_url(other_db_url())
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     await limiter.hit(policy(), "ip:1")
-    in_db1 = redis.Redis(db=1)
-    assert list(in_db1.scan_iter(match=f"{prefix}:*"))
-    assert not list(redis.Redis(db=0).scan_iter(match=f"{prefix}:*"))
-    await backend.aclose()
+    in_other = redis.Redis.from_url(other_db_url())
+    in_ours = redis.Redis.from_url(REDIS)
+    try:
+        written = list(in_other.scan_iter(match=f"{prefix}:*"))
+        assert written
+        assert not list(in_ours.scan_iter(match=f"{prefix}:*"))
+        in_other.delete(*written)  # the run's sweep covers its own database only
+    finally:
+        in_other.close()
+        in_ours.close()
+        await backend.aclose()
 
 
 async def test_a_rejected_password_is_a_backend_error() -> None:
-    backend = rl.AsyncRedisBackend.from_url("redis://:wrong@127.0.0.1:6379/0")
+    parts = urlsplit(REDIS)
+    backend = rl.AsyncRedisBackend.from_url(urlunsplit(parts._replace(
+        netloc=f":wrong@{parts.hostname}:{parts.port or 6379}")))
     with pytest.raises(rl.BackendError, match="AUTH"):
         await rl.AsyncLimiter(backend).hit(policy(), "ip:1")
 
@@ -191,7 +203,7 @@ async def test_a_closed_port_is_a_backend_error() -> None:
 async def test_a_burst_leaves_in_two_writes_the_first_check_at_once(prefix: str) -> None:
     """Auto-pipelining: the check that finds the connection idle is written at once (Redis
     starts on it); the rest of the burst, sent while it is in flight, leaves in one write."""
-    backend = rl.AsyncRedisBackend(redis.asyncio.Redis())
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     shared = policy("fixed-window")
     await limiter.hit(shared, "ip:warm")  # connected, script loaded

@@ -23,11 +23,11 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import ratelimit_mw as rl
 from ratelimit_mw.core import plans, scripts
+from tests.conftest import REDIS_URL
 
 if TYPE_CHECKING:
     from conftest import StepClock
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
 ALGORITHMS = sorted(rl.ALGORITHMS)
 MINUTE_MS = 60_000
 
