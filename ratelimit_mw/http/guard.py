@@ -58,7 +58,7 @@ from ratelimit_mw.http.routing import (
 )
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import KeyFunc
-from ratelimit_mw.metrics import BREAKER_OPEN, SHADOW_REFUSED
+from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, SHADOW_REFUSED
 
 #: Where the adapters leave the `Decision` in a WSGI ``environ`` (ASGI: ``scope["state"]``).
 DECISION_KEY = "ratelimit_mw.decision"
@@ -547,6 +547,12 @@ class Guard:
             self._observe(BREAKER_OPEN, [check.policy.name for check in plan.checks], 0.0)
             error: BaseException = self._cooling
         else:
+            if not isinstance(exc, BackendError):
+                # The limiter reports the BackendErrors it raises; a call cut off by the
+                # deadline (or anything else) it never saw end: one event per request.
+                self._observe(BACKEND_ERROR, [check.policy.name for check in plan.checks],
+                              self.timeout if isinstance(exc, TimeoutError) and self.timeout
+                              else 0.0)
             self.breaker.failed(describe(exc, self.timeout))
             error = exc
         return PASS if self._admit_on_error(request, error) else self.unavailable

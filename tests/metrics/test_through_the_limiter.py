@@ -111,3 +111,58 @@ async def test_a_metrics_hook_that_raises_changes_no_answer_through_the_middlewa
     with TestClient(app) as client:
         assert [client.get("/").status_code for _ in range(3)] == [200, 200, 429]
     assert "metrics hook raised" in caplog.text
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def observe(self, event: str, policy: str, seconds: float) -> None:
+        self.seen.append(event)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lane", [True, False], ids=["one-policy", "two-policies"])
+async def test_every_request_is_one_event_also_when_the_deadline_cuts_its_call_off(
+    prefix: str, lane: bool,
+) -> None:
+    """A paused Redis (CLIENT PAUSE) holds the call past the middleware's deadline: the
+    request still yields its event (backend_error), and those the breaker then skips yield
+    breaker_open, one each. (Before: the deadline's request yielded none, so an alert on
+    backend_error missed a hung Redis.)"""
+    import asyncio
+
+    import httpx
+    from reliability._support import PrivateRedis
+    from starlette.responses import PlainTextResponse
+
+    from ratelimit_mw import asgi, keys
+
+    server = PrivateRedis().start()
+    events = _Events()
+    backend = rl.AsyncRedisBackend.from_url(server.url, socket_timeout=5)
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, metrics=events)
+    options: dict[str, Any] = {"default": "100/minute", "key": keys.header("x-client"),
+                               "backend_timeout": 0.05}
+    if not lane:
+        options["rules"] = [asgi.Rule("/*", "1000/minute")]
+    middleware = asgi.RateLimitMiddleware(PlainTextResponse("ok"), limiter, **options)
+    transport = httpx.ASGITransport(app=middleware)
+    admin = server.client()
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            assert (await client.get("/", headers={"x-client": "a"})).status_code == 200
+            admitted = len(events.seen)
+            admin.execute_command("CLIENT", "PAUSE", "3000", "ALL")
+            for i in range(4):
+                await client.get("/", headers={"x-client": f"p{i}"})
+            await asyncio.sleep(0)
+        per_request = 1 if lane else 2  # one event per policy of the request
+        after = events.seen[admitted:]
+        assert after[:per_request] == ["backend_error"] * per_request
+        assert after[per_request:] == ["breaker_open"] * 3 * per_request
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+        admin.close()
+        await backend.aclose()
+        server.kill()
