@@ -122,15 +122,18 @@ class _Events:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("fault", ["client-pause", "sigstop", "stopped"])
 @pytest.mark.parametrize("lane", [True, False], ids=["one-policy", "two-policies"])
 async def test_every_request_is_one_event_also_when_the_deadline_cuts_its_call_off(
-    prefix: str, lane: bool,
+    prefix: str, lane: bool, fault: str,
 ) -> None:
-    """A paused Redis (CLIENT PAUSE) holds the call past the middleware's deadline: the
-    request still yields its event (backend_error), and those the breaker then skips yield
-    breaker_open, one each. (Before: the deadline's request yielded none, so an alert on
-    backend_error missed a hung Redis.)"""
+    """A paused Redis (CLIENT PAUSE), a frozen one (SIGSTOP) and a stopped one: the request
+    whose call fails or outlasts the middleware's deadline yields its event (backend_error),
+    and those the breaker then skips yield breaker_open, one each. (Before: a request the
+    deadline cut off yielded none, so an alert on backend_error missed a hung Redis.)"""
     import asyncio
+    import os
+    import signal
 
     import httpx
     from reliability._support import PrivateRedis
@@ -153,7 +156,12 @@ async def test_every_request_is_one_event_also_when_the_deadline_cuts_its_call_o
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             assert (await client.get("/", headers={"x-client": "a"})).status_code == 200
             admitted = len(events.seen)
-            admin.execute_command("CLIENT", "PAUSE", "3000", "ALL")
+            if fault == "client-pause":
+                admin.execute_command("CLIENT", "PAUSE", "3000", "ALL")
+            elif fault == "sigstop":
+                os.kill(server.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            else:
+                server.stop()
             for i in range(4):
                 await client.get("/", headers={"x-client": f"p{i}"})
             await asyncio.sleep(0)
@@ -162,7 +170,10 @@ async def test_every_request_is_one_event_also_when_the_deadline_cuts_its_call_o
         assert after[:per_request] == ["backend_error"] * per_request
         assert after[per_request:] == ["breaker_open"] * 3 * per_request
     finally:
-        admin.execute_command("CLIENT", "UNPAUSE")
+        if fault == "sigstop":
+            os.kill(server.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+        elif fault == "client-pause":
+            admin.execute_command("CLIENT", "UNPAUSE")
         admin.close()
         await backend.aclose()
         server.kill()
