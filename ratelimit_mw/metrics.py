@@ -4,8 +4,9 @@ A hook is any object with ``observe(event, policy, seconds)``:
 
 - ``event`` is one of `EVENTS`: ``"admitted"``, ``"refused"`` (by the store or the local deny
   cache), ``"shadow_refused"`` (shadow mode let a refused request through),
-  ``"backend_error"`` (the store failed; the failure policy decided) and ``"breaker_open"``
-  (the backend was skipped during its cool-down).
+  ``"backend_error"`` (the store failed or missed the middleware's deadline; the failure
+  policy decided), ``"breaker_open"`` (the backend was skipped during its cool-down) and
+  ``"fallback"`` (the same, decided in memory: ``on_backend_error="memory"``).
 - ``policy`` is the policy's name (a bounded set: names come from configuration, never from
   requests).
 - ``seconds`` is the latency of the check that produced the event (0.0 when no backend call
@@ -13,7 +14,8 @@ A hook is any object with ``observe(event, policy, seconds)``:
 
 Where events come from: `Limiter`/`AsyncLimiter` (``metrics=``) report ``admitted``,
 ``refused`` and ``backend_error`` once per policy of each call; the middleware reports
-``shadow_refused`` and ``breaker_open`` through its limiter's hook. Callers check
+``shadow_refused``, ``breaker_open``, ``fallback`` and the ``backend_error`` of a call its
+deadline cut off through its limiter's hook: one event per policy of every request. Callers check
 ``if hook is not None`` before building anything, so a limiter without a hook pays one
 attribute test per call.
 
@@ -31,15 +33,18 @@ from typing import Any, Final, Literal, Protocol
 
 from ratelimit_mw.core.errors import ConfigurationError
 
-Event = Literal["admitted", "refused", "shadow_refused", "backend_error", "breaker_open"]
+Event = Literal["admitted", "refused", "shadow_refused", "backend_error", "breaker_open",
+                "fallback"]
 
 ADMITTED: Final = "admitted"
 REFUSED: Final = "refused"
 SHADOW_REFUSED: Final = "shadow_refused"
 BACKEND_ERROR: Final = "backend_error"
 BREAKER_OPEN: Final = "breaker_open"
+FALLBACK: Final = "fallback"
 
-EVENTS: Final[tuple[Event, ...]] = (ADMITTED, REFUSED, SHADOW_REFUSED, BACKEND_ERROR, BREAKER_OPEN)
+EVENTS: Final[tuple[Event, ...]] = (ADMITTED, REFUSED, SHADOW_REFUSED, BACKEND_ERROR, BREAKER_OPEN,
+                                    FALLBACK)
 
 
 class MetricsHook(Protocol):

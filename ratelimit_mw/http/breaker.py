@@ -54,16 +54,18 @@ class Breaker:
             self.open_until = now + self.cooldown  # this request is the probe
             return True
 
-    def succeeded(self) -> None:
+    def succeeded(self) -> bool:
+        """The backend answered; True when that closed the breaker (it was down)."""
         if self.open_until == 0.0:
-            return
+            return False
         with self._lock:
             if self.open_until == 0.0:
-                return
+                return False
             self.open_until = 0.0
             down = self._clock() - self._opened_at
         logger.warning("ratelimit_mw: rate-limit backend answers again after %.1f s; "
                        "limiting resumed", down)
+        return True
 
     def failed(self, reason: str) -> None:
         with self._lock:

@@ -62,8 +62,9 @@ class Config:
     - ``rules``: ``[Rule("/login", "5/minute", methods=["POST"])]`` or ``{"/api/*": "..."}``;
       they apply to every matching request, decorated or not.
     - ``key``: key function, default ``keys.client_ip()``.
-    - ``on_backend_error``: ``"allow"`` (admit, log), ``"deny"`` (503 with Retry-After) or a
-      callable ``(request, error) -> bool`` (True admits).
+    - ``on_backend_error``: ``"allow"`` (admit, log), ``"deny"`` (503 with Retry-After),
+      ``"memory"`` (decide in this process's memory while the store is out) or a callable
+      ``(request, error) -> bool`` (True admits).
     - ``headers``: ``RateLimit``/``RateLimit-Policy`` on admitted responses (429s always
       carry them); ``legacy_headers`` adds ``X-RateLimit-Limit/Remaining/Reset``.
     - ``mode``: ``"enforce"`` or ``"shadow"`` (count and report, never refuse).
@@ -123,10 +124,11 @@ class Config:
         put(self, "rule_list", as_rules(self.rules))
         check_shared_logs([*defaults, *(rule.policy for rule in self.rule_list
                                         if rule.policy is not None)])
-        if not (self.on_backend_error in ("allow", "deny") or callable(self.on_backend_error)):
+        if not (self.on_backend_error in ("allow", "deny", "memory")
+                or callable(self.on_backend_error)):
             raise ConfigurationError(
-                f'on_backend_error must be "allow", "deny" or a callable (request, error) -> '
-                f"bool, got {self.on_backend_error!r}"
+                f'on_backend_error must be "allow", "deny", "memory" or a callable (request, '
+                f"error) -> bool, got {self.on_backend_error!r}"
             )
         if self.mode not in MODES:
             raise ConfigurationError(f'mode must be "enforce" or "shadow", got {self.mode!r}')

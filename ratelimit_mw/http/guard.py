@@ -28,6 +28,7 @@ from time import perf_counter
 from typing import Any, NamedTuple
 
 from ratelimit_mw import keys as _keys
+from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.lane import Lane
@@ -58,7 +59,7 @@ from ratelimit_mw.http.routing import (
 )
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import KeyFunc
-from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, SHADOW_REFUSED
+from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
 
 #: Where the adapters leave the `Decision` in a WSGI ``environ`` (ASGI: ``scope["state"]``).
 DECISION_KEY = "ratelimit_mw.decision"
@@ -234,6 +235,9 @@ class Guard:
         self.breaker = Breaker(config.backend_cooldown,
                                repr(policy) if isinstance(policy, str) else "<callable>")
         self.log_failure = ThrottledLog()
+        # on_backend_error="memory": the store's stand-in while it is out, empty at each
+        # outage (see `_decide_in_memory`).
+        self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
         key = config.key_func
         self.defaults = tuple(
             Applied(p, key, 1, "default" if len(config.defaults) == 1 else p.name,
@@ -489,10 +493,16 @@ class Guard:
                 started: float = 0.0) -> Admit | Refuse:
         """The backend's answer; `started` is when the call began (perf_counter), in shadow
         mode, for the latency a shadow refusal reports."""
-        self.breaker.succeeded()
+        if self.breaker.succeeded() and self._fallback is not None:
+            self._fallback = self._fresh_fallback()  # what the outage counted is dropped
+        return self._verdict(request, plan, decision, started, plan.checks)
+
+    def _verdict(self, request: Any, plan: Plan, decision: Decision, started: float,
+                 refund: list[Check] | None) -> Admit | Refuse:
+        """An answer as the response it makes: headers, a 429, shadow mode's report."""
         selection = plan.selection
         if decision.allowed:
-            return self._admit(decision, selection, plan.checks)
+            return self._admit(decision, selection, refund)
         self._notify_refusal(request, decision)
         if self.shadow:
             self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
@@ -513,17 +523,17 @@ class Guard:
                      decision: Decision, started: float = 0.0) -> Admit | Refuse:
         """`decided` for the answer to a lane's check: its plan, ``Plan([lane.check(identity)],
         selection)``, is built only where a refusal needs it."""
-        if decision.allowed:
-            self.breaker.succeeded()
+        if decision.allowed and not self.breaker.is_open:
             return self._admit(decision, selection, [lane.check(identity)])
         return self.decided(request, _lane_plan(lane, identity, selection), decision, started)
 
     def lane_failed(self, request: Any, lane: Lane, identity: str, selection: Selection,
-                    exc: BaseException | None) -> Admit | Unavailable:
+                    exc: BaseException | None) -> Admit | Refuse | Unavailable:
         """`failed` for a lane's check, its plan built now."""
         return self.failed(request, _lane_plan(lane, identity, selection), exc)
 
-    def _admit(self, decision: Decision, selection: Selection, checks: list[Check]) -> Admit:
+    def _admit(self, decision: Decision, selection: Selection,
+               checks: list[Check] | None) -> Admit:
         refund = checks if self.watch_status else None
         if not self.headers:
             return _new(Admit, (decision, None, refund, None))
@@ -541,21 +551,42 @@ class Guard:
             return _new(Admit, (decision, None, refund, encode_raw(headers)))
         return _new(Admit, (decision, headers, refund, None))
 
-    def failed(self, request: Any, plan: Plan, exc: BaseException | None) -> Admit | Unavailable:
+    def failed(self, request: Any, plan: Plan, exc: BaseException | None
+               ) -> Admit | Refuse | Unavailable:
         """The failure policy; `exc` None: the breaker skipped the backend."""
+        names = [check.policy.name for check in plan.checks]
         if exc is None:
-            self._observe(BREAKER_OPEN, [check.policy.name for check in plan.checks], 0.0)
+            self._observe(BREAKER_OPEN if self._fallback is None else FALLBACK, names, 0.0)
             error: BaseException = self._cooling
         else:
             if not isinstance(exc, BackendError):
                 # The limiter reports the BackendErrors it raises; a call cut off by the
                 # deadline (or anything else) it never saw end: one event per request.
-                self._observe(BACKEND_ERROR, [check.policy.name for check in plan.checks],
+                self._observe(BACKEND_ERROR, names,
                               self.timeout if isinstance(exc, TimeoutError) and self.timeout
                               else 0.0)
             self.breaker.failed(describe(exc, self.timeout))
             error = exc
+        if self._fallback is not None:
+            return self._decide_in_memory(request, plan)
         return PASS if self._admit_on_error(request, error) else self.unavailable
+
+    def _fresh_fallback(self) -> Any:
+        from ratelimit_mw.limiter import Limiter  # the limiter imports the http helpers
+
+        return Limiter(MemoryBackend(), prefix=getattr(self.limiter, "prefix", "rl"),
+                       deny_cache=0)
+
+    def _decide_in_memory(self, request: Any, plan: Plan) -> Admit | Refuse:
+        """on_backend_error="memory": the same checks, decided in this process's memory
+        (per worker, so a fleet of N workers admits up to N x the limit). What it admits
+        is never given back (count_when): the store never recorded it."""
+        try:
+            decision = self._fallback.check(plan.checks)
+        except Exception as exc:  # the memory backend's own failure: admit, as "allow"
+            self.log_failure("ratelimit_mw in-memory fallback failed; admitting", exc)
+            return PASS
+        return self._verdict(request, plan, decision, 0.0, None)
 
     def _admit_on_error(self, request: Any, exc: BaseException) -> bool:
         policy = self.config.on_backend_error
