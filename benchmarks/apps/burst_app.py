@@ -1,10 +1,11 @@
 """The app of transport_burst.py: library defaults on the backend URL in RL_REDIS_URL.
 
 ``AsyncRedisBackend.from_url(RL_REDIS_URL)`` and the middleware's defaults, but for
-``on_backend_error`` (RL_ON_ERROR: "allow" or "deny"). One default policy, 100/minute per
-``X-Client``; ``/block`` holds the event loop for 150 ms first (an app's blocking call). Each
-worker runs the documented start-up check in its lifespan. A response says whether a
-Decision was made (``decided``): one let through by the failure policy has none.
+``on_backend_error`` (RL_ON_ERROR: "allow" or "deny"). One default policy, RL_LIMIT (100)
+a minute per ``X-Client``; ``/block`` holds the event loop for 150 ms first (an app's
+blocking call). Each worker runs the documented start-up check in its lifespan. A response
+says whether a Decision was made (``decided``): one let through by the failure policy has
+none.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def make_app() -> Any:
 
     app = Starlette(routes=[Route("/{path:path}", endpoint)], lifespan=lifespan)
     return RateLimitMiddleware(app, AsyncLimiter(backend, prefix=os.environ["RL_PREFIX"]),
-                               default=Policy(f"{LIMIT}/minute"), key=keys.header("x-client"),
+                               default=Policy(f"{os.environ.get('RL_LIMIT', LIMIT)}/minute"),
+                               key=keys.header("x-client"),
                                on_backend_error=os.environ.get("RL_ON_ERROR", "allow"))
 
 

@@ -94,15 +94,21 @@ def client(spec: BackendURL, kwargs: dict[str, Any], *, asyncio: bool) -> Any:
 
 
 async def listen(sentinel: Any, service: str, switched: Callable[[str, int], None]) -> None:
-    """Follow one sentinel's ``+switch-master`` announcements until cancelled: call
-    `switched(host, port)` with each new primary of `service` the moment the sentinel
-    announces it (as the Jedis and Lettuce sentinel clients do).
+    """Follow one sentinel's announcements until cancelled: call `switched(host, port)` with
+    each new primary of `service` the moment the sentinel names it (as the Jedis and Lettuce
+    sentinel clients do, one step earlier).
 
     redis-py's clients find a new primary only when the old one fails or is demoted, which
     after ``SENTINEL FAILOVER`` took 10 s; every count written there meanwhile is thrown
-    away when it becomes a replica. `sentinel` is a redis.asyncio client of one sentinel
-    (its credentials and TLS apply); a sentinel that fails is subscribed to again, one
-    second later, for as long as the listener runs.
+    away when it becomes a replica. ``+switch-master`` comes a second after the promotion
+    (the sentinels confirm it from the replica's ``INFO``), and counts written to the old
+    primary in that second are lost too (10 % over the limit in benchmarks/
+    sentinel_failover.py). ``+failover-state-wait-promotion`` comes as the sentinel has sent
+    the chosen replica ``REPLICAOF NO ONE``, milliseconds before it is a primary: the switch
+    is made then. (Should that failover be aborted, the replica answers READONLY, and the
+    connection asks the sentinels again: see pipeline.py.) `sentinel` is a redis.asyncio
+    client of one sentinel (its credentials and TLS apply); a sentinel that fails is
+    subscribed to again, one second later, for as long as the listener runs.
     """
     while True:
         # RESP2: under RESP3 (redis-py 8's default) redis-py hands published messages to a
@@ -111,7 +117,7 @@ async def listen(sentinel: Any, service: str, switched: Callable[[str, int], Non
         connection = pool.connection_class(**{**pool.connection_kwargs, "protocol": 2})
         try:
             await connection.connect()
-            await connection.send_command("SUBSCRIBE", "+switch-master")
+            await connection.send_command("SUBSCRIBE", *CHANNELS)
             while True:
                 message = await connection.read_response(timeout=math.inf)
                 primary = announced(message, service)
@@ -127,19 +133,27 @@ async def listen(sentinel: Any, service: str, switched: Callable[[str, int], Non
         await asyncio.sleep(RESUBSCRIBE)
 
 
+CHANNELS = ("+switch-master", "+failover-state-wait-promotion")
+
+
 def announced(message: Any, service: str) -> tuple[str, int] | None:
-    """The new primary in a ``+switch-master`` message for `service`
-    ("<service> <old ip> <old port> <new ip> <new port>"), else None."""
+    """The new primary of `service` that a sentinel's message names, else None:
+    ``+switch-master`` "<service> <old ip> <old port> <new ip> <new port>", or
+    ``+failover-state-wait-promotion`` "slave <ip:port> <ip> <port> @ <service> <ip> <port>"
+    (the replica being promoted)."""
     if not isinstance(message, list) or len(message) != 3:
         return None
-    kind, data = message[0], message[2]
-    if isinstance(kind, bytes):
-        kind = kind.decode()
-    if isinstance(data, bytes):
-        data = data.decode(errors="replace")
+    kind, channel, data = (part.decode(errors="replace") if isinstance(part, bytes) else part
+                           for part in message)
     if kind != "message" or not isinstance(data, str):
         return None
     parts = data.split()
-    if len(parts) != 5 or parts[0] != service or not parts[4].isdigit():
+    if channel == "+switch-master" and len(parts) == 5:
+        name, host, port = parts[0], parts[3], parts[4]
+    elif channel == "+failover-state-wait-promotion" and len(parts) == 8 and parts[4] == "@":
+        name, host, port = parts[5], parts[2], parts[3]
+    else:
         return None
-    return parts[3], int(parts[4])
+    if name != service or not port.isdigit():
+        return None
+    return host, int(port)

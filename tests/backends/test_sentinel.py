@@ -184,8 +184,8 @@ async def test_the_async_backend_follows_the_announcement_not_the_demotion(
     sentinel: LocalSentinel, prefix: str,
 ) -> None:
     """After SENTINEL FAILOVER the async checks move to the promoted replica as soon as a
-    sentinel announces it on +switch-master, while the old primary still takes writes as a
-    primary: every count written there until its demotion (seconds later) is thrown away
+    sentinel announces it (+failover-state-wait-promotion, +switch-master), while the old
+    primary still takes writes as a primary: every count written there until its demotion (seconds later) is thrown away
     when it becomes a replica. Here the checks reach the new primary before the old one is
     demoted, and every check of the switch is decided (none refused, none failed)."""
     backend = rl.AsyncRedisBackend.from_url(sentinel.url, socket_timeout=0.5)
@@ -242,8 +242,15 @@ async def test_the_async_backend_follows_the_announcement_not_the_demotion(
         ([b"message", b"+switch-master", b"mymaster a b c notaport"], None),
         (None, None),
         ([b"pong", b""], None),
+        ([b"message", b"+failover-state-wait-promotion",
+          b"slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379"], ("127.0.0.1", 6380)),
+        ([b"message", b"+failover-state-wait-promotion",
+          b"slave 127.0.0.1:6380 127.0.0.1 6380 @ other 127.0.0.1 6379"], None),
+        ([b"message", b"+selected-slave",
+          b"slave 127.0.0.1:6380 127.0.0.1 6380 @ mymaster 127.0.0.1 6379"], None),
     ],
-    ids=["bytes", "str", "another-service", "subscribed", "short", "bad-port", "none", "pong"],
+    ids=["bytes", "str", "another-service", "subscribed", "short", "bad-port", "none", "pong",
+         "promotion", "promotion-of-another", "selected-only"],
 )
 def test_an_announcement_names_the_new_primary_of_its_service_only(
     message: object, primary: tuple[str, int] | None,
