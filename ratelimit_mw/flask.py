@@ -37,6 +37,7 @@ from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limit
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
 from ratelimit_mw.http.headers import Headers, retry_after_seconds
+from ratelimit_mw.http.hooks import refuse_async
 from ratelimit_mw.http.routing import (
     ATTRIBUTE,
     EXEMPT,
@@ -375,6 +376,8 @@ class RateLimit:
                 f"limit_blueprint takes a flask.Blueprint, got {blueprint!r}; for a view "
                 'write @limiter.limit("5/minute")'
             )
+        refuse_async("the Flask extension", [("key", key),
+                                             ("cost", cost if callable(cost) else None)])
         route_limit = RouteLimit.make(rates, key=key, cost=cost,
                                       name=name or _blueprint_name(blueprint))
         return limit_decorator(route_limit)(cast(Any, blueprint))  # type: ignore[no-any-return]

@@ -141,7 +141,7 @@ async def test_the_fastapi_dependency_awaits_async_hooks(prefix: str) -> None:
 
 
 def test_async_hooks_are_a_configuration_error_under_wsgi_and_flask(prefix: str) -> None:
-    from flask import Flask
+    from flask import Blueprint, Flask
 
     from ratelimit_mw import wsgi
     from ratelimit_mw.flask import RateLimit
@@ -163,6 +163,8 @@ def test_async_hooks_are_a_configuration_error_under_wsgi_and_flask(prefix: str)
             Flask(__name__), limiter=sync_limiter, exempt_when=Awaitable())),
         ("key=user_key", lambda: sync_limiter.limit("1/minute", key=user_key)),
         ("rates=three_a_minute", lambda: sync_limiter.limit(three_a_minute)),
+        ("cost=cost_of_two", lambda: RateLimit(Flask(__name__), limiter=sync_limiter)
+         .limit_blueprint(Blueprint("b", __name__), "1/minute", cost=cost_of_two)),
     ]
     for named, build in cases:
         with pytest.raises(rl.ConfigurationError) as raised:

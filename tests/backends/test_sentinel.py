@@ -185,9 +185,10 @@ async def test_the_async_backend_follows_the_announcement_not_the_demotion(
 ) -> None:
     """After SENTINEL FAILOVER the async checks move to the promoted replica as soon as a
     sentinel announces it (+failover-state-wait-promotion, +switch-master), while the old
-    primary still takes writes as a primary: every count written there until its demotion (seconds later) is thrown away
-    when it becomes a replica. Here the checks reach the new primary before the old one is
-    demoted, and every check of the switch is decided (none refused, none failed)."""
+    primary still takes writes as a primary: every count written there until its demotion
+    (seconds later) is thrown away when it becomes a replica. Here the checks reach the new
+    primary before the old one is demoted, and every check of the switch is decided (none
+    refused, none failed)."""
     backend = rl.AsyncRedisBackend.from_url(sentinel.url, socket_timeout=0.5)
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     old = sentinel.primary()
