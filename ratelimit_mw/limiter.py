@@ -317,23 +317,24 @@ class _Shared:
                         reply, sent)
         return lane.decide(identity, reply)
 
-    def _check_plan(self, checks: Sequence[Check]) -> plans.Plan:
-        return plans.plan_check(checks, lambda: self._calls(plans.HIT, checks), self._deny,
-                               self._cache_now)
+    def _check_plan(self, checks: Sequence[Check], cached: bool = True) -> plans.Plan:
+        return plans.plan_check(checks, lambda: self._calls(plans.HIT, checks),
+                                self._deny if cached else None, self._cache_now)
 
-    def _attempt(self, checks: Sequence[Check]) -> plans.Plan:
-        """`_check_plan`, reporting to the metrics hook when one is set."""
+    def _attempt(self, checks: Sequence[Check], cached: bool = True) -> plans.Plan:
+        """`_check_plan`, reporting to the metrics hook when one is set; `cached` False:
+        the store answers, the deny cache is neither asked nor told (`probe`)."""
         if self.metrics is None:
-            return (yield from self._check_plan(checks))
-        deny = self._deny
+            return (yield from self._check_plan(checks, cached))
+        deny = self._deny if cached else None
         if deny is not None:
-            cached = deny.lookup(checks, self._cache_now())
-            if cached is not None:
+            found = deny.lookup(checks, self._cache_now())
+            if found is not None:
                 self._report(checks, REFUSED, 0.0)
-                return cached
+                return found
         started = time.perf_counter()
         try:
-            decision = yield from self._check_plan(checks)
+            decision = yield from self._check_plan(checks, cached)
         except BackendError:
             self._report(checks, BACKEND_ERROR, time.perf_counter() - started)
             raise
@@ -462,6 +463,12 @@ class Limiter(_Shared):
             if step is not None:
                 return step
         return self._drive(self._attempt(checks))
+
+    def probe(self, checks: Sequence[Check]) -> Decision:
+        """`check`, answered by the store, never by the deny cache: the middleware's
+        breaker probes with it (a cached answer would close the breaker on a store that
+        was never asked)."""
+        return self._drive(self._attempt(checks, cached=False))
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
@@ -604,6 +611,11 @@ class AsyncLimiter(_Shared):
         if isinstance(found, Decision):
             return found
         return await self.ask(checks, found is LAPSED)
+
+    async def probe(self, checks: Sequence[Check], timeout: float | None = None) -> Decision:
+        """`check`, answered by the store, never by the deny cache (see `Limiter.probe`);
+        TimeoutError after `timeout` seconds."""
+        return await bounded(self._drive(self._attempt(checks, cached=False)), timeout)
 
     def replay(self, checks: Sequence[Check]) -> Decision | Lapsed | None:
         """The first half of `check`, without I/O: the deny cache's answer to this very call

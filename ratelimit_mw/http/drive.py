@@ -25,10 +25,18 @@ Verdict = Admit | Refuse | Unavailable
 def check_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verdict:
     if not guard.may_call():
         return guard.failed(request, plan, None)
+    return _asked_sync(guard, limiter, plan, request)
+
+
+def _asked_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verdict:
+    """`check_sync` once the breaker let the call through."""
     # Timed only where an event reports it (a shadow refusal); a clock read costs otherwise.
     start = perf_counter() if guard.shadow else 0.0
     try:
-        decision = limiter.check(plan.checks)
+        # The breaker's probe (it is still open) must reach the store: the deny cache's
+        # answer would close it on a store nobody asked.
+        decision = (limiter.probe(plan.checks) if guard.breaker.is_open
+                    else limiter.check(plan.checks))
     except Exception as exc:  # anything from the backend call: never a 500
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)
@@ -37,15 +45,23 @@ def check_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verd
 async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: Any) -> Verdict:
     if not guard.may_call():
         return guard.failed(request, plan, None)
+    return await _asked_async(guard, limiter, plan, request)
+
+
+async def _asked_async(guard: Guard, limiter: AsyncLimiter, plan: Plan,
+                       request: Any) -> Verdict:
     start = perf_counter() if guard.shadow else 0.0
     try:
-        # The deny cache answers without I/O: no deadline for that; the store's answer is
-        # bounded by the limiter (see AsyncLimiter.ask).
-        found = limiter.replay(plan.checks)
-        if isinstance(found, Decision):
-            decision = found
+        if guard.breaker.is_open:  # the breaker's probe: the store's answer (check_sync)
+            decision = await limiter.probe(plan.checks, guard.timeout)
         else:
-            decision = await limiter.ask(plan.checks, found is LAPSED, guard.timeout)
+            # The deny cache answers without I/O: no deadline for that; the store's answer
+            # is bounded by the limiter (see AsyncLimiter.ask).
+            found = limiter.replay(plan.checks)
+            if isinstance(found, Decision):
+                decision = found
+            else:
+                decision = await limiter.ask(plan.checks, found is LAPSED, guard.timeout)
     except Exception as exc:  # "never a 500" covers whatever a backend raises
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)
@@ -90,6 +106,8 @@ def lane_sync(guard: Guard, limiter: Limiter, lane: Lane, selection: Selection,
     only where a verdict needs it (a failure, a refusal)."""
     if not guard.may_call():
         return guard.lane_failed(request, lane, identity, selection, None)
+    if guard.breaker.is_open:  # the breaker's probe: the store's answer (check_sync)
+        return _asked_sync(guard, limiter, guard.lane_plan(lane, identity, selection), request)
     start = perf_counter() if guard.shadow else 0.0
     try:
         decision = limiter.lane_hit(lane, identity)
@@ -102,6 +120,9 @@ async def lane_async(guard: Guard, limiter: AsyncLimiter, lane: Lane, selection:
                      identity: str, request: Any) -> Verdict:
     if not guard.may_call():
         return guard.lane_failed(request, lane, identity, selection, None)
+    if guard.breaker.is_open:  # the breaker's probe: the store's answer (check_sync)
+        return await _asked_async(guard, limiter, guard.lane_plan(lane, identity, selection),
+                                  request)
     start = perf_counter() if guard.shadow else 0.0
     try:
         decision = await limiter.lane_hit(lane, identity, guard.timeout)

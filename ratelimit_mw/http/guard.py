@@ -527,6 +527,11 @@ class Guard:
             return self._admit(decision, selection, [lane.check(identity)])
         return self.decided(request, _lane_plan(lane, identity, selection), decision, started)
 
+    @staticmethod
+    def lane_plan(lane: Lane, identity: str, selection: Selection) -> Plan:
+        """The plan a lane's check stands for."""
+        return _lane_plan(lane, identity, selection)
+
     def lane_failed(self, request: Any, lane: Lane, identity: str, selection: Selection,
                     exc: BaseException | None) -> Admit | Refuse | Unavailable:
         """`failed` for a lane's check, its plan built now."""

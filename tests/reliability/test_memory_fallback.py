@@ -108,3 +108,33 @@ def test_memory_is_a_failure_policy_the_configuration_accepts() -> None:
     with pytest.raises(rl.ConfigurationError, match='"memory"'):
         asgi.RateLimitMiddleware(PlainTextResponse("ok"), rl.AsyncLimiter(),
                                  default="1/minute", on_backend_error="memroy")
+
+
+def test_a_probe_answered_by_the_deny_cache_neither_closes_the_breaker_nor_drops_the_memory(
+    private_redis: Callable[..., PrivateRedis], prefix: str,
+) -> None:
+    """The cool-down's probe is asked of the store itself: a refused client's request,
+    answered in process by the deny cache, would close the breaker on a store nobody asked,
+    and the memory's counts would go with it (a 3/minute rule admitted 3 more every
+    cool-down: about 3 a second)."""
+    server = private_redis()
+    backend = rl.RedisBackend.from_url(server.url)
+    limiter = rl.Limiter(backend, prefix=prefix)
+    middleware = wsgi.RateLimitMiddleware(
+        _wsgi_ok, limiter, key=keys.header("x-client"),
+        rules=[wsgi.Rule("/login", "3/minute")], on_backend_error="memory")
+    clock = install_clock(middleware)
+    transport = httpx.WSGITransport(app=middleware)
+    with httpx.Client(transport=transport, base_url="http://t") as client:
+        def login(who: str) -> int:
+            return client.get("/login", headers={"x-client": who}).status_code
+
+        assert [login("refused") for _ in range(4)] == [200] * 3 + [429]  # now deny-cached
+        server.stop()
+        assert [login("a") for _ in range(4)] == [200] * 3 + [429]
+        for _ in range(3):
+            clock.advance(1.1)  # the cool-down is over: the next request is the probe
+            login("refused")  # the probe fails: the memory answers it (it starts empty)
+            assert middleware.guard.breaker.is_open
+            assert [login("a") for _ in range(2)] == [429, 429]  # the memory kept its count
+    backend.close()
