@@ -138,8 +138,10 @@ class Settings:
                     "a rate limiter writes: give it the primary, sentinel.master_for(...), "
                     "not a replica (slave_for)"
                 )
-            locate = pool.get_master_address
             sentinels, service = tuple(pool.sentinel_manager.sentinels), pool.service_name
+            # Asked on the running loop's own connections: redis-py's sentinel clients
+            # belong to the loop they first ran on.
+            locate = functools.partial(_sentinel.primary_of, sentinels, service)
         timeout = kwargs.get("socket_timeout")
         return cls(
             host=kwargs.get("host") or "localhost",
@@ -401,6 +403,11 @@ class _Protocol(asyncio.Protocol):
             self.close(RedisTimeoutError("Timeout reading from Redis"))
 
 
+# How long an announced primary is where connects go before the sentinels are asked again
+# (they all name it within a second or two of the announcement).
+ANNOUNCED_FOR = 10.0
+
+
 def consume(task: asyncio.Task[Any]) -> None:
     """Retrieve a shared task's outcome, so that a failure nobody awaited is not logged."""
     if not task.cancelled():
@@ -421,6 +428,7 @@ class PipelinedConnection:
         # not all know of the switch yet).
         self._listeners: list[asyncio.Task[None]] = []
         self._announced: tuple[str, int] | None = None
+        self._announced_until = 0.0  # loop time: then the sentinels are asked again
 
     @classmethod
     def for_client(cls, client: Any) -> PipelinedConnection:
@@ -561,6 +569,8 @@ class PipelinedConnection:
         retried once), not when that server is demoted seconds later: every count written
         to it meanwhile would be lost with it."""
         self._announced = (host, port)
+        if self._bound is not None:
+            self._announced_until = self._bound[0].time() + ANNOUNCED_FOR
         protocol = self._protocol
         if protocol is not None and protocol.lost is None and protocol.address != (host, port):
             protocol.close(RedisConnectionError(
@@ -588,8 +598,11 @@ class PipelinedConnection:
                 lambda: _Protocol(loop, timeout), settings.path)
         else:
             host, port = settings.host, settings.port
-            if self._announced is not None:
-                (host, port), self._announced = self._announced, None
+            announced = self._announced
+            if announced is not None and loop.time() >= self._announced_until:
+                announced = self._announced = None  # long past: the sentinels know by now
+            if announced is not None:
+                host, port = announced
             elif settings.locate is not None:
                 host, port = await settings.locate()
             _, protocol = await loop.create_connection(
@@ -601,6 +614,16 @@ class PipelinedConnection:
             # Timed out, refused or cancelled half-way: never keep it half set up.
             protocol.close(RedisConnectionError("connection set-up failed"))
             raise
+        announced = self._announced
+        if announced is not None:
+            if announced != protocol.address:
+                # A switch was announced while this connection was being made: the retry
+                # that this error starts goes to the announced primary.
+                protocol.close(RedisConnectionError("Sentinel announced a new primary"))
+                raise RedisConnectionError(
+                    f"Sentinel announced a new primary at {announced[0]}:{announced[1]} "
+                    "while connecting")
+            self._announced = None  # reached: later connects ask the sentinels again
         return protocol
 
     async def _handshake(self, protocol: _Protocol) -> None:
@@ -646,6 +669,9 @@ class PipelinedConnection:
             protocol.close(RedisConnectionError("connection closed"))
 
     async def aclose(self) -> None:
-        listeners = self._listeners
+        bound = self._bound
+        # Listeners can be awaited on their own loop only (another may have closed).
+        listeners = self._listeners if bound is not None and (
+            bound[0] is asyncio.get_running_loop()) else []
         self.close()
         await asyncio.gather(*listeners, return_exceptions=True)

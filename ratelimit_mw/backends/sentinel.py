@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -55,17 +56,16 @@ class _AsyncFollowingTLS(_AsyncFollowing, redis.asyncio.sentinel.SentinelManaged
     pass
 
 
+@functools.cache
 def following(connection_class: type) -> type:
     """The class that makes a sync connection like `connection_class` but follows the
-    sentinels on every connect (for a client built outside ``from_url`` too); any other
-    class as it is."""
+    sentinels on every connect (for a client built outside ``from_url`` too: a subclass
+    of the user's keeps its own methods); any other class as it is."""
     if not issubclass(connection_class, redis.sentinel.SentinelManagedConnection):
         return connection_class
     if issubclass(connection_class, _Following):
         return connection_class
-    if issubclass(connection_class, redis.sentinel.SentinelManagedSSLConnection):
-        return _FollowingTLS
-    return _Following
+    return type(f"Following{connection_class.__name__}", (_Following, connection_class), {})
 
 
 def client(spec: BackendURL, kwargs: dict[str, Any], *, asyncio: bool) -> Any:
@@ -111,10 +111,7 @@ async def listen(sentinel: Any, service: str, switched: Callable[[str, int], Non
     subscribed to again, one second later, for as long as the listener runs.
     """
     while True:
-        # RESP2: under RESP3 (redis-py 8's default) redis-py hands published messages to a
-        # push handler instead of returning them.
-        pool = sentinel.connection_pool
-        connection = pool.connection_class(**{**pool.connection_kwargs, "protocol": 2})
+        connection = _connection(sentinel)
         try:
             await connection.connect()
             await connection.send_command("SUBSCRIBE", *CHANNELS)
@@ -157,3 +154,39 @@ def announced(message: Any, service: str) -> tuple[str, int] | None:
     if name != service or not port.isdigit():
         return None
     return host, int(port)
+
+
+def _connection(sentinel: Any) -> Any:
+    """A new connection to one sentinel, made with its client's settings on the running
+    loop (a redis.asyncio client's pool belongs to the loop it first ran on). RESP2: under
+    RESP3 (redis-py 8's default) redis-py hands published messages to a push handler
+    instead of returning them."""
+    pool = sentinel.connection_pool
+    return pool.connection_class(**{**pool.connection_kwargs, "protocol": 2})
+
+
+async def primary_of(sentinels: tuple[Any, ...], service: str) -> tuple[str, int]:
+    """The primary that the first sentinel to answer names for `service`
+    (``SENTINEL GET-MASTER-ADDR-BY-NAME``), asked on connections of the running loop.
+    MasterNotFoundError (a ConnectionError) when none does."""
+    failures: list[str] = []
+    for sentinel in sentinels:
+        connection = _connection(sentinel)
+        try:
+            await connection.connect()
+            await connection.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
+            reply = await connection.read_response()
+        except Exception as exc:  # this sentinel is down: ask the next one
+            failures.append(f"{type(exc).__name__}: {exc}")
+            continue
+        finally:
+            with contextlib.suppress(Exception):
+                await connection.disconnect(nowait=True)
+        if isinstance(reply, (list, tuple)) and len(reply) == 2:
+            host, port = (part.decode() if isinstance(part, bytes) else str(part)
+                          for part in reply)
+            return host, int(port)
+        failures.append(f"no primary for {service!r}")
+    raise redis.asyncio.sentinel.MasterNotFoundError(
+        f"no sentinel named a primary for {service!r} ({len(sentinels)} asked: "
+        f"{'; '.join(failures) or 'none'})")

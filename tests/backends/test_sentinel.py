@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import Counter
+from typing import Any
 
 import pytest
 import redis
 from reliability._apps import asgi_app, asgi_client, install_clock
-from reliability._support import refused_port
+from reliability._support import PrivateRedis, refused_port
 from sentinel import LocalSentinel
 
 import ratelimit_mw as rl
@@ -259,3 +260,90 @@ def test_an_announcement_names_the_new_primary_of_its_service_only(
     from ratelimit_mw.backends.sentinel import announced
 
     assert announced(message, "mymaster") == primary
+
+
+async def test_a_switch_announced_while_connecting_is_followed_and_survives_a_failed_connect(
+) -> None:
+    """An announcement that comes while a connection is being made to the old primary is
+    not lost: that connection is given up and the retry goes to the announced one. One
+    whose first connect fails is still where the next connect goes (the sentinels asked
+    instead may still name the old primary)."""
+    from ratelimit_mw.backends.pipeline import PipelinedConnection, Settings
+    from tests.conftest import REDIS_URL
+
+    old = ("127.0.0.1", redis.Redis.from_url(REDIS_URL).connection_pool.connection_kwargs[
+        "port"])
+    new = PrivateRedis().start()
+    connection: PipelinedConnection
+
+    async def locate() -> tuple[str, int]:
+        connection._switched("127.0.0.1", new.port)  # announced while connecting
+        return old
+
+    connection = PipelinedConnection(Settings(host=old[0], port=old[1], locate=locate,
+                                              timeout=2, connect_timeout=2))
+    try:
+        assert await connection.command("PING") == b"PONG"
+        assert connection._protocol.address == ("127.0.0.1", new.port)  # type: ignore[union-attr]
+        new.stop()
+        connection._switched("127.0.0.1", new.port)  # announced, and down for a moment
+        with pytest.raises(redis.ConnectionError):
+            await connection.command("PING")
+        new.start()
+        assert await connection.command("PING") == b"PONG"
+        assert connection._protocol.address == ("127.0.0.1", new.port)  # type: ignore[union-attr]
+    finally:
+        await connection.aclose()
+        new.kill()
+
+
+def test_a_sentinel_backend_serves_each_event_loop_and_closes_from_another(
+    sentinel: LocalSentinel, prefix: str,
+) -> None:
+    """The sentinels are asked on connections of the running loop (redis-py's sentinel
+    clients belong to the loop they first ran on), and the listeners of a loop that has
+    gone are not awaited on another."""
+    backend = rl.AsyncRedisBackend.from_url(sentinel.url, socket_timeout=1)
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
+    policy = rl.Policy("5/minute", name="loops")
+    first = asyncio.run(limiter.hit(policy, "u"))
+    second = asyncio.run(limiter.hit(policy, "u"))
+    assert (first.remaining, second.remaining) == (4, 3)
+    asyncio.run(backend.aclose())
+    primary = primary_client(sentinel)
+    try:
+        for key in primary.scan_iter(match=f"{prefix}:*"):
+            primary.delete(key)
+    finally:
+        primary.close()
+
+
+def test_a_users_sentinel_connection_class_keeps_its_methods_on_the_sync_backend(
+    sentinel: LocalSentinel, prefix: str,
+) -> None:
+    import redis.sentinel
+
+    from ratelimit_mw.backends.sentinel import following
+
+    connects: list[int] = []
+
+    class Audited(redis.sentinel.SentinelManagedConnection):
+        def _connect(self) -> Any:
+            connects.append(self.port)
+            return super()._connect()
+
+    assert issubclass(following(Audited), Audited) and following(Audited) is following(Audited)
+    client = redis.sentinel.Sentinel(
+        [("127.0.0.1", port) for port in sentinel.sentinel_ports],
+        sentinel_kwargs={"socket_timeout": 1}).master_for(
+            sentinel.service, connection_class=Audited, socket_timeout=1)
+    backend = rl.RedisBackend(client)
+    try:
+        assert rl.Limiter(backend, prefix=prefix, deny_cache=0).hit("5/minute", "u").allowed
+        assert connects == [sentinel.primary()]  # its own _connect ran, on the primary
+    finally:
+        backend.close()
+        primary = primary_client(sentinel)
+        for key in primary.scan_iter(match=f"{prefix}:*"):
+            primary.delete(key)
+        primary.close()
