@@ -85,15 +85,21 @@ async def test_asgi_limits_in_memory_through_an_outage_and_drops_it_after(
     assert after == [200] * kept + [429] * (6 - kept)
 
 
+def _wsgi_login(server: PrivateRedis, prefix: str, rate: str
+                ) -> tuple[wsgi.RateLimitMiddleware, Any]:
+    """A WSGI app whose /login is limited to `rate` per X-Client, failing over to memory."""
+    backend = rl.RedisBackend.from_url(server.url)
+    middleware = wsgi.RateLimitMiddleware(
+        _wsgi_ok, rl.Limiter(backend, prefix=prefix), key=keys.header("x-client"),
+        rules=[wsgi.Rule("/login", rate)], on_backend_error="memory")
+    return middleware, backend
+
+
 def test_wsgi_limits_in_memory_while_redis_is_down(
     private_redis: Callable[..., PrivateRedis], prefix: str,
 ) -> None:
     server = private_redis()
-    backend = rl.RedisBackend.from_url(server.url)
-    limiter = rl.Limiter(backend, prefix=prefix)
-    middleware = wsgi.RateLimitMiddleware(
-        _wsgi_ok, limiter, key=keys.header("x-client"),
-        rules=[wsgi.Rule("/login", "5/minute")], on_backend_error="memory")
+    middleware, backend = _wsgi_login(server, prefix, "5/minute")
     transport = httpx.WSGITransport(app=middleware)
     with httpx.Client(transport=transport, base_url="http://t") as client:
         assert client.get("/login", headers={"x-client": "w"}).status_code == 200
@@ -118,11 +124,7 @@ def test_a_probe_answered_by_the_deny_cache_neither_closes_the_breaker_nor_drops
     and the memory's counts would go with it (a 3/minute rule admitted 3 more every
     cool-down: about 3 a second)."""
     server = private_redis()
-    backend = rl.RedisBackend.from_url(server.url)
-    limiter = rl.Limiter(backend, prefix=prefix)
-    middleware = wsgi.RateLimitMiddleware(
-        _wsgi_ok, limiter, key=keys.header("x-client"),
-        rules=[wsgi.Rule("/login", "3/minute")], on_backend_error="memory")
+    middleware, backend = _wsgi_login(server, prefix, "3/minute")
     clock = install_clock(middleware)
     transport = httpx.WSGITransport(app=middleware)
     with httpx.Client(transport=transport, base_url="http://t") as client:
