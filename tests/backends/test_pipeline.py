@@ -275,7 +275,7 @@ def test_a_reply_that_came_while_the_loop_was_stalled_past_the_give_up_is_read(
     in the socket by then, so the call has it instead of failing open (under uvloop the
     timer runs before the poll that would read it)."""
     async def main() -> tuple[Any, bool]:
-        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=10)
+        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=10, socket_connect_timeout=2)
         try:
             await backend.aping()  # connected
             loop = asyncio.get_running_loop()
@@ -295,7 +295,8 @@ def test_a_reply_that_came_while_the_loop_was_stalled_past_the_socket_timeout_is
     """The same for the connection's own deadline (`socket_timeout`): the connection is
     kept, not dropped as if Redis had hung."""
     async def main() -> tuple[Any, bool]:
-        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=0.05)
+        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=0.05,
+                                                socket_connect_timeout=2)
         try:
             await backend.aping()
             protocol = backend._pipe.ready()
@@ -318,7 +319,7 @@ def test_a_call_written_after_its_deadline_by_a_busy_loop_has_its_answer(
     read before `send_late` runs, so the call leaves at once and this only checks that it
     has its answer (the `*_stalled_*` tests above are uvloop's)."""
     async def main() -> list[Any]:
-        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=10)
+        backend = rl.AsyncRedisBackend.from_url(REDIS, socket_timeout=10, socket_connect_timeout=2)
         try:
             await backend.aping()
             loop = asyncio.get_running_loop()
