@@ -3,9 +3,10 @@
 ``from_url`` builds a client with defaults that keep an outage cheap. redis-py's own defaults
 (5 s socket timeouts, retries with backoff) make one call against a down Redis take ~4.4 s,
 and ~60 s when SYNs are dropped; a rate limiter must never hold a request that long. The URL
-is checked first (urls.py); Sentinel clients come from sentinel.py. On asyncio, plain TCP
-clients, single node or cluster, are driven through pipelined connections of our own
-(pipeline.py, cluster.py); the rest through redis-py.
+is checked first (urls.py); Sentinel clients come from sentinel.py. On asyncio every client,
+single node or cluster, whatever its transport, is driven through pipelined connections of
+our own that mirror it (pipeline.py, cluster.py); sync clients through a connection per
+thread (a single node) or redis-py's cluster client.
 
 ``ping()`` / ``aping()`` are the start-up check: connect, load the script on every primary,
 report the server's version and one round trip, or raise BackendError.
@@ -42,7 +43,7 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     redis = None  # type: ignore[assignment]
 
-try:  # the pipelined async path needs hiredis (the [hiredis] extra); without it, redis-py's
+try:  # the async backend needs hiredis (the [redis] extra brings it): AsyncRedisBackend says so
     from ratelimit_mw.backends import pipeline as _pipeline
     from ratelimit_mw.backends.cluster import PipelinedCluster
 except ImportError:  # pragma: no cover - exercised only without hiredis
