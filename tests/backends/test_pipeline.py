@@ -60,6 +60,15 @@ def test_the_tls_context_is_redis_pys_own_with_the_clients_ssl_options() -> None
     assert required.verify_mode == ssl.CERT_REQUIRED and required.check_hostname
 
 
+def test_a_tls_cluster_mirrors_its_tls_on_every_node() -> None:
+    client = redis.asyncio.RedisCluster(host="127.0.0.1", port=7000, ssl=True,
+                                        ssl_cert_reqs="none")
+    cluster = rl.AsyncRedisBackend(client)._pipe
+    node = cluster.connection(("127.0.0.1", 7001)).settings
+    assert node.tls is cluster.settings.tls is not None and (node.host, node.port) == (
+        "127.0.0.1", 7001)
+
+
 def test_a_connection_class_it_cannot_mirror_is_refused_with_what_to_write() -> None:
     class Custom(redis.asyncio.connection.AbstractConnection):
         pass
