@@ -184,7 +184,7 @@ class RateLimitDependency:
         method: str = scope["method"]
         preflight = method == "OPTIONS" and "access-control-request-method" in request.headers
         selection = self._selection(scope.get("endpoint"))
-        hooks = guard.hooks(selection)
+        hooks = guard.hooks(selection, preflight)
         answers = await answer_all(hooks, request) if hooks else None
         plan: Plan | None = guard.plan(selection, request, method, preflight, answers)
         if plan is None:

@@ -141,7 +141,7 @@ class Settings:
             sentinels, service = tuple(pool.sentinel_manager.sentinels), pool.service_name
             # Asked on the running loop's own connections: redis-py's sentinel clients
             # belong to the loop they first ran on.
-            locate = functools.partial(_sentinel.primary_of, sentinels, service)
+            locate = functools.partial(_sentinel.primary_of, pool.sentinel_manager, service)
         timeout = kwargs.get("socket_timeout")
         return cls(
             host=kwargs.get("host") or "localhost",
@@ -429,6 +429,7 @@ class PipelinedConnection:
         self._listeners: list[asyncio.Task[None]] = []
         self._announced: tuple[str, int] | None = None
         self._announced_until = 0.0  # loop time: then the sentinels are asked again
+        self._dialled = settings.where()  # the address of the last connect, for messages
 
     @classmethod
     def for_client(cls, client: Any) -> PipelinedConnection:
@@ -580,13 +581,14 @@ class PipelinedConnection:
         """Connect (TCP, TLS or unix; to the primary the sentinels name now, under
         Sentinel) and set the connection up, all within the connect timeout."""
         settings = self.settings
+        self._dialled = settings.where()
         try:
             protocol = await asyncio.wait_for(self._establish(loop), settings.connect_timeout)
         except asyncio.TimeoutError as exc:
-            raise RedisTimeoutError(f"Timeout connecting to {settings.where()}") from exc
+            raise RedisTimeoutError(f"Timeout connecting to {self._dialled}") from exc
         except OSError as exc:
             raise RedisConnectionError(
-                f"Error connecting to {settings.where()}: {exc}") from exc
+                f"Error connecting to {self._dialled}: {exc}") from exc
         self._protocol = protocol
         return protocol
 
@@ -605,6 +607,7 @@ class PipelinedConnection:
                 host, port = announced
             elif settings.locate is not None:
                 host, port = await settings.locate()
+            self._dialled = f"{host}:{port}"
             _, protocol = await loop.create_connection(
                 lambda: _Protocol(loop, timeout), host, port, ssl=settings.tls)
             protocol.address = (host, port)

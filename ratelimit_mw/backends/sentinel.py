@@ -165,28 +165,57 @@ def _connection(sentinel: Any) -> Any:
     return pool.connection_class(**{**pool.connection_kwargs, "protocol": 2})
 
 
-async def primary_of(sentinels: tuple[Any, ...], service: str) -> tuple[str, int]:
-    """The primary that the first sentinel to answer names for `service`
-    (``SENTINEL GET-MASTER-ADDR-BY-NAME``), asked on connections of the running loop.
-    MasterNotFoundError (a ConnectionError) when none does."""
+async def primary_of(manager: Any, service: str) -> tuple[str, int]:
+    """The primary of `service` as redis-py's ``Sentinel.discover_master`` finds it (the
+    first sentinel whose view passes `manager.check_master_state`: a primary not flagged
+    down, seen with enough other sentinels; ``force_master_ip`` applied; that sentinel
+    asked first next time), but asked on connections of the running loop: redis-py's
+    sentinel clients belong to the loop they first ran on. MasterNotFoundError (a
+    ConnectionError) when none names one."""
     failures: list[str] = []
-    for sentinel in sentinels:
+    sentinels = manager.sentinels
+    for index, sentinel in enumerate(list(sentinels)):
         connection = _connection(sentinel)
         try:
             await connection.connect()
-            await connection.send_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
+            await connection.send_command("SENTINEL", "MASTER", service)
             reply = await connection.read_response()
-        except Exception as exc:  # this sentinel is down: ask the next one
+        except Exception as exc:  # down, or it does not watch `service`: ask the next one
             failures.append(f"{type(exc).__name__}: {exc}")
             continue
         finally:
             with contextlib.suppress(Exception):
                 await connection.disconnect(nowait=True)
-        if isinstance(reply, (list, tuple)) and len(reply) == 2:
-            host, port = (part.decode() if isinstance(part, bytes) else str(part)
-                          for part in reply)
-            return host, int(port)
-        failures.append(f"no primary for {service!r}")
+        state = _master_state(reply)
+        if state is None or not manager.check_master_state(state, service):
+            failures.append(f"a sentinel sees no healthy primary for {service!r}")
+            continue
+        if index and index < len(sentinels):
+            sentinels[0], sentinels[index] = sentinels[index], sentinels[0]
+        forced = getattr(manager, "_force_master_ip", None)
+        return (forced if forced is not None else state["ip"]), state["port"]
     raise redis.asyncio.sentinel.MasterNotFoundError(
         f"no sentinel named a primary for {service!r} ({len(sentinels)} asked: "
         f"{'; '.join(failures) or 'none'})")
+
+
+def _master_state(reply: Any) -> dict[str, Any] | None:
+    """``SENTINEL MASTER``'s field list as redis-py's parsed state (the fields
+    ``check_master_state`` reads)."""
+    if not isinstance(reply, (list, tuple)) or len(reply) % 2:
+        return None
+    fields = {(k.decode() if isinstance(k, bytes) else str(k)):
+              (v.decode() if isinstance(v, bytes) else str(v))
+              for k, v in zip(reply[::2], reply[1::2], strict=True)}
+    try:
+        flags = set(fields["flags"].split(","))
+        return {
+            "ip": fields["ip"],
+            "port": int(fields["port"]),
+            "is_master": "master" in flags,
+            "is_sdown": "s_down" in flags,
+            "is_odown": "o_down" in flags,
+            "num-other-sentinels": int(fields.get("num-other-sentinels", 0)),
+        }
+    except (KeyError, ValueError):
+        return None

@@ -92,9 +92,7 @@ async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection
         if identity is None:
             return None
         return await lane_async(guard, limiter, lane, selection, identity, request)
-    hooks = guard.hooks(selection)
-    if hooks and preflight and not guard.charge_preflight:
-        return None  # uncharged: its async hooks are not run for nothing
+    hooks = guard.hooks(selection, preflight)
     answers = await answer_all(hooks, request) if hooks else None
     plan = guard.plan(selection, request, method, preflight, answers)
     if plan is None:

@@ -344,9 +344,13 @@ class Guard:
         return Lane(single.policy, single.cost, self._lane_prefix)  # type: ignore[arg-type]
 
     # -- the checks of one request ---------------------------------------------------------
-    def hooks(self, selection: Selection) -> tuple[Callable[[Any], Any], ...]:
+    def hooks(self, selection: Selection, preflight: bool = False
+              ) -> tuple[Callable[[Any], Any], ...]:
         """The async hooks planning `selection` asks: an ASGI adapter awaits them
-        (`hooks.answer_all`) and hands their answers to `plan`."""
+        (`hooks.answer_all`) and hands their answers to `plan`. None for an uncharged
+        preflight, which `plan` answers without them."""
+        if preflight and not self.charge_preflight:
+            return ()
         return self._exempt_hooks + selection.hooks if self._exempt_hooks else selection.hooks
 
     def plan(self, selection: Selection, request: Any, method: str,

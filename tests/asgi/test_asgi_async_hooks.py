@@ -140,6 +140,36 @@ async def test_the_fastapi_dependency_awaits_async_hooks(prefix: str) -> None:
     assert await statuses(api, 3, {"x-user": "f"}) == [200, 200, 429]
 
 
+async def test_an_uncharged_preflight_runs_no_async_hook(prefix: str) -> None:
+    from fastapi import Depends, FastAPI
+
+    from ratelimit_mw.fastapi import RateLimitDependency
+
+    asked: list[str] = []
+
+    async def counting_key(request: Request) -> str:
+        asked.append(request.method)
+        return "k"
+
+    limiter = rl.AsyncLimiter(rl.MemoryBackend(), prefix=prefix)
+    api = FastAPI()
+
+    @api.api_route("/", methods=["GET", "OPTIONS"],
+                   dependencies=[Depends(RateLimitDependency(limiter, "5/minute",
+                                                             key=counting_key))])
+    async def root() -> dict[str, str]:
+        return {"ok": "yes"}
+
+    preflight = {"origin": "http://x", "access-control-request-method": "GET"}
+    middleware = app(limiter, default="5/minute", key=counting_key)
+    for target in (api, middleware):
+        transport = httpx.ASGITransport(app=target)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            for _ in range(3):
+                await client.options("/", headers=preflight)
+    assert asked == []
+
+
 def test_async_hooks_are_a_configuration_error_under_wsgi_and_flask(prefix: str) -> None:
     from flask import Blueprint, Flask
 

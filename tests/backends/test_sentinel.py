@@ -347,3 +347,32 @@ def test_a_users_sentinel_connection_class_keeps_its_methods_on_the_sync_backend
         for key in primary.scan_iter(match=f"{prefix}:*"):
             primary.delete(key)
         primary.close()
+
+
+async def test_the_primary_is_found_as_redis_py_finds_it_on_the_running_loop(
+    sentinel: LocalSentinel,
+) -> None:
+    """`primary_of` asks on connections of its own, but decides as redis-py's
+    discover_master does: a server that is no sentinel is passed over (and the one that
+    answered is asked first next time), force_master_ip applies, and a sentinel that sees
+    too few others names nothing."""
+    import redis.asyncio.sentinel
+
+    from ratelimit_mw.backends.sentinel import primary_of
+    from tests.conftest import REDIS_URL
+
+    addresses = [("127.0.0.1", port) for port in sentinel.sentinel_ports]
+    manager = redis.asyncio.sentinel.Sentinel(addresses, sentinel_kwargs={"socket_timeout": 1})
+    not_a_sentinel = redis.asyncio.Redis.from_url(REDIS_URL)
+    manager.sentinels.insert(0, not_a_sentinel)
+    assert await primary_of(manager, sentinel.service) == ("127.0.0.1", sentinel.primary())
+    assert manager.sentinels[0] is not not_a_sentinel
+    forced = redis.asyncio.sentinel.Sentinel(addresses, force_master_ip="10.9.8.7")
+    assert await primary_of(forced, sentinel.service) == ("10.9.8.7", sentinel.primary())
+    strict = redis.asyncio.sentinel.Sentinel(addresses, min_other_sentinels=5)
+    with pytest.raises(redis.asyncio.sentinel.MasterNotFoundError, match="no sentinel"):
+        await primary_of(strict, sentinel.service)
+    with pytest.raises(redis.asyncio.sentinel.MasterNotFoundError):
+        await primary_of(manager, "no-such-service")
+    for client in (*manager.sentinels, *forced.sentinels, *strict.sentinels):
+        await client.aclose()
