@@ -579,11 +579,15 @@ class PipelinedConnection:
 
     async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
         """Connect (TCP, TLS or unix; to the primary the sentinels name now, under
-        Sentinel) and set the connection up, all within the connect timeout."""
+        Sentinel) and set the connection up within the connect timeout. Asking the
+        sentinels comes first, outside it: each sentinel connection has the client's own
+        timeouts, so a hung sentinel listed first leaves the others time to answer."""
         settings = self.settings
-        self._dialled = settings.where()
+        address = None if settings.path is not None else await self._address(loop)
+        self._dialled = settings.where() if address is None else f"{address[0]}:{address[1]}"
         try:
-            protocol = await asyncio.wait_for(self._establish(loop), settings.connect_timeout)
+            protocol = await asyncio.wait_for(self._establish(loop, address),
+                                              settings.connect_timeout)
         except asyncio.TimeoutError as exc:
             raise RedisTimeoutError(f"Timeout connecting to {self._dialled}") from exc
         except OSError as exc:
@@ -592,25 +596,38 @@ class PipelinedConnection:
         self._protocol = protocol
         return protocol
 
-    async def _establish(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+    async def _address(self, loop: asyncio.AbstractEventLoop) -> tuple[str, int]:
+        """Where a TCP or TLS connect goes: the primary a sentinel announced lately, the
+        one the sentinels name, or the configured address."""
+        settings = self.settings
+        announced = self._announced
+        if announced is not None and loop.time() >= self._announced_until:
+            announced = self._announced = None  # long past: the sentinels know by now
+        if announced is not None:
+            return announced
+        if settings.locate is not None:
+            # A connect timeout per sentinel, all told: each is asked with its own client's
+            # timeouts, and this bounds a client built without any.
+            bound = (None if settings.connect_timeout is None
+                     else settings.connect_timeout * max(1, len(settings.sentinels)))
+            try:
+                return await asyncio.wait_for(settings.locate(), bound)
+            except asyncio.TimeoutError as exc:
+                raise RedisTimeoutError(
+                    f"Timeout asking the sentinels for {settings.service!r}") from exc
+        return settings.host, settings.port
+
+    async def _establish(self, loop: asyncio.AbstractEventLoop,
+                         address: tuple[str, int] | None) -> _Protocol:
         settings = self.settings
         timeout = settings.timeout
-        if settings.path is not None:
+        if address is None:
             _, protocol = await loop.create_unix_connection(
                 lambda: _Protocol(loop, timeout), settings.path)
         else:
-            host, port = settings.host, settings.port
-            announced = self._announced
-            if announced is not None and loop.time() >= self._announced_until:
-                announced = self._announced = None  # long past: the sentinels know by now
-            if announced is not None:
-                host, port = announced
-            elif settings.locate is not None:
-                host, port = await settings.locate()
-            self._dialled = f"{host}:{port}"
             _, protocol = await loop.create_connection(
-                lambda: _Protocol(loop, timeout), host, port, ssl=settings.tls)
-            protocol.address = (host, port)
+                lambda: _Protocol(loop, timeout), *address, ssl=settings.tls)
+            protocol.address = address
         try:
             await self._handshake(protocol)
         except BaseException:

@@ -376,3 +376,28 @@ async def test_the_primary_is_found_as_redis_py_finds_it_on_the_running_loop(
         await primary_of(manager, "no-such-service")
     for client in (*manager.sentinels, *forced.sentinels, *strict.sentinels):
         await client.aclose()
+
+
+async def test_a_hung_sentinel_listed_first_leaves_the_others_time_to_answer(
+    sentinel: LocalSentinel, prefix: str,
+) -> None:
+    """A sentinel that accepts and never answers (a blackholed host) costs its own
+    timeout, not the whole connect: the next sentinel names the primary and the checks
+    go on at the library's defaults."""
+    import socket
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)  # the kernel completes the handshake; nobody ever reads
+        hosts = ",".join(f"127.0.0.1:{port}"
+                         for port in (hung.getsockname()[1], *sentinel.sentinel_ports))
+        backend = rl.AsyncRedisBackend.from_url(
+            f"redis+sentinel://{hosts}/{sentinel.service}/0")
+        try:
+            report = await backend.aping()
+            assert report["backend"] == "redis-sentinel"
+            limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
+            assert (await limiter.hit("5/minute", "u")).remaining == 4
+            await limiter.reset("5/minute", "u")
+        finally:
+            await backend.aclose()
