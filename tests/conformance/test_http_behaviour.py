@@ -248,6 +248,20 @@ def test_backend_down_deny_answers_503_with_retry_after(driver: Driver) -> None:
     assert driver.recorder.names("breaker_open") != []
 
 
+def test_backend_down_memory_limits_in_process_with_headers_and_429s(driver: Driver) -> None:
+    """Every adapter (ASGI, FastAPI, WSGI, Flask): the same limit, decided in memory while
+    the store is down; the 429 carries Retry-After and the RateLimit headers; metrics say
+    backend_error for the call that failed, then fallback."""
+    driver.build(Config(default="2/minute", on_backend_error="memory"),
+                 backend=failing_backend("down"))
+    replies = [driver.request() for _ in range(3)]
+    assert [r.status for r in replies] == [200, 200, 429]
+    assert "ratelimit" in replies[0].headers and replies[2].headers["retry-after"]
+    assert driver.backend.calls == 1
+    assert driver.recorder.names("fallback") != []
+    assert driver.recorder.names("breaker_open") == []
+
+
 # -- hostile requests ----------------------------------------------------------------------
 @pytest.mark.parametrize("headers", [
     {"X-Forwarded-For": "garbage, ::ffff:1.2.3.4, [::1]:99, " + "9" * 5000},
