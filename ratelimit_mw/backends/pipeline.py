@@ -12,10 +12,9 @@ and handed to the waiting futures in the same order. There is no pool, so no poo
 burst of any size is one queue on one socket (redis-py's cluster client raised
 MaxConnectionsError past 100 connections per node, which the middleware took for an outage).
 
-A pool per transport was what broke the guarantees: over TLS a burst opened a connection
-per concurrent call, each handshake inside the 100 ms connect timeout, and they timed out
-into fail-open (400 admitted of 100); redis-py's sentinel pool raised MaxConnectionsError
-at its ceiling. Here a TLS handshake happens once per connection, not per burst.
+No pool, so no pool ceiling (redis-py's sentinel pool raised MaxConnectionsError at its
+ceiling), and a TLS handshake happens once per connection, not once per concurrent call of
+a burst, where a short connect timeout failed them all (docs/guarantees.md has the figures).
 
 The connection mirrors the redis-py client it is given (``Settings.from_kwargs``): its
 connection class says the transport (TLS through redis-py's own SSL context), and its host,

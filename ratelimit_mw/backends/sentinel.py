@@ -98,17 +98,18 @@ async def listen(sentinel: Any, service: str, switched: Callable[[str, int], Non
     each new primary of `service` the moment the sentinel names it (as the Jedis and Lettuce
     sentinel clients do, one step earlier).
 
-    redis-py's clients find a new primary only when the old one fails or is demoted, which
-    after ``SENTINEL FAILOVER`` took 10 s; every count written there meanwhile is thrown
-    away when it becomes a replica. ``+switch-master`` comes a second after the promotion
-    (the sentinels confirm it from the replica's ``INFO``), and counts written to the old
-    primary in that second are lost too (10 % over the limit in benchmarks/
-    sentinel_failover.py). ``+failover-state-wait-promotion`` comes as the sentinel has sent
-    the chosen replica ``REPLICAOF NO ONE``, milliseconds before it is a primary: the switch
-    is made then. (Should that failover be aborted, the replica answers READONLY, and the
-    connection asks the sentinels again: see pipeline.py.) `sentinel` is a redis.asyncio
-    client of one sentinel (its credentials and TLS apply); a sentinel that fails is
-    subscribed to again, one second later, for as long as the listener runs.
+    redis-py's clients find a new primary only when the old one fails or is demoted,
+    seconds after a ``SENTINEL FAILOVER``, and every count written to the old one meanwhile
+    is thrown away when it becomes a replica. ``+switch-master`` comes about a second after
+    the promotion (the sentinels confirm it from the replica's ``INFO``), and the counts of
+    that second would be lost too. ``+failover-state-wait-promotion`` comes as the sentinel
+    has sent the chosen replica ``REPLICAOF NO ONE``: the switch is made then
+    (docs/backends.md has the figures). Should that failover be aborted, the replica
+    answers READONLY and the connection asks the sentinels again (pipeline.py).
+
+    `sentinel` is a redis.asyncio client of one sentinel (its credentials and TLS apply); a
+    sentinel that fails is subscribed to again, one second later, for as long as the
+    listener runs.
     """
     while True:
         connection = _connection(sentinel)
