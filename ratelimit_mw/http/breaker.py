@@ -59,13 +59,13 @@ class Breaker:
         if self.open_until == 0.0:
             return False
         with self._lock:
-            if self.open_until == 0.0:
-                return False
+            closing = self.open_until != 0.0  # another thread may have closed it meanwhile
             self.open_until = 0.0
             down = self._clock() - self._opened_at
-        logger.warning("ratelimit_mw: rate-limit backend answers again after %.1f s; "
-                       "limiting resumed", down)
-        return True
+        if closing:
+            logger.warning("ratelimit_mw: rate-limit backend answers again after %.1f s; "
+                           "limiting resumed", down)
+        return closing
 
     def failed(self, reason: str) -> None:
         with self._lock:
