@@ -61,7 +61,7 @@ def _read_tier(argv: Sequence[Any], b: int, key: str) -> _Tier:
 
 def _read_tiers(keys: Sequence[str], argv: Sequence[Any], n: int) -> list[_Tier]:
     # A loop, not a comprehension: before Python 3.12 a comprehension costs one more function
-    # call, a quarter of this function's time for a call of one to three tiers (measured).
+    # call, a large share of this function's time for a call of a few tiers.
     tiers: list[_Tier] = []
     for i in range(n):
         tiers.append(_read_tier(argv, 5 + 7 * i, keys[i]))  # noqa: PERF401
@@ -277,10 +277,10 @@ class MemoryBackend:
         # (`_due`), a heap of the ms that have one (`_due_times`), and every key in a bucket,
         # once (`_scheduled`). Keys due in the same ms share a bucket (every fixed-window
         # key of one window, a crowd's keys written in one ms), so scheduling a key is
-        # mostly an append and the heap is paid per ms with int comparisons: a heap of
-        # (ms, key) pairs cost a push and a pop of about 1.1 µs per key that expired and
-        # came back (measured), most of a returning identity's hit where its keys live a few
-        # ms (gcra far from its limit).
+        # mostly an append and the heap is paid per ms with int comparisons, where a heap
+        # of (ms, key) pairs costs a push and a pop per key that expired and came back:
+        # most of a returning identity's hit where its keys live a few ms (gcra far from
+        # its limit).
         self._due: dict[int, list[str]] = {}
         self._due_times: list[int] = []
         self._scheduled: set[str] = set()
@@ -644,7 +644,7 @@ class MemoryBackend:
                   now: int, now_us: int) -> _Result:
         interval = -(-period * 1000 // limit)  # ceil
         tolerance = limit * interval
-        # _gc_tat and _gc_ms inlined (three calls per tier: 1 µs of a three-tier hit's 8).
+        # _gc_tat and _gc_ms inlined: three calls per tier are a large share of a hit.
         # How far the TAT is ahead of now, never negative, before the hit and after it.
         v = self._get(key, now)
         ahead = v - now_us if v is not None and v > now_us else 0

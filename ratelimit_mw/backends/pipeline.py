@@ -176,9 +176,9 @@ class _Protocol(asyncio.Protocol):
     the other requests of its iteration. Every command sent while one is in flight is
     buffered and written with the others of its loop iteration in ONE ``transport.write``
     at the next iteration, so a burst costs two send system calls however large it is, not
-    one per check. (Batching the first command too measured 5-10 % less throughput under
-    uvicorn: Redis sat idle while the loop finished its iteration, and the requests waited
-    for it; writing every command at once costs Redis a read per command under load.)
+    one per check. (Batching the first command too left Redis idle while the loop finished
+    its iteration, and the requests waited for it; writing every command at once costs
+    Redis a read per command under load.)
     Redis answers in order, and each chunk of replies is parsed in one pass (hiredis, in
     C), each handed to its future.
 
@@ -193,7 +193,7 @@ class _Protocol(asyncio.Protocol):
     reply is still read in its turn, and dropped. One timer serves every caller (a heap of
     give-up times, entries answered meanwhile dropped when the timer comes), where an
     ``asyncio.timeout`` per call would cost a timer, a context manager and a cancellation
-    path each (about 3 µs).
+    path each.
 
     One look before failing (see ``base.look``): neither timer fails a call before the loop
     has polled for I/O again and the look has passed since the timer found it overdue: 1 ms
