@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import threading
@@ -84,6 +85,10 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=BENCH_DIR.parent)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    # A `timeout` or a closed terminal ends the run through its finally blocks: every
+    # server it started is stopped.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     sentinel = LocalSentinel(Path(tempfile.mkdtemp(prefix="rl-bench-sentinel-")))
     sentinel.start()
     port = free_port()

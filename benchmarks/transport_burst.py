@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -177,6 +178,10 @@ def main() -> None:
                         help="the checkout whose ratelimit_mw is measured")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
+    # A `timeout` or a closed terminal ends the run through its finally blocks: every
+    # server it started is stopped.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: sys.exit(128 + signum))
     results: dict[str, Any] = {"tree": str(args.tree)}
     with servers() as urls:
         for name, url in urls.items():
