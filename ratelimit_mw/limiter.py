@@ -19,14 +19,12 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 from ratelimit_mw.backends.base import AsyncBackend, SyncBackend, bounded
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import plans
+from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
-from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, LAPSED, DenyCache, Lapsed
+from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache, Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
-from ratelimit_mw.core.identity import encode_identity
-from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
-from ratelimit_mw.core.wire import Wire, wire
 from ratelimit_mw.http.hooks import refuse_async
 from ratelimit_mw.http.log import ThrottledLog
 from ratelimit_mw.http.routing import RouteLimit, exempt, limit_decorator
@@ -37,27 +35,20 @@ if TYPE_CHECKING:  # annotations only (they are strings at run time): no depende
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+# Distinct (policy, cost) sets compiled and kept: the middleware's selections, plus those
+# that dynamic limits and costs make per request; cleared whole when full.
+_COMPILED_CACHE_SIZE = 1024
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
-_MEMORY_RUN = MemoryBackend.run
 _MEMORY_ARUN = MemoryBackend.arun
 
 
-def _accepts_parts(backend: object) -> bool:
-    """Whether `backend` is MemoryBackend itself, with no `run` set on the instance: then a
-    hit may go to its `hit_one` or `hit_tiers` as the call's parts. A subclass, or a `run`
-    set on the instance (a test injecting a failure), is given whole calls: it may run or
-    record them its own way. Asked on every hit, so that a backend replaced or patched after
-    the limiter was built is honoured. (Through the bound method, not the instance's
-    ``__dict__``: reading that makes CPython drop the object's inline attribute storage,
-    which slows every later call of the backend.)"""
-    return (type(backend) is MemoryBackend
-            and getattr(backend.run, "__func__", None) is _MEMORY_RUN)
-
-
-def _own_arun(backend: MemoryBackend) -> bool:
-    """Whether `backend`'s `arun` is MemoryBackend's, which calls `run` and answers without
-    yielding (not a subclass's, nor one set on the instance: that one must be awaited)."""
-    return getattr(backend.arun, "__func__", None) is _MEMORY_ARUN
+def _own_arun(backend: Any) -> bool:
+    """Whether `backend` is a MemoryBackend whose `arun` is MemoryBackend's, which calls `run`
+    and answers without yielding: its `run` is then called directly. Not where an `arun` of
+    its own (a subclass's, or one set on the instance) must be awaited; asked on every call,
+    so that a backend patched after the limiter was built is honoured."""
+    return (isinstance(backend, MemoryBackend)
+            and getattr(backend.arun, "__func__", None) is _MEMORY_ARUN)
 
 
 def _at_ms(at: _dt.datetime) -> int:
@@ -90,14 +81,6 @@ class LimiterOptions(TypedDict, total=False):
 class _Shared:
     """Configuration and call building shared by Limiter and AsyncLimiter."""
 
-    # The hit of one policy without penalty or calendar skips the generic machinery (see
-    # `_fast_form`); `_build` and `_decide` are the core's, each with its own shortcut. A
-    # subclass setting the plain ones (tests/test_fast_path.py) takes the generic path
-    # everywhere, which the differential test holds the fast one to.
-    _fast = True
-    _build = staticmethod(plans.build)
-    _decide = staticmethod(plans.decide)
-
     def __init__(
         self,
         backend: Any,
@@ -129,6 +112,7 @@ class _Shared:
             )
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
         self._deny = deny if deny_cache else None
+        self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -173,8 +157,8 @@ class _Shared:
         if self.backend.is_cluster:
             groups = plans.group_by_slot(checks)
         return [
-            self._build(op, group, self.prefix, now_us=now_us, at_ms=at_ms, token=token,
-                       clock_ms=self._clock_ms)
+            plans.build(op, group, self.prefix, now_us=now_us, at_ms=at_ms, token=token,
+                        clock_ms=self._clock_ms)
             for group in groups
         ]
 
@@ -187,143 +171,73 @@ class _Shared:
         down from the moment its call was sent, so it never outlives the store's own)."""
         return time.monotonic_ns() // 1000 if self.clock is None else round(self.clock() * 1e6)
 
-    def _first_step(self, checks: Sequence[Check]) -> Decision | ScriptCall | None:
-        """The common case of `check` without a plan: the store's answer, replayed by the
-        deny cache (a Decision), or the one call that decides (a ScriptCall). None: follow
-        the plan (a cluster, where one request may need a call per slot)."""
-        deny = self._deny
-        if deny is not None and len(deny):
-            cached = deny.lookup(checks, self._cache_now())
-            if cached is not None:
-                return cached
-        if self.backend.is_cluster:
-            return None
-        return self._build(plans.HIT, checks, self.prefix, now_us=self._now_us(),
-                           clock_ms=self._clock_ms)
+    def compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
+        """The `Compiled` hit of these (policy, cost) pairs under this limiter's prefix, built
+        once per distinct set (a bounded cache: dynamic limits and costs make new sets)."""
+        key = tuple(items)
+        found = self._compiled.get(key)
+        if found is None:
+            found = Compiled(key, self.prefix)
+            if len(self._compiled) >= _COMPILED_CACHE_SIZE:
+                self._compiled.clear()
+            self._compiled[key] = found
+        return found
 
-    def _fast_form(self, policy: Policy | str, identity: str, cost: int) -> Wire | None:
-        """The policy's wire form if this hit is the common one, else None: take `check`.
-        Common: one policy object without penalty or calendar (its arguments depend on the
-        cost alone), valid arguments, one store (no cluster), no metrics hook, and a deny
-        cache holding nothing (so it has nothing to answer or forget)."""
-        if (type(cost) is not int or cost < 1 or not isinstance(policy, Policy)
-                or not isinstance(identity, str) or self.metrics is not None or not self._fast):
-            return None
-        form = wire(policy)
-        deny = self._deny
-        if not form.static or self.backend.is_cluster or (deny is not None and len(deny)):
-            return None
-        return form
+    def _compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
+        """`checks` as the compiled hit and its identities (`check`'s way in)."""
+        return (self.compile([(check.policy, check.cost) for check in checks]),
+                tuple(check.identity for check in checks))
 
-    def _fast_decided(self, policy: Policy, identity: str, cost: int, call: ScriptCall,
-                      reply: list[int], sent: int) -> Decision:
-        """`_decided` for the common hit (`_fast_form`): an admitted hit leaves the (empty)
-        deny cache as it is, so its Check is built only for a refusal, which the cache
-        records."""
-        deny = self._deny
-        if deny is not None and (reply[0] != 1 or deny.watching):
-            # Asked after the reply: a refusal recorded while the call was out is forgotten.
-            deny.record((Check(policy, identity, cost),), call, reply, sent)
-        rates = policy.rates
-        if len(rates) == 1:
-            return plans.decode_one(policy, rates[0], identity, reply[0] == 1, reply, None)
-        return plans.decide(call, reply)
-
-    def _takes_parts(self) -> bool:
-        """Whether hits go to the backend's `hit_one` or `hit_tiers` (see `_accepts_parts`);
-        never for a limiter that takes no shortcut."""
-        return self._fast and _accepts_parts(self.backend)
-
-    def _in_process(self, backend: MemoryBackend, form: Wire, identity: str, cost: int
-                    ) -> Decision:
-        """The common hit (`_fast_form`) on MemoryBackend itself: the call's parts, as
-        `plans.build_static` puts them in the call (the keys, the tiers' arguments, a sliding
-        log's fresh token, the clock), go to `hit_one` (one tier) or `hit_tiers`, which
-        answer as `run` of that call. tests/backends/test_memory_perf_equivalence.py holds
-        both to `run`; tests/test_fast_path.py holds these parts to the call's."""
-        policy = form.policy
-        now_us = self._now_us()
-        sent = self._sent()
-        head = f"{self.prefix}:{{{encode_identity(identity)}}}:"  # identity_head, one frame less
-        suffixes = form.suffixes
-        tiers = form.by_cost.get(cost) or form.static_args(cost)
-        token = plans.new_token() if form.code == "sl" else ""
-        clock = "" if now_us is None else now_us
-        if len(suffixes) == 1:
-            reply = backend.hit_one(head + suffixes[0], tiers, token, clock)
-        else:
-            # map, not a comprehension: before Python 3.12 a comprehension is one call more.
-            reply = backend.hit_tiers(list(map(head.__add__, suffixes)), tiers, token, clock)
-        deny = self._deny
-        if deny is None or (reply[0] == 1 and not deny.watching):
-            if len(suffixes) == 1:
-                return plans.decode_one(policy, policy.rates[0], identity, reply[0] == 1,
-                                        reply, None)
-            return plans.decode_generic(((policy, identity),), reply, None)
-        # The deny cache records the call: built only now (its record reads the layout).
-        call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix, now_us, form)
-        return self._fast_decided(policy, identity, cost, call, reply, sent)
-
-    def _lane_run(self, lane: Lane, identity: str, run: Callable[[ScriptCall], list[int]]
-                  ) -> list[int]:
-        """`run(lane.call(identity, clock))` on an in-process backend: on MemoryBackend
-        itself as the call's parts (see `_in_process`)."""
-        now_us = self._now_us()
-        if self._takes_parts():
-            backend: MemoryBackend = self.backend
-            clock = "" if now_us is None else now_us
-            tier = lane.tier
-            if tier is not None:
-                return backend.hit_one(lane.key(identity), tier, lane.token() or "", clock)
-            return backend.hit_tiers(lane.keys(identity), lane.tiers, lane.token() or "",
-                                     clock)
-        return run(lane.call(identity, now_us))
+    def _call(self, compiled: Compiled, identities: Sequence[str], token: str | None
+              ) -> ScriptCall:
+        return compiled.call(identities, self._now_us(), token,
+                             0 if compiled.static else self._clock_ms())
 
     def _sent(self) -> int:
         return 0 if self._deny is None else self._cache_now()
 
-    def _decided(self, checks: Sequence[Check], call: ScriptCall, reply: list[int],
-                 sent: int) -> Decision:
-        if self._deny is not None:
-            self._deny.record(checks, call, reply, sent)
-        return self._decide(call, reply)
-
-    # -- lanes (core.lane): `check` of one precompiled check, fewer steps ------------------
-    def _lane_plain(self) -> bool:
-        """Whether lanes take the plain path here: a metrics hook reports per call, and a
-        cluster may split a call over slots (both belong to `check`)."""
-        return self.metrics is not None or self.backend.is_cluster
-
-    def _lane_replay(self, lane: Lane, identity: str
-                     ) -> tuple[Decision | Lapsed | None, tuple[Check, ...] | None]:
-        """`replay` for a lane: the deny cache's answer (a Decision, LAPSED, None) and the
-        call's checks, built only when the cache holds anything (else None, None)."""
+    def _held(self, compiled: Compiled, identities: Sequence[str]
+              ) -> tuple[Decision | Lapsed | None, tuple[Check, ...] | None]:
+        """The deny cache's answer to this hit (a Decision, LAPSED, None) and its checks,
+        built only when the cache holds anything (else None, None)."""
         deny = self._deny
         if deny is None or not len(deny):
             return None, None
-        checks = (lane.check(identity),)
-        return deny.find(checks, self._cache_now()), checks
+        checks = compiled.checks(identities)
+        found = deny.find(checks, self._cache_now())
+        if isinstance(found, Decision) and self.metrics is not None:
+            self._report(checks, REFUSED, 0.0)
+        return found, checks
 
-    def _lane_decided(self, lane: Lane, identity: str, checks: tuple[Check, ...] | None,
-                      reply: list[int], sent: int) -> Decision:
-        """`_decided` for a lane's reply: the deny cache records a refusal, and an admitted
-        hit forgets what the cache holds for its (policy, identity), as `record` does. The
-        cache is asked after the reply: a refusal another request recorded while this call
-        was out is forgotten too."""
+    def _settled(self, compiled: Compiled, identities: Sequence[str],
+                 checks: tuple[Check, ...] | None, reply: list[int], sent: int,
+                 cached: bool, started: float) -> Decision:
+        """The store's reply as a Decision. The deny cache keeps a refusal, and an admitted
+        hit drops what it held for the same (policy, identity) pairs; it is asked after the
+        reply, so a refusal recorded while the call was out is forgotten too."""
         deny = self._deny
-        if deny is not None and (reply[0] != 1 or deny.watching):
-            # The record reads the call's layout alone: no token drawn for it.
-            deny.record(checks or (lane.check(identity),), lane.call(identity, token=""),
-                        reply, sent)
-        return lane.decide(identity, reply)
+        if cached and deny is not None and (reply[0] != 1 or deny.watching):
+            if checks is None:
+                checks = compiled.checks(identities)
+            deny.record(checks, compiled.layout(identities), reply, sent)
+        decision = compiled.decide(identities, reply)
+        if self.metrics is not None:
+            self._report(checks or compiled.checks(identities),
+                         ADMITTED if decision.allowed else REFUSED, time.perf_counter() - started)
+        return decision
+
+    def _failed(self, compiled: Compiled, identities: Sequence[str], started: float) -> None:
+        if self.metrics is not None:
+            self._report(compiled.checks(identities), BACKEND_ERROR, time.perf_counter() - started)
 
     def _check_plan(self, checks: Sequence[Check], cached: bool = True) -> plans.Plan:
         return plans.plan_check(checks, lambda: self._calls(plans.HIT, checks),
                                 self._deny if cached else None, self._cache_now)
 
     def _attempt(self, checks: Sequence[Check], cached: bool = True) -> plans.Plan:
-        """`_check_plan`, reporting to the metrics hook when one is set; `cached` False:
-        the store answers, the deny cache is neither asked nor told (`probe`)."""
+        """`_check_plan`, reporting to the metrics hook when one is set (`acquire`, and a
+        cluster's hit of several slots); `cached` False: the store answers, the deny cache
+        is neither asked nor told (`probe`)."""
         if self.metrics is None:
             return (yield from self._check_plan(checks, cached))
         deny = self._deny if cached else None
@@ -373,7 +287,7 @@ class _Shared:
     def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1) -> ScriptCall:
         check = _check(policy, identity, cost)
         self._forget((check,))  # peek, reset, refund: the store is asked, never the cache
-        return self._build(op, (check,), self.prefix, now_us=self._now_us(),
+        return plans.build(op, (check,), self.prefix, now_us=self._now_us(),
                            clock_ms=self._clock_ms)
 
     def _booking_call(self, policy: Policy | str, identity: str, at: _dt.datetime,
@@ -386,13 +300,13 @@ class _Shared:
                 f'Policy("1/minute;5/hour;10/day", algorithm="sliding-log")'
             )
         self._forget((check,))
-        return self._build(plans.BOOK, (check,), self.prefix, now_us=self._now_us(),
+        return plans.build(plans.BOOK, (check,), self.prefix, now_us=self._now_us(),
                            at_ms=_at_ms(at), clock_ms=self._clock_ms)
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:
         check = Check(booking.policy, booking.identity, booking.cost)
         self._forget((check,))
-        return self._build(plans.CANCEL, (check,), self.prefix, now_us=self._now_us(),
+        return plans.build(plans.CANCEL, (check,), self.prefix, now_us=self._now_us(),
                            token=booking.token, clock_ms=self._clock_ms)
 
 
@@ -453,51 +367,42 @@ class Limiter(_Shared):
         except StopIteration as done:  # also: answered without I/O (the deny cache)
             return done.value  # type: ignore[no-any-return]
 
+    def decide(self, compiled: Compiled, identities: Sequence[str], *,
+               cached: bool = True) -> Decision:
+        """The hit of `compiled` (`compile`) for these identities, one per check, all or
+        nothing: the deny cache's answer, else the store's. Every hit takes this way.
+        `cached` False: the store answers, and the cache is neither asked nor told (the
+        middleware's breaker probes so: a cached answer would close it on a store that was
+        never asked)."""
+        checks = None
+        if cached:
+            found, checks = self._held(compiled, identities)
+            if isinstance(found, Decision):
+                return found
+        if self.backend.is_cluster and compiled.slots(identities) is not None:
+            return self._drive(self._attempt(checks or compiled.checks(identities), cached))
+        call = self._call(compiled, identities, compiled.token())
+        sent = self._sent()
+        started = time.perf_counter() if self.metrics is not None else 0.0
+        try:
+            reply = self.backend.run(call)
+        except BackendError:
+            self._failed(compiled, identities, started)
+            raise
+        return self._settled(compiled, identities, checks, reply, sent, cached, started)
+
     def check(self, checks: Sequence[Check]) -> Decision:
-        """Hit several policies at once, all or nothing (what the middleware calls)."""
-        if self.metrics is None:  # the common case, without a generator
-            step = self._first_step(checks)
-            if isinstance(step, ScriptCall):
-                sent = self._sent()
-                return self._decided(checks, step, self.backend.run(step), sent)
-            if step is not None:
-                return step
-        return self._drive(self._attempt(checks))
+        """Hit several policies at once, all or nothing."""
+        return self.decide(*self._compiled_checks(checks))
 
     def probe(self, checks: Sequence[Check]) -> Decision:
-        """`check`, answered by the store, never by the deny cache: the middleware's
-        breaker probes with it (a cached answer would close the breaker on a store that
-        was never asked)."""
-        return self._drive(self._attempt(checks, cached=False))
+        """`check`, answered by the store, never by the deny cache."""
+        return self.decide(*self._compiled_checks(checks), cached=False)
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        form = self._fast_form(policy, identity, cost)
-        if form is not None:
-            policy = form.policy  # the very object, typed
-            backend = self.backend
-            if _accepts_parts(backend):
-                return self._in_process(backend, form, identity, cost)
-            call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
-                                      self._now_us(), form)
-            sent = self._sent()
-            return self._fast_decided(policy, identity, cost, call, self.backend.run(call), sent)
-        return self.check((_check(policy, identity, cost),))
-
-    def lane_hit(self, lane: Lane, identity: str) -> Decision:
-        """``check([lane.check(identity)])``: the same Decision and deny-cache records, from
-        the lane's precomputed call (what the WSGI middleware and Flask call for their
-        common request; tests/test_lane.py holds the two to the same answers)."""
-        if self._lane_plain():
-            return self.check((lane.check(identity),))
-        found, checks = self._lane_replay(lane, identity)
-        if found is not None:
-            # A refusal held (a Decision), or one that has just lapsed: `find` dropped it, so
-            # `check` asks the store, as it would have.
-            return found if isinstance(found, Decision) else self.check(checks)  # type: ignore[arg-type]
-        sent = self._sent()
-        reply = self._lane_run(lane, identity, self.backend.run)
-        return self._lane_decided(lane, identity, checks, reply, sent)
+        check = _check(policy, identity, cost)
+        return self.decide(self.compile(((check.policy, cost),)), (identity,))
 
     def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
@@ -508,7 +413,7 @@ class Limiter(_Shared):
     def peek(self, policy: Policy | str, identity: str) -> Decision:
         """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""
         call = self._single(plans.PEEK, policy, identity)
-        return self._decide(call, self.backend.run(call))
+        return plans.decide(call, self.backend.run(call))
 
     def reset(self, policy: Policy | str, identity: str) -> None:
         """Forget every counter and any ban of this identity under this policy."""
@@ -530,7 +435,7 @@ class Limiter(_Shared):
                 cost: int = 1) -> Decision:
         """Book `cost` at time `at` if every window containing `at` stays within its limit."""
         call = self._booking_call(policy, identity, at, cost)
-        return self._decide(call, self.backend.run(call))
+        return plans.decide(call, self.backend.run(call))
 
     def cancel(self, booking: Booking) -> None:
         """Take back an admitted reservation (``decision.booking``)."""
@@ -569,24 +474,16 @@ class AsyncLimiter(_Shared):
         # future that call's end resolves: True if it got no answer (see `_refresh`). Empty
         # but during such a call.
         self._flights: dict[tuple[Check, ...], asyncio.Future[bool]] = {}
-        # `arun_within(call, seconds)`: the backend keeps a deadline itself (see `ask`); not
+        # `arun_within(call, seconds)`: the backend keeps a deadline itself (see `_reply`); not
         # for a cluster, where one request may need a call per slot.
         within = getattr(backend, "arun_within", None)
         self._within: Callable[[ScriptCall, float], Awaitable[list[int]]] | None = (
             None if backend.is_cluster or not callable(within) else within)
         # `post(packed, give_up)` and `settle(outcome)`: a backend that queues a packed call
-        # and hands back its connection's future (see `lane_hit`).
+        # and hands back its connection's future (see `_reply`).
         post, settle = getattr(backend, "post", None), getattr(backend, "settle", None)
         self._post: Callable[[bytes, float], asyncio.Future[Any] | None] | None = (
             post if self._within is not None and callable(post) and callable(settle) else None)
-
-    def _inline(self) -> Callable[[ScriptCall], list[int]] | None:
-        """The backend's sync `run` if its `arun` is MemoryBackend's, which calls it and
-        answers without yielding: lanes call it directly. Not where an `arun` of its own (a
-        subclass's, or one set on the instance) must be asked; looked up on every call, so
-        that a `run` set on the instance later is the one called."""
-        backend = self.backend
-        return backend.run if isinstance(backend, MemoryBackend) and _own_arun(backend) else None
 
     async def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -605,181 +502,138 @@ class AsyncLimiter(_Shared):
         except StopIteration as done:  # also: answered without I/O (the deny cache)
             return done.value  # type: ignore[no-any-return]
 
-    async def check(self, checks: Sequence[Check]) -> Decision:
-        """Hit several policies at once, all or nothing (what the middleware calls)."""
-        found = self.replay(checks)
-        if isinstance(found, Decision):
-            return found
-        return await self.ask(checks, found is LAPSED)
+    async def decide(self, compiled: Compiled, identities: Sequence[str],
+                     timeout: float | None = None, *, cached: bool = True) -> Decision:
+        """The hit of `compiled` (`compile`) for these identities, one per check, all or
+        nothing: the deny cache's answer (no I/O, no deadline), else the store's within
+        `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
+        takes this way. `cached` False: see `Limiter.decide`.
 
-    async def probe(self, checks: Sequence[Check], timeout: float | None = None) -> Decision:
-        """`check`, answered by the store, never by the deny cache (see `Limiter.probe`);
-        TimeoutError after `timeout` seconds."""
-        return await bounded(self._drive(self._attempt(checks, cached=False)), timeout)
-
-    def replay(self, checks: Sequence[Check]) -> Decision | Lapsed | None:
-        """The first half of `check`, without I/O: the deny cache's answer to this very call
-        (a Decision), LAPSED when a refusal it held for the call has just lapsed, else None.
-        The middleware bounds only the second half, `ask`, by its deadline: an answer from
-        the cache needs no timer."""
-        deny = self._deny
-        if deny is None or not len(deny):
-            return None
-        found = deny.find(checks, self._cache_now())
-        if self.metrics is not None and isinstance(found, Decision):
-            self._report(checks, REFUSED, 0.0)
-        return found
-
-    async def ask(self, checks: Sequence[Check], lapsed: bool = False,
-                  timeout: float | None = None) -> Decision:
-        """The second half of `check`, after `replay` found no answer (`lapsed`: it said
-        LAPSED): the store's answer, shared with the requests of the same call that come
-        while it is asked when a refusal lapsed (see `_refresh`); TimeoutError after
-        `timeout` seconds (the middleware's deadline).
-
-        The common call (one store call, no metrics hook, nothing being refreshed) gives the
-        deadline to a backend that can keep it without a timer of its own (`arun_within`:
-        the pipelined connection's give-up time); anything else runs under one."""
-        if timeout is not None:
-            within = self._within
-            if within is None or lapsed or self._flights or self.metrics is not None:
-                return await bounded(self.ask(checks, lapsed), timeout)
-            call = self._build(plans.HIT, checks, self.prefix, now_us=self._now_us(),
-                               clock_ms=self._clock_ms)
-            sent = self._sent()
-            return self._decided(checks, call, await within(call, timeout), sent)
-        if lapsed:
-            return await self._refresh(checks)
-        if self._flights:
-            leader = self._flights.get(tuple(checks))
-            if leader is not None:
-                return await self._follow(leader, checks)
-        return await self._ask(checks)
-
-    async def lane_hit(self, lane: Lane, identity: str, timeout: float | None = None
-                       ) -> Decision:
-        """``check([lane.check(identity)])`` with the deadline of `ask`: the same Decision,
-        from the deny cache or the store, the same deny-cache records and the same errors,
-        in fewer steps (what the ASGI middleware calls for its common request).
-
-        The fewer steps: an in-process backend runs the lane's call at once; a backend that
-        can `post` a packed call gets the lane's precomputed bytes (no argument list, no
-        packing per argument) and its connection's future is awaited here, with no
-        coroutine of the backend's in between. Anything else (a metrics hook, a cluster, a
-        refusal being asked about again, no open connection, a reply that is not a plain
-        one) takes `replay` and `ask`, the plain path; tests/test_lane.py holds the two to
-        the same answers."""
-        post, inline = self._post, self._inline()
-        if self._lane_plain() or not (inline is not None
-                                      or (post is not None and timeout is not None)):
-            return await self._replay_ask((lane.check(identity),), timeout)
+        A refusal of this very hit that has just lapsed is asked about once for every
+        request that comes while the question is out (`_refresh`)."""
         checks = None
-        deny = self._deny
-        if deny is not None and len(deny):
-            found, checks = self._lane_replay(lane, identity)
+        if cached:
+            found, checks = self._held(compiled, identities)
             if found is not None:
                 if isinstance(found, Decision):
                     return found
-                return await self.ask(checks, True, timeout)  # type: ignore[arg-type]
-        if self._flights:
-            return await self.ask(checks or (lane.check(identity),), False, timeout)
-        if inline is not None:
-            sent = self._sent()
-            reply = self._lane_run(lane, identity, inline)
-            return self._lane_decided(lane, identity, checks, reply, sent)
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + timeout  # type: ignore[operator]
-        now_us = self._now_us()
-        token = lane.token() if lane.log else None
-        # Read before the write, as every path does: a refusal is counted down from the
-        # moment its call was sent, so a pause after the write cannot make the deny cache
-        # outlive the store's answer.
+                return await bounded(self._refresh(compiled, identities, checks), timeout)  # type: ignore[arg-type]
+            if self._flights:
+                checks = compiled.checks(identities)
+                leader = self._flights.get(checks)
+                if leader is not None:
+                    return await bounded(self._follow(leader, compiled, identities, checks),
+                                         timeout)
+        if self.backend.is_cluster and compiled.slots(identities) is not None:
+            return await bounded(
+                self._drive(self._attempt(checks or compiled.checks(identities), cached)),
+                timeout)
+        return await self._asked(compiled, identities, checks, cached, timeout)
+
+    async def _asked(self, compiled: Compiled, identities: Sequence[str],
+                     checks: tuple[Check, ...] | None, cached: bool,
+                     timeout: float | None) -> Decision:
+        """The store's answer, in one call."""
+        backend = self.backend
+        token = compiled.token()
+        # Read before the write: a refusal is counted down from the moment its call was
+        # sent, so a pause after the write cannot make the deny cache outlive the store.
         sent = self._sent()
-        waiter = post(lane.packed(identity, now_us, token), give_up)  # type: ignore[misc]
-        if waiter is None:  # no open connection on this loop: the plain path connects
-            return await self.ask(checks or (lane.check(identity),), False, timeout)
+        started = time.perf_counter() if self.metrics is not None else 0.0
         try:
-            reply = await waiter
-        except Exception as exc:
-            reply = self.backend.settle(exc)
-        else:
-            if type(reply) is not list:
-                reply = self.backend.settle(reply)
-        if reply is None:
-            # Dropped or NOSCRIPT: the very same call again (token and clock), the complete
-            # way, in the time that is left, as the pipelined connection resends its bytes:
-            # if the first copy reached Redis, a sliding log gets the same members again.
-            left = give_up - loop.time()
-            if left <= 0:
-                raise asyncio.TimeoutError()
-            reply = await self._within(lane.call(identity, now_us, token), left)  # type: ignore[misc]
-        if reply[0] == 1 and (deny is None or not deny.watching):
-            return lane.decide(identity, reply)  # admitted, nothing held to forget
-        return self._lane_decided(lane, identity, checks, reply, sent)
+            if _own_arun(backend):  # answers without yielding: no deadline could cut it
+                reply = backend.run(self._call(compiled, identities, token))
+            else:
+                reply = await self._reply(compiled, identities, token, timeout)
+        except BackendError:
+            self._failed(compiled, identities, started)
+            raise
+        return self._settled(compiled, identities, checks, reply, sent, cached, started)
 
-    async def _replay_ask(self, checks: Sequence[Check], timeout: float | None) -> Decision:
-        """`check` with the deadline of `ask`: the deny cache's answer, else the store's."""
-        found = self.replay(checks)
-        if isinstance(found, Decision):
-            return found
-        return await self.ask(checks, found is LAPSED, timeout)
+    async def _reply(self, compiled: Compiled, identities: Sequence[str], token: str | None,
+                     timeout: float | None) -> list[int]:
+        """The store's reply within `timeout`. A backend that can `post` packed bytes gets
+        the compiled ones and its connection's future is awaited here; one that keeps a
+        deadline itself (`arun_within`) gets the call; any other runs under a timer."""
+        backend = self.backend
+        now_us = self._now_us()
+        clock = 0 if compiled.static else self._clock_ms()
+        if timeout is None:
+            return await backend.arun(compiled.call(identities, now_us, token, clock))  # type: ignore[no-any-return]
+        post = self._post
+        if post is not None:
+            loop = asyncio.get_running_loop()
+            give_up = loop.time() + timeout
+            waiter = post(compiled.packed(identities, now_us, token, clock), give_up)
+            if waiter is not None:  # else no open connection yet: `arun_within` connects
+                try:
+                    reply = await waiter
+                except Exception as exc:
+                    reply = backend.settle(exc)
+                else:
+                    if type(reply) is not list:
+                        reply = backend.settle(reply)
+                if reply is not None:
+                    return reply  # type: ignore[no-any-return]
+                # Dropped, or NOSCRIPT: the very same call again (token and clock) in the
+                # time left, as the connection resends its bytes: if the first copy reached
+                # Redis, a sliding log gets the same members again.
+                timeout = give_up - loop.time()
+                if timeout <= 0:
+                    raise asyncio.TimeoutError()
+        call = compiled.call(identities, now_us, token, clock)
+        within = self._within
+        if within is not None:
+            return await within(call, timeout)
+        return await bounded(backend.arun(call), timeout)
 
-    async def _refresh(self, checks: Sequence[Check]) -> Decision:
-        """A refusal of this very call has just lapsed (the age bound, or its numbers'
-        validity): ask the store once for every request of the same call that comes while
+    async def _refresh(self, compiled: Compiled, identities: Sequence[str],
+                       checks: tuple[Check, ...]) -> Decision:
+        """A refusal of this very hit has just lapsed (the age bound, or its numbers'
+        validity): ask the store once for every request of the same hit that comes while
         the question is out. A flood from one refused client, spread over many connections,
         would otherwise send one call per connection each time the refusal lapses."""
-        key = tuple(checks)
         flights = self._flights
-        leader = flights.get(key)
+        leader = flights.get(checks)
         if leader is not None:
-            return await self._follow(leader, checks)
-        leader = flights[key] = asyncio.get_running_loop().create_future()
+            return await self._follow(leader, compiled, identities, checks)
+        leader = flights[checks] = asyncio.get_running_loop().create_future()
         answered = False
         try:
-            decision = await self._ask(checks)
+            decision = await self._asked(compiled, identities, checks, True, None)
             answered = True
             return decision
         finally:
-            del flights[key]
+            del flights[checks]
             leader.set_result(not answered)
 
-    async def _follow(self, leader: asyncio.Future[bool], checks: Sequence[Check]) -> Decision:
-        """Wait for the call another request sent for the same checks, then decide as if
-        this request came just after it: the store's refusal from the deny cache, or, if
-        that call was admitted (nothing to replay), a call of its own. If it failed or was
+    async def _follow(self, leader: asyncio.Future[bool], compiled: Compiled,
+                      identities: Sequence[str], checks: tuple[Check, ...]) -> Decision:
+        """Wait for the call another request sent for the same hit, then decide as if this
+        request came just after it: the store's refusal from the deny cache, or, if that
+        call was admitted (nothing to replay), a call of its own. If it failed or was
         cancelled, the waiting requests ask again together: the first to wake sends the
         call. Shielded: a follower's deadline must not cancel the leader's future."""
         if await asyncio.shield(leader):
-            return await self._refresh(checks)
-        return await self._ask(checks)
+            return await self._refresh(compiled, identities, checks)
+        found, _ = self._held(compiled, identities)
+        if isinstance(found, Decision):
+            return found
+        return await self._asked(compiled, identities, checks, True, None)
 
-    async def _ask(self, checks: Sequence[Check]) -> Decision:
-        if self.metrics is None:  # the common case, without a generator
-            step = self._first_step(checks)
-            if isinstance(step, ScriptCall):
-                sent = self._sent()
-                return self._decided(checks, step, await self.backend.arun(step), sent)
-            if step is not None:
-                return step
-        return await self._drive(self._attempt(checks))
+    async def check(self, checks: Sequence[Check]) -> Decision:
+        """Hit several policies at once, all or nothing."""
+        return await self.decide(*self._compiled_checks(checks))
+
+    async def probe(self, checks: Sequence[Check], timeout: float | None = None) -> Decision:
+        """`check`, answered by the store, never by the deny cache; TimeoutError after
+        `timeout` seconds."""
+        return await self.decide(*self._compiled_checks(checks), timeout, cached=False)
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        # While a lapsed refusal is asked about again, a hit may be one that waits for it.
-        form = None if self._flights else self._fast_form(policy, identity, cost)
-        if form is not None:
-            policy = form.policy  # the very object, typed
-            backend = self.backend
-            if _accepts_parts(backend) and _own_arun(backend):
-                # MemoryBackend's `arun` is its `run`: it answers without yielding.
-                return self._in_process(backend, form, identity, cost)
-            call = plans.build_static(plans.HIT, policy, identity, cost, self.prefix,
-                                      self._now_us(), form)
-            sent = self._sent()
-            return self._fast_decided(policy, identity, cost, call,
-                                      await self.backend.arun(call), sent)
-        return await self.check((_check(policy, identity, cost),))
+        check = _check(policy, identity, cost)
+        return await self.decide(self.compile(((check.policy, cost),)), (identity,))
 
     async def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
@@ -790,7 +644,7 @@ class AsyncLimiter(_Shared):
     async def peek(self, policy: Policy | str, identity: str) -> Decision:
         """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""
         call = self._single(plans.PEEK, policy, identity)
-        return self._decide(call, await self.backend.arun(call))
+        return plans.decide(call, await self.backend.arun(call))
 
     async def reset(self, policy: Policy | str, identity: str) -> None:
         """Forget every counter and any ban of this identity under this policy."""
@@ -812,7 +666,7 @@ class AsyncLimiter(_Shared):
                       cost: int = 1) -> Decision:
         """Book `cost` at time `at` if every window containing `at` stays within its limit."""
         call = self._booking_call(policy, identity, at, cost)
-        return self._decide(call, await self.backend.arun(call))
+        return plans.decide(call, await self.backend.arun(call))
 
     async def cancel(self, booking: Booking) -> None:
         """Take back an admitted reservation (``decision.booking``)."""

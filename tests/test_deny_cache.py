@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import ratelimit_mw as rl
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.deny_cache import DenyCache
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.plans import Check, Layout
 from tests.conftest import FakeClock, StepClock
 from tests.test_differential import run_extending
 
@@ -201,10 +201,10 @@ def test_a_bad_age_bound_is_a_configuration_error(bad: object) -> None:
 
 
 def _refused(limiter: rl.Limiter, policy: rl.Policy, identity: str,
-             clock: StepClock) -> tuple[plans.ScriptCall, list[int], int]:
+             clock: StepClock) -> tuple[Layout, list[int], int]:
     limiter.hit(policy, identity)
     call = plans.build(plans.HIT, [Check(policy, identity)], "dc", now_us=clock.us)
-    return call, limiter.backend.run(call), clock.us
+    return call.layout, limiter.backend.run(call), clock.us
 
 
 def test_the_cache_is_bounded_in_entries_and_drops_expired_ones_first(

@@ -68,15 +68,6 @@ def _read_tiers(keys: Sequence[str], argv: Sequence[Any], n: int) -> list[_Tier]
     return tiers
 
 
-def _part_tiers(keys: Sequence[str], tiers: Sequence[Any]) -> list[_Tier]:
-    """The tiers of a hit given as its parts (`MemoryBackend.hit_tiers`), ban index 0."""
-    read: list[_Tier] = []
-    for i, key in enumerate(keys):
-        algo, limit, period, cost, _, ban_end, cal = tiers[7 * i : 7 * i + 7]
-        read.append((algo, limit, period, cost, 0, ban_end, cal, key))
-    return read
-
-
 def _sl_spans(tiers: list[_Tier]) -> dict[str, int]:
     """The longest period of the tiers reading each log: what keeps the log alive."""
     spans: dict[str, int] = {}
@@ -303,170 +294,115 @@ class MemoryBackend:
         with self._lock:
             return self._run(call.keys, call.args)
 
-    def hit_one(self, key: str, tier: Sequence[Any], token: str, now_us: int | str) -> list[int]:
-        """`run` of the hit call of one tier without a penalty or a calendar, from its parts.
-
-        `key`, the tier's seven arguments as the core puts them in the call (ints, ban index
-        0, no calendar: what `plans.build_static` builds for such a policy; the ban index is
-        not read, so no other tier may be given), the call's token and clock (ARGV[3],
-        ARGV[2]). The same reply and state as `run(plans.build_static(HIT, ...))`, without
-        an argument list to build and read back (about a fifth of an in-process hit's time).
-        The limiters' entry for their common hit; tests/backends/test_memory_perf_equivalence.py
-        holds it to `run`."""
-        algo, limit, period, cost, _, ban_end, cal = tier
-        if algo != "sl":
-            # hit_tiers' inline checks, for one tier as for several: faster than
-            # _decide_one's frames, even with this call. (Its class attribute: a wrapper set
-            # on the instance's hit_tiers sees the calls made to it, not these.)
-            return self._hit_tiers((key,), tier, token, now_us)
-        with self._lock:
-            now_us, now = self._tick(now_us)
-            if cost == 1:
-                # The default algorithm's usual hit, inline (as main.lua's): one entry at
-                # `now`, nothing booked ahead, admitted. _sl_check and _sl_commit for it,
-                # without their six frames; anything else goes on to _decide_one, from the
-                # same state (nothing is written before the hit is known to be admitted).
-                log: _Log | None = None
-                if self._expires.get(key, now) > now:  # _get, inline (an expired log: none)
-                    log = self._data[key]
-                peak, ahead = 0, False
-                if log is not None and (scores := log.scores):
-                    ahead = scores[-1] > now  # a booking ahead: _decide_one weighs it
-                    # Else the window ending now is the fullest: count it.
-                    floor = now - period
-                    peak = len(scores) if scores[0] > floor else log.count_above(floor)
-                if not ahead and peak < limit:
-                    if log is None:
-                        log = _Log()
-                    log.add(now, token + ":1")
-                    if log.scores[0] <= now - period:  # something has left the window
-                        log.trim(now - period)
-                    # _set, inline: the log lives until its newest entry (this hit) leaves.
-                    self._data[key] = log
-                    self._expires[key] = until = now + period
-                    if key not in self._scheduled:
-                        self._schedule(key, until)
-                    return [1, 1, limit - peak - 1, 0, period, 0]
-            return self._decide_one("H", (algo, limit, period, cost, 0, ban_end, cal, key),
-                                    token, now, now, now_us)
-
-    def hit_tiers(self, keys: Sequence[str], tiers: Sequence[Any], token: str,
-                  now_us: int | str) -> list[int]:
-        """`hit_one` for a policy of several tiers: `run` of its hit call, from its parts.
-
-        `keys`, one per tier in the call's order (a sliding log's tiers repeat its key), and
-        the tiers' arguments as the call carries them after its five-value head: seven per
-        tier, ints, ban index 0, no calendar (what `plans.build_static` builds for a policy
-        without penalty or `tz=`; the ban indexes are not read). The same reply and state as
-        `run(plans.build_static(HIT, ...))`, without the call's argument list to build and
-        read back, and, while every tier admits, without `_decide`'s bookkeeping for bans
-        and refusals: each tier is checked inline (a log's hit of a larger cost through
-        `_sl_check`), nothing is stored until every tier admits, and a refusal, or a
-        booking ahead in a log, is decided again by `_decide` from the same state.
-        tests/backends/test_memory_perf_equivalence.py holds it to `run`."""
-        with self._lock:
-            now_us, now = self._tick(now_us)
-            data, expires = self._data, self._expires
-            reply = [1]
-            # What phase 2 stores if every tier admits: (key, value, ms to live, cost); -1 to
-            # live marks a sliding log, stored once, by the first of its tiers, to live for
-            # the longest of their periods (`spans`), as _commit.
-            writes: list[tuple[str, Any, int, int]] = []
-            spans: dict[str, int] | None = None
-            b = 0
-            for key in keys:
-                algo, limit, period, cost, _, _, cal = tiers[b : b + 7]
-                b += 7
-                # The admitted case of each O(1) algorithm's check, inline: the call cost
-                # more than the check. An expired key reads as none, and is overwritten below
-                # or, on a refusal, read again (and dropped) by _decide, from the same state.
-                # Each branch's arithmetic is its check's where `ok` holds, which makes the
-                # check's clamps no-ops: remaining >= 0, retry 0, the cost within the limit.
-                if algo == "fw" and not cal:
-                    start = now - now % period
-                    count = 0
-                    if expires.get(key, now) > now and (value := data[key])[0] == start:
-                        count = value[1]
-                    if count + cost > limit:
-                        break
-                    reset = start + period - now
-                    reply += (1, limit - count - cost, 0, reset, 0)
-                    writes.append((key, (start, count + cost), reset, cost))
-                elif algo == "gc":
-                    interval = -(-period * 1000 // limit)
-                    tolerance = limit * interval
-                    ahead = 0  # how far the TAT is ahead of now (µs)
-                    if expires.get(key, now) > now and (value := data[key]) > now_us:
-                        ahead = value - now_us
-                    after = ahead + cost * interval
-                    if after > tolerance:
-                        break
-                    reset = -(-after // 1000)
-                    reply += (1, (tolerance - ahead) // interval - cost, 0, reset, 0)
-                    writes.append((key, now_us + after, reset + 1, cost))
-                elif algo == "sw":
-                    start = now - now % period
-                    curr = prev = 0
-                    if expires.get(key, now) > now:
-                        value = data[key]
-                        if value[0] == start:
-                            curr, prev = value[1], value[2]
-                        elif value[0] == start - period:
-                            prev = value[1]
-                    elapsed = now - start
-                    budget = limit * period - prev * (period - elapsed)
-                    if (curr + cost) * period > budget:
-                        break
-                    reset = 2 * period - elapsed
-                    reply += (1, budget // period - curr - cost, 0, reset, 0)
-                    writes.append((key, (start, curr + cost, prev), reset, cost))
-                elif algo == "sl":
-                    if cost == 1:
-                        # The usual hit: one entry at `now`. With nothing booked ahead the
-                        # window ending now is the fullest, and the hit's reset one period;
-                        # a booking ahead is weighed by _decide, as a refusal is.
-                        value = data[key] if expires.get(key, now) > now else None
-                        peak = 0
-                        if value is not None and (scores := value.scores):
-                            if scores[-1] > now:
-                                break
-                            floor = now - period
-                            peak = len(scores) if scores[0] > floor else value.count_above(floor)
-                        if peak >= limit:
-                            break
-                        reply += (1, limit - peak - 1, 0, period, 0)
-                    else:
-                        ok, before, retry, _, reset, value = self._sl_check(
-                            key, limit, period, cost, cal, now, now, now_us)
-                        if not ok:
-                            break
-                        # As _decide's reply for a hit it records: remaining and reset after.
-                        reply += (1, before - cost, retry, reset, 0)
-                    if spans is None:
-                        spans = {}
-                    if spans.get(key, 0) < period:
-                        spans[key] = period
-                    writes.append((key, value, -1, cost))
-                else:  # a calendar, a code the core never sends: _decide's, as run's
+    def _hit(self, keys: Sequence[str], argv: Sequence[Any], token: str, now: int,
+             now_us: int) -> list[int]:
+        """A hit (H): while every tier admits, each is checked inline (a log's hit of a
+        larger cost through `_sl_check`) and nothing is stored until every tier admits,
+        without `_decide`'s bookkeeping for bans and refusals; a refusal, a penalty, a
+        calendar, a booking ahead in a log or arguments given as text are decided by
+        `_decide` from the same state. The differential test holds both to main.lua."""
+        data, expires = self._data, self._expires
+        reply = [1]
+        # What phase 2 stores if every tier admits: (key, value, ms to live, cost); -1 to
+        # live marks a sliding log, stored once, by the first of its tiers, to live for
+        # the longest of their periods (`spans`), as _commit.
+        writes: list[tuple[str, Any, int, int]] = []
+        spans: dict[str, int] | None = None
+        b = 5
+        for key in keys:  # ban keys follow the tiers: a tier with a ban breaks first
+            algo, limit, period, cost, ban, _, cal = argv[b : b + 7]
+            b += 7
+            if ban or type(cost) is not int or type(limit) is not int:
+                break  # a penalty, or a raw ARGV's text: _decide reads it
+            # The admitted case of each O(1) algorithm's check, inline: the call cost
+            # more than the check. An expired key reads as none, and is overwritten below
+            # or, on a refusal, read again (and dropped) by _decide, from the same state.
+            # Each branch's arithmetic is its check's where `ok` holds, which makes the
+            # check's clamps no-ops: remaining >= 0, retry 0, the cost within the limit.
+            if algo == "fw" and not cal:
+                start = now - now % period
+                count = 0
+                if expires.get(key, now) > now and (value := data[key])[0] == start:
+                    count = value[1]
+                if count + cost > limit:
                     break
-            else:
-                # Every tier admits: phase 2.
-                scheduled = self._scheduled
-                for key, value, px, cost in writes:
-                    if px >= 0:
-                        # _set, inline (a frame per tier was a tenth of this call).
-                        data[key] = value
-                        expires[key] = until = now + px
-                        if key not in scheduled:
-                            self._schedule(key, until)
-                    elif spans is not None and (longest := spans.pop(key, None)) is not None:
-                        self._sl_commit(key, value, now, cost, token, longest, now)
-                return reply
-            # A tier refuses (or is not one of the shapes above). Nothing was stored:
-            # _decide decides again from the same state.
-            return self._decide("H", keys, _part_tiers(keys, tiers), token, now, now, now_us)
-
-    _hit_tiers = hit_tiers  # what hit_one calls (see there)
+                reset = start + period - now
+                reply += (1, limit - count - cost, 0, reset, 0)
+                writes.append((key, (start, count + cost), reset, cost))
+            elif algo == "gc":
+                interval = -(-period * 1000 // limit)
+                tolerance = limit * interval
+                ahead = 0  # how far the TAT is ahead of now (µs)
+                if expires.get(key, now) > now and (value := data[key]) > now_us:
+                    ahead = value - now_us
+                after = ahead + cost * interval
+                if after > tolerance:
+                    break
+                reset = -(-after // 1000)
+                reply += (1, (tolerance - ahead) // interval - cost, 0, reset, 0)
+                writes.append((key, now_us + after, reset + 1, cost))
+            elif algo == "sw":
+                start = now - now % period
+                curr = prev = 0
+                if expires.get(key, now) > now:
+                    value = data[key]
+                    if value[0] == start:
+                        curr, prev = value[1], value[2]
+                    elif value[0] == start - period:
+                        prev = value[1]
+                elapsed = now - start
+                budget = limit * period - prev * (period - elapsed)
+                if (curr + cost) * period > budget:
+                    break
+                reset = 2 * period - elapsed
+                reply += (1, budget // period - curr - cost, 0, reset, 0)
+                writes.append((key, (start, curr + cost, prev), reset, cost))
+            elif algo == "sl":
+                if cost == 1:
+                    # The usual hit: one entry at `now`. With nothing booked ahead the
+                    # window ending now is the fullest, and the hit's reset one period;
+                    # a booking ahead is weighed by _decide, as a refusal is.
+                    value = data[key] if expires.get(key, now) > now else None
+                    peak = 0
+                    if value is not None and (scores := value.scores):
+                        if scores[-1] > now:
+                            break
+                        floor = now - period
+                        peak = len(scores) if scores[0] > floor else value.count_above(floor)
+                    if peak >= limit:
+                        break
+                    reply += (1, limit - peak - 1, 0, period, 0)
+                else:
+                    ok, before, retry, _, reset, value = self._sl_check(
+                        key, limit, period, cost, cal, now, now, now_us)
+                    if not ok:
+                        break
+                    # As _decide's reply for a hit it records: remaining and reset after.
+                    reply += (1, before - cost, retry, reset, 0)
+                if spans is None:
+                    spans = {}
+                if spans.get(key, 0) < period:
+                    spans[key] = period
+                writes.append((key, value, -1, cost))
+            else:  # a calendar, a code the core never sends: _decide's, as run's
+                break
+        else:
+            # Every tier admits: phase 2.
+            scheduled = self._scheduled
+            for key, value, px, cost in writes:
+                if px >= 0:
+                    # _set, inline (a frame per tier was a tenth of this call).
+                    data[key] = value
+                    expires[key] = until = now + px
+                    if key not in scheduled:
+                        self._schedule(key, until)
+                elif spans is not None and (longest := spans.pop(key, None)) is not None:
+                    self._sl_commit(key, value, now, cost, token, longest, now)
+            return reply
+        # A tier refuses (or is not one of the shapes above). Nothing was stored:
+        # _decide decides again from the same state.
+        return self._decide("H", keys, _read_tiers(keys, argv, int(argv[4])), token, now,
+                            now, now_us)
 
     async def arun(self, call: ScriptCall) -> list[int]:
         # Pure CPU for a few microseconds under a lock held only by such calls: no await needed.
@@ -814,7 +750,9 @@ class MemoryBackend:
         if op == "R" or op == "C":
             self._give_back(op, _read_tiers(keys, argv, n), token, now, now_us)
             return [1]
-        # H, P, B (and, as main.lua, anything else): decide.
+        if op == "H":
+            return self._hit(keys, argv, token, now, now_us)
+        # P, B (and, as main.lua, anything else): decide.
         at = max(int(argv[3]), now) if op == "B" else now
         if n == 1:
             # _read_tier inlined for the call the core sends most (ints, no penalty: nothing

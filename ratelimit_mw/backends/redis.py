@@ -425,7 +425,7 @@ class AsyncRedisBackend:
         (none yet, a cluster): then `arun_within` is the way.
 
         No coroutine of its own: the caller awaits the connection's future directly (see
-        `AsyncLimiter.lane_hit`), one frame fewer to enter and resume on every request."""
+        `AsyncLimiter._reply`), one frame fewer to enter and resume on every request."""
         if self.is_cluster:
             return None
         protocol = self._pipe.ready()

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from ratelimit_mw.core import plans, wire
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.plans import Check, ScriptCall
+from ratelimit_mw.core.plans import Check, Layout
 from ratelimit_mw.core.policy import Policy
 
 DEFAULT_MAX_AGE = 1.0
@@ -152,10 +152,11 @@ class DenyCache:
         entry.memo, entry.memo_from, entry.memo_until = memo, now_us, entry.decided + same_until
         return memo
 
-    def record(self, checks: Sequence[Check], call: ScriptCall, reply: Sequence[int],
+    def record(self, checks: Sequence[Check], layout: Layout, reply: Sequence[int],
                sent_us: int) -> None:
-        """After the store decided a hit in one call sent at `sent_us`: forget what the
-        checks' pairs held (the hit may have written), and keep a refusal it says holds."""
+        """After the store decided a hit in one call sent at `sent_us` (its reply read by
+        `layout`, the call's): forget what the checks' pairs held (the hit may have
+        written), and keep a refusal it says holds."""
         if reply[0] == 1 and not self._index:
             return
         window = plans.replay_window(reply)
@@ -170,7 +171,7 @@ class DenyCache:
                 return
             if len(self._entries) >= self.size or self._bytes + charge > self.max_bytes:
                 self._evict(sent_us, charge)
-            self._entries[key] = _Entry(sent_us + window, sent_us, call.layout, reply, charge)
+            self._entries[key] = _Entry(sent_us + window, sent_us, layout, reply, charge)
             self._bytes += charge
             index = self._index
             for check in checks:

@@ -20,10 +20,10 @@ from typing import Any, NamedTuple, Protocol
 
 from ratelimit_mw.core.decision import Booking, Decision, TierState
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
-from ratelimit_mw.core.identity import encode_identity, identity_head
+from ratelimit_mw.core.identity import identity_head
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.core.rates import Rate
-from ratelimit_mw.core.wire import Arg, Wire, ban_end, wire
+from ratelimit_mw.core.wire import Arg, ban_end, wire
 
 HIT = "H"
 PEEK = "P"
@@ -40,6 +40,10 @@ class Check(NamedTuple):
     policy: Policy
     identity: str
     cost: int = 1
+
+
+# The (policy, identity) of each check of a call, in its reply's order.
+Layout = tuple[tuple[Policy, str], ...]
 
 
 class ScriptCall(NamedTuple):
@@ -108,46 +112,9 @@ def build(
     ``clock_ms`` is the app's clock (or a callable reading it, called only when needed),
     used only to choose which stretch of a ``tz=`` policy's UTC-offset schedule to send
     (core.wire; the script picks the window by Redis's clock); ``now_us`` overrides Redis's
-    clock (tests, never production).
-
-    The common call (one check of a policy without penalty or calendar, no booking) is
-    `build_static`; everything else is `build_generic`, which gives the same call for it.
+    clock (tests, never production). A hit's call is compiled (`core.compiled`); this
+    builds every call, hits included (what the compiled one is held to).
     """
-    if len(checks) == 1 and at_ms is None and token is None:
-        check = checks[0]
-        form = wire(check.policy)
-        if form.static:
-            return build_static(op, check.policy, check.identity, check.cost, prefix, now_us,
-                                form)
-    return build_generic(op, checks, prefix, now_us=now_us, at_ms=at_ms, token=token,
-                         clock_ms=clock_ms)
-
-
-def build_static(op: str, policy: Policy, identity: str, cost: int, prefix: str,
-                 now_us: int | None, form: Wire) -> ScriptCall:
-    """`build_generic` of one check whose policy's arguments depend on the cost alone
-    (``form.static``), from what `Wire` precomputed: the keys are the identity's head and
-    the policy's suffixes, the arguments a fixed head and the cached tier arguments."""
-    head = f"{prefix}:{{{encode_identity(identity)}}}:"  # identity_head, one frame less
-    suffixes = form.suffixes
-    keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
-    args: list[Arg] = [
-        op,
-        "" if now_us is None else now_us,
-        new_token() if form.code == "sl" and op in (HIT, BOOK) else "",
-        "",
-        len(suffixes),
-    ]
-    if op == PEEK:
-        cost = 1
-    args += form.by_cost.get(cost) or form.static_args(cost)
-    return _new(ScriptCall, (keys, args, ((policy, identity),), op, None))
-
-
-def build_generic(op: str, checks: Sequence[Check], prefix: str, *, now_us: int | None = None,
-                  at_ms: int | None = None, token: str | None = None,
-                  clock_ms: int | Callable[[], int] = 0) -> ScriptCall:
-    """`build` for any call: several checks, penalties, calendars, bookings."""
     keys: list[str] = []
     tier_args: list[Arg] = []
     layout: list[tuple[Policy, str]] = []
@@ -222,11 +189,6 @@ def _seconds(ms: int) -> float:
 def decide(call: ScriptCall, reply: Sequence[int]) -> Decision:
     """Read the script's reply into a Decision."""
     return _decode(call.layout, reply, call.booking)
-
-
-def decide_generic(call: ScriptCall, reply: Sequence[int]) -> Decision:
-    """`decide` without its one-tier shortcut (what the differential test compares it to)."""
-    return decode_generic(call.layout, reply, call.booking)
 
 
 def _decode(
@@ -399,7 +361,7 @@ Plan = Generator["ScriptCall | float", Any, Decision]
 class DenyCacheLike(Protocol):
     def lookup(self, checks: Sequence[Check], now_us: int) -> Decision | None: ...
 
-    def record(self, checks: Sequence[Check], call: ScriptCall, reply: Sequence[int],
+    def record(self, checks: Sequence[Check], layout: Layout, reply: Sequence[int],
                sent_us: int) -> None: ...
 
     def forget(self, checks: Sequence[Check]) -> None: ...
@@ -474,7 +436,7 @@ def plan_check(
     call = built[0]
     sent = now_us()
     reply: Sequence[int] = yield call
-    deny.record(checks, call, reply, sent)
+    deny.record(checks, call.layout, reply, sent)
     return decide(call, reply)
 
 

@@ -11,10 +11,7 @@ from time import perf_counter
 from typing import Any
 
 from ratelimit_mw.backends.base import bounded
-from ratelimit_mw.core.decision import Decision
-from ratelimit_mw.core.deny_cache import LAPSED
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Selection, Unavailable
 from ratelimit_mw.http.hooks import answer_all
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
@@ -25,18 +22,13 @@ Verdict = Admit | Refuse | Unavailable
 def check_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verdict:
     if not guard.may_call():
         return guard.failed(request, plan, None)
-    return _asked_sync(guard, limiter, plan, request)
-
-
-def _asked_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verdict:
-    """`check_sync` once the breaker let the call through."""
     # Timed only where an event reports it (a shadow refusal); a clock read costs otherwise.
     start = perf_counter() if guard.shadow else 0.0
     try:
         # The breaker's probe (it is still open) must reach the store: the deny cache's
         # answer would close it on a store nobody asked.
-        decision = (limiter.probe(plan.checks) if guard.breaker.is_open
-                    else limiter.check(plan.checks))
+        decision = limiter.decide(plan.compiled, plan.identities,
+                                  cached=not guard.breaker.is_open)
     except Exception as exc:  # anything from the backend call: never a 500
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)
@@ -45,23 +37,10 @@ def _asked_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Ver
 async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: Any) -> Verdict:
     if not guard.may_call():
         return guard.failed(request, plan, None)
-    return await _asked_async(guard, limiter, plan, request)
-
-
-async def _asked_async(guard: Guard, limiter: AsyncLimiter, plan: Plan,
-                       request: Any) -> Verdict:
     start = perf_counter() if guard.shadow else 0.0
     try:
-        if guard.breaker.is_open:  # the breaker's probe: the store's answer (check_sync)
-            decision = await limiter.probe(plan.checks, guard.timeout)
-        else:
-            # The deny cache answers without I/O: no deadline for that; the store's answer
-            # is bounded by the limiter (see AsyncLimiter.ask).
-            found = limiter.replay(plan.checks)
-            if isinstance(found, Decision):
-                decision = found
-            else:
-                decision = await limiter.ask(plan.checks, found is LAPSED, guard.timeout)
+        decision = await limiter.decide(plan.compiled, plan.identities, guard.timeout,
+                                        cached=not guard.breaker.is_open)
     except Exception as exc:  # "never a 500" covers whatever a backend raises
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)
@@ -70,14 +49,7 @@ async def _asked_async(guard: Guard, limiter: AsyncLimiter, plan: Plan,
 def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: Any,
                 method: str, preflight: bool) -> Verdict | None:
     """The verdict on one request that `selection` applies to; None: no limit applies to it
-    (its keys said None, a preflight not charged, exempt_when). The common request, one
-    check with a `Lane`, goes through `lane_sync`; any other is planned and checked."""
-    lane = guard.lane(selection, preflight)
-    if lane is not None:
-        identity = guard.identity(selection.single, request, method)  # type: ignore[arg-type]
-        if identity is None:
-            return None
-        return lane_sync(guard, limiter, lane, selection, identity, request)
+    (its keys said None, a preflight not charged, exempt_when)."""
     plan = guard.plan(selection, request, method, preflight)
     if plan is None:
         return None
@@ -86,49 +58,12 @@ def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: A
 
 async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
                        request: Any, method: str, preflight: bool) -> Verdict | None:
-    lane = guard.lane(selection, preflight)
-    if lane is not None:
-        identity = guard.identity(selection.single, request, method)  # type: ignore[arg-type]
-        if identity is None:
-            return None
-        return await lane_async(guard, limiter, lane, selection, identity, request)
     hooks = guard.hooks(selection, preflight)
     answers = await answer_all(hooks, request) if hooks else None
     plan = guard.plan(selection, request, method, preflight, answers)
     if plan is None:
         return None
     return await check_async(guard, limiter, plan, request)
-
-
-def lane_sync(guard: Guard, limiter: Limiter, lane: Lane, selection: Selection,
-              identity: str, request: Any) -> Verdict:
-    """`check_sync` of the plan ``Plan([lane.check(identity)], selection)``, the plan built
-    only where a verdict needs it (a failure, a refusal)."""
-    if not guard.may_call():
-        return guard.lane_failed(request, lane, identity, selection, None)
-    if guard.breaker.is_open:  # the breaker's probe: the store's answer (check_sync)
-        return _asked_sync(guard, limiter, guard.lane_plan(lane, identity, selection), request)
-    start = perf_counter() if guard.shadow else 0.0
-    try:
-        decision = limiter.lane_hit(lane, identity)
-    except Exception as exc:  # anything from the backend call: never a 500
-        return guard.lane_failed(request, lane, identity, selection, exc)
-    return guard.lane_decided(request, lane, identity, selection, decision, start)
-
-
-async def lane_async(guard: Guard, limiter: AsyncLimiter, lane: Lane, selection: Selection,
-                     identity: str, request: Any) -> Verdict:
-    if not guard.may_call():
-        return guard.lane_failed(request, lane, identity, selection, None)
-    if guard.breaker.is_open:  # the breaker's probe: the store's answer (check_sync)
-        return await _asked_async(guard, limiter, guard.lane_plan(lane, identity, selection),
-                                  request)
-    start = perf_counter() if guard.shadow else 0.0
-    try:
-        decision = await limiter.lane_hit(lane, identity, guard.timeout)
-    except Exception as exc:  # "never a 500" covers whatever a backend raises
-        return guard.lane_failed(request, lane, identity, selection, exc)
-    return guard.lane_decided(request, lane, identity, selection, decision, start)
 
 
 def refund_sync(guard: Guard, limiter: Limiter, admit: Admit, status: int) -> None:

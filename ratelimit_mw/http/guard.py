@@ -1,23 +1,23 @@
 """The request guard: what to do with one HTTP request, decided without I/O.
 
 Every adapter (ASGI, WSGI, Flask, FastAPI) drives the same steps and only reads the request
-and renders the verdict in its own protocol::
+and renders the verdict in its own protocol (`ratelimit_mw.http.drive` holds the steps once
+for sync and once for async limiters)::
 
     selection = guard.select(method, path, route)    # which limits apply (cached per shape)
-    plan = guard.plan(selection, request, method, preflight)   # the Checks to send, or None
+    plan = guard.plan(selection, request, method, preflight)   # the compiled hit and its
+                                                      # identities, or None
     if guard.may_call():                              # the breaker: closed, or the one probe
-        try:    verdict = guard.decided(request, plan, limiter.check(plan.checks), seconds)
+        try:    verdict = guard.decided(request, plan, limiter.decide(plan.compiled,
+                                                                      plan.identities))
         except Exception as exc:  verdict = guard.failed(request, plan, exc)
     else:       verdict = guard.failed(request, plan, None)
 
-The common request, one policy whose arguments depend on the cost alone, takes a lane
-instead: `Selection.lane` (a `core.lane.Lane`, built once with the selection) stands for the
-plan, ``guard.identity`` runs the key function, ``limiter.lane_hit`` decides and
-``guard.lane_decided`` renders; a plan is built only where a failure or a refusal needs one.
-(`ratelimit_mw.http.drive` holds both loops once for sync and once for async limiters.) A
-verdict is `Admit` (headers to add, checks to give back if the response's status says so),
-`Refuse` (429: status, headers, body) or `Unavailable` (503). Nothing here raises for
-anything a client sends.
+A selection's limits are compiled once (`core.compiled.Compiled`) when they are fixed; a
+request whose keys leave some out, or whose dynamic limits or costs pick its own, gets the
+limiter's compiled hit for what it applies. A verdict is `Admit` (headers to add, checks to
+give back if the response's status says so), `Refuse` (429: status, headers, body) or
+`Unavailable` (503). Nothing here raises for anything a client sends.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from typing import Any, NamedTuple
 
 from ratelimit_mw import keys as _keys
 from ratelimit_mw.backends.memory import MemoryBackend
+from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
-from ratelimit_mw.core.lane import Lane
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy, SharedLogs
-from ratelimit_mw.core.wire import wire
 from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
@@ -97,8 +96,8 @@ class Selection:
     decorated route is never left without a limit by a missing header.
     """
 
-    __slots__ = ("applied", "dynamic", "fallback", "hooks", "lane", "policy_header", "routed",
-                 "single")
+    __slots__ = ("applied", "compiled", "dynamic", "fallback", "hooks", "policy_header",
+                 "routed")
 
     def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
                  fallback: Selection | None = None) -> None:
@@ -117,24 +116,22 @@ class Selection:
                          item.cost if callable(item.cost) else None)
             if is_async(hook)
         )) + (fallback.hooks if fallback is not None else ())
-        # The common shape (one fixed policy, a sync key, a whole-number cost, no
-        # per-request condition) planned without the generic loop: `Guard.plan` takes this
-        # item as is.
-        only = applied[0] if len(applied) == 1 else None
-        self.single: Applied | None = (
-            only if only is not None and not routed and only.policy is not None
-            and only.dynamic is None and only.exempt_when is None
-            and type(only.cost) is int and not self.hooks else None
-        )
-        # The single check precompiled for the guard's limiter (`Guard._lane_for`).
-        self.lane: Lane | None = None
+        # The hit of every item, compiled by `Guard.select` when each has a fixed policy
+        # and cost.
+        self.compiled: Compiled | None = None
 
 
 class Plan(NamedTuple):
-    """What one request sends: its checks, and the selection they came from (for headers)."""
+    """What one request sends: the compiled hit, an identity per check, and the selection
+    they came from (for headers)."""
 
-    checks: list[Check]
+    compiled: Compiled
+    identities: tuple[str, ...]
     selection: Selection
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        return self.compiled.checks(self.identities)
 
 
 class Admit(NamedTuple):
@@ -143,7 +140,7 @@ class Admit(NamedTuple):
 
     decision: Decision | None
     headers: Headers | None
-    refund: list[Check] | None
+    refund: tuple[Check, ...] | None
     raw: RawHeaders | None = None
 
 
@@ -163,11 +160,6 @@ class Unavailable(NamedTuple):
 PASS = Admit(None, None, None, None)
 # NamedTuples built per request skip their generated __new__ (fields given in order).
 _new = tuple.__new__
-
-
-def _lane_plan(lane: Lane, identity: str, selection: Selection) -> Plan:
-    """The plan a lane's check stands for, built only where a verdict needs it."""
-    return Plan([lane.check(identity)], selection)
 
 
 def _fallback_identity(request: Any) -> str:
@@ -228,9 +220,6 @@ class Guard:
         exempt = config.exempt_when
         self._exempt_hooks: tuple[Callable[[Any], Any], ...] = (
             (exempt,) if exempt is not None and is_async(exempt) else ())
-        # Lanes (core.lane) for limiters that take them: their key prefix.
-        self._lane_prefix: str | None = (
-            limiter.prefix if callable(getattr(limiter, "lane_hit", None)) else None)
         policy = config.on_backend_error
         self.breaker = Breaker(config.backend_cooldown,
                                repr(policy) if isinstance(policy, str) else "<callable>")
@@ -327,21 +316,14 @@ class Guard:
             selection: Selection | None = Selection(routed + from_rules, len(routed), fallback)
         else:
             selection = Selection(plain) if plain else None
-        if selection is not None:
-            selection.lane = self._lane_for(selection)
+        for made in (selection, selection.fallback if selection is not None else None):
+            if made is not None and all(item.policy is not None and type(item.cost) is int
+                                        for item in made.applied):
+                made.compiled = self.limiter.compile([(item.policy, item.cost)
+                                                      for item in made.applied])
         # The key holds ids of objects that live as long as the app (routes, rules).
         self._selection_cache[cache_key] = selection
         return selection
-
-    def _lane_for(self, selection: Selection) -> Lane | None:
-        """A lane for the selection's single check, built once with the selection: when
-        the limiter takes lanes, no global exempt_when is asked first, and the policy's
-        arguments depend on the cost alone."""
-        single = selection.single
-        if (single is None or single.policy is None or self._lane_prefix is None
-                or self.exempt_when is not None or not wire(single.policy).static):
-            return None
-        return Lane(single.policy, single.cost, self._lane_prefix)  # type: ignore[arg-type]
 
     # -- the checks of one request ---------------------------------------------------------
     def hooks(self, selection: Selection, preflight: bool = False
@@ -361,35 +343,14 @@ class Guard:
             return None
         if self.exempt_when is not None and self._exempt(self.exempt_when, request, answers):
             return None
-        single = selection.single
-        if single is not None:
-            return self._plan_single(single, selection, request, method)
-        return self._plan_generic(selection, request, method, answers)
+        return self._planned(selection, request, method, answers)
 
-    def _plan_single(self, item: Applied, selection: Selection, request: Any,
-                     method: str) -> Plan | None:
-        """`_plan_generic` for a `Selection.single` item: the same result, fewer steps
-        (held equal by tests/test_http_fast_path.py)."""
-        identity = self.identity(item, request, method)
-        if identity is None:
-            return None
-        return Plan([Check(item.policy, identity, item.cost)],  # type: ignore[arg-type]
-                    selection)
-
-    def lane(self, selection: Selection, preflight: bool) -> Lane | None:
-        """The selection's `Lane` when this request may take it: the plan would be the
-        lane's one check (no preflight rule, no exempt_when to ask first), so the adapter
-        asks `identity` and the limiter's `lane_hit` instead of `plan` and `check`."""
-        lane = selection.lane
-        if lane is None or (preflight and not self.charge_preflight):
-            return None
-        return lane
-
-    def identity(self, item: Applied, request: Any, method: str) -> str | None:
+    def identity(self, item: Applied, request: Any, method: str,
+                 answers: Answers | None = None) -> str | None:
         """The identity `item` counts this request under (None: it does not apply)."""
         try:
-            identity = item.key(request)
-        except Exception as exc:
+            identity = item.key(request) if answers is None else ask(item.key, request, answers)
+        except Exception as exc:  # a key function's bug must not become a 500
             self.log_failure("ratelimit_mw key function raised; using the client IP", exc)
             identity = _fallback_identity(request)
         if identity is None:
@@ -401,9 +362,10 @@ class Guard:
             identity = f"{verb} {identity}"
         return identity
 
-    def _plan_generic(self, selection: Selection, request: Any, method: str,
-                      answers: Answers | None) -> Plan | None:
-        checks: list[Check] = []
+    def _planned(self, selection: Selection, request: Any, method: str,
+                 answers: Answers | None) -> Plan | None:
+        identities: list[str] = []
+        items: list[tuple[Policy, int]] = []
         chosen: list[Applied] | None = [] if selection.dynamic else None
         routed = selection.routed
         keyed = 0
@@ -417,41 +379,36 @@ class Guard:
                 policy = self._dynamic_policy(item.dynamic, request, answers)
                 if policy is None:
                     continue
-            try:
-                identity = ask(item.key, request, answers)
-            except Exception as exc:  # a key function's bug must not become a 500
-                self.log_failure("ratelimit_mw key function raised; using the client IP", exc)
-                identity = _fallback_identity(request)
+            identity = self.identity(item, request, method, answers)
             if identity is None or policy is None:
                 continue
-            if type(identity) is not str:
-                identity = self._not_a_string(item, identity, request)
             keyed += index < routed
+            cost = item.cost
+            if type(cost) is not int:
+                cost = self._cost(cost, request, answers)  # type: ignore[arg-type]
             if chosen is not None:
                 chosen.append(Applied(policy, item.key, item.cost, item.label))
-            if item.per_method:
-                verb = "GET" if method == "HEAD" else (method if method in _METHODS else "OTHER")
-                identity = f"{verb} {identity}"
-            cost = item.cost
-            if not isinstance(cost, int):
-                try:
-                    cost = checked_cost(cost, ask(cost, request, answers))
-                except ConfigurationError:
-                    raise  # the app's cost callable returns a non-int: its bug, said so
-                except Exception as exc:
-                    self.log_failure("ratelimit_mw cost function raised; counting 1", exc)
-                    cost = 1
-            checks.append(Check(policy, identity, cost))
+            identities.append(identity)
+            items.append((policy, cost))
         if routed and not keyed and selection.fallback is not None:
-            fallback = selection.fallback
-            if fallback.single is not None:
-                return self._plan_single(fallback.single, fallback, request, method)
-            return self._plan_generic(fallback, request, method, answers)
-        if not checks:
+            return self._planned(selection.fallback, request, method, answers)
+        if not identities:
             return None
+        compiled = selection.compiled
+        if compiled is None or len(identities) != len(selection.applied):
+            compiled = self.limiter.compile(items)
         if chosen is not None:
             selection = self._chosen_selection(chosen)
-        return Plan(checks, selection)
+        return _new(Plan, (compiled, tuple(identities), selection))
+
+    def _cost(self, cost: Callable[[Any], Any], request: Any, answers: Answers | None) -> int:
+        try:
+            return checked_cost(cost, ask(cost, request, answers))
+        except ConfigurationError:
+            raise  # the app's cost callable returns a non-int: its bug, said so
+        except Exception as exc:
+            self.log_failure("ratelimit_mw cost function raised; counting 1", exc)
+            return 1
 
     def _dynamic_policy(self, dynamic: DynamicLimit, request: Any,
                         answers: Answers | None) -> Policy | None:
@@ -499,14 +456,15 @@ class Guard:
         mode, for the latency a shadow refusal reports."""
         if self.breaker.succeeded() and self._fallback is not None:
             self._fallback = self._fresh_fallback()  # what the outage counted is dropped
-        return self._verdict(request, plan, decision, started, plan.checks)
+        return self._verdict(request, plan, decision, started, self.watch_status)
 
     def _verdict(self, request: Any, plan: Plan, decision: Decision, started: float,
-                 refund: list[Check] | None) -> Admit | Refuse:
-        """An answer as the response it makes: headers, a 429, shadow mode's report."""
+                 refundable: bool) -> Admit | Refuse:
+        """An answer as the response it makes: headers, a 429, shadow mode's report;
+        `refundable`: the response's status may give the hit back."""
         selection = plan.selection
         if decision.allowed:
-            return self._admit(decision, selection, refund)
+            return self._admit(decision, selection, plan.checks if refundable else None)
         self._notify_refusal(request, decision)
         if self.shadow:
             self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
@@ -523,27 +481,8 @@ class Guard:
         self._last_refusal = (decision, selection, refusal)
         return refusal
 
-    def lane_decided(self, request: Any, lane: Lane, identity: str, selection: Selection,
-                     decision: Decision, started: float = 0.0) -> Admit | Refuse:
-        """`decided` for the answer to a lane's check: its plan, ``Plan([lane.check(identity)],
-        selection)``, is built only where a refusal needs it."""
-        if decision.allowed and not self.breaker.is_open:
-            return self._admit(decision, selection, [lane.check(identity)])
-        return self.decided(request, _lane_plan(lane, identity, selection), decision, started)
-
-    @staticmethod
-    def lane_plan(lane: Lane, identity: str, selection: Selection) -> Plan:
-        """The plan a lane's check stands for."""
-        return _lane_plan(lane, identity, selection)
-
-    def lane_failed(self, request: Any, lane: Lane, identity: str, selection: Selection,
-                    exc: BaseException | None) -> Admit | Refuse | Unavailable:
-        """`failed` for a lane's check, its plan built now."""
-        return self.failed(request, _lane_plan(lane, identity, selection), exc)
-
     def _admit(self, decision: Decision, selection: Selection,
-               checks: list[Check] | None) -> Admit:
-        refund = checks if self.watch_status else None
+               refund: tuple[Check, ...] | None) -> Admit:
         if not self.headers:
             return _new(Admit, (decision, None, refund, None))
         if self.raw and not self.legacy:
@@ -553,8 +492,8 @@ class Guard:
         return self._headed(decision, rate_limit_headers(decision, selection.policy_header,
                                                          self.legacy), refund)
 
-    def _headed(self, decision: Decision, headers: Headers, refund: list[Check] | None
-                ) -> Admit:
+    def _headed(self, decision: Decision, headers: Headers,
+                refund: tuple[Check, ...] | None) -> Admit:
         """An Admit with these headers, in the form the adapter sends (`raw` or not)."""
         if self.raw:
             return _new(Admit, (decision, None, refund, encode_raw(headers)))
@@ -563,7 +502,7 @@ class Guard:
     def failed(self, request: Any, plan: Plan, exc: BaseException | None
                ) -> Admit | Refuse | Unavailable:
         """The failure policy; `exc` None: the breaker skipped the backend."""
-        names = [check.policy.name for check in plan.checks]
+        names = [policy.name for policy in plan.compiled.policies]
         if exc is None:
             self._observe(BREAKER_OPEN if self._fallback is None else FALLBACK, names, 0.0)
             error: BaseException = self._cooling
@@ -595,7 +534,7 @@ class Guard:
         except Exception as exc:  # the memory backend's own failure: admit, as "allow"
             self.log_failure("ratelimit_mw in-memory fallback failed; admitting", exc)
             return PASS
-        return self._verdict(request, plan, decision, 0.0, None)
+        return self._verdict(request, plan, decision, 0.0, False)
 
     def _admit_on_error(self, request: Any, exc: BaseException) -> bool:
         policy = self.config.on_backend_error

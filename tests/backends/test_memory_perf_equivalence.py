@@ -7,9 +7,9 @@ several tiers need (bans, joint retries, one commit per log). Neither may change
 - a raw ARGV of strings (what a Redis client sends) gets the replies the core's ints get;
 - a tier answers alone (the one-tier path) exactly as it does beside a tier that always
   admits (the general path), call after call, so the state each path leaves is the same too;
-- a hit given as its parts (`hit_one` for one tier, `hit_tiers` for several: what the
-  limiters send MemoryBackend itself) answers and stores exactly what `run` of the built call
-  does, interleaved with every other operation on the same keys.
+- a hit (`run` of an H call: each tier's admitted case checked inline, nothing stored until
+  every tier admits) answers and stores exactly what the general `_decide` does for the same
+  call, interleaved with every other operation on the same keys.
 
 Redis-free and fast; tests/test_differential.py holds both paths to the Lua script itself.
 """
@@ -147,6 +147,15 @@ def test_a_tier_answers_alone_as_it_does_beside_a_tier_that_always_admits(
         assert reply == wider[:6] + wider[11:14], (step, reply, wider)
 
 
+def _decided(backend: rl.MemoryBackend, call: plans.ScriptCall) -> list[int]:
+    """The hit `call`, decided by the general `_decide`, never by `run`'s inline checks."""
+    keys, args = call.keys, call.args
+    with backend._lock:
+        now_us, now = backend._tick(args[1])
+        return backend._decide(plans.HIT, keys, memory_module._read_tiers(keys, args, args[4]),
+                               args[2], now, now, now_us)
+
+
 def _stored(backend: rl.MemoryBackend) -> object:
     """Every live key's value and expiry (a log as its entries and its member index), what
     the sweep will visit and when the backend was last called: all a later call depends on."""
@@ -161,10 +170,10 @@ def _stored(backend: rl.MemoryBackend) -> object:
 @given(pool=st.lists(policies(extras=False), min_size=2, max_size=2),
        sequence=steps(["hit", "hit", "hit", "hit", "peek", "refund", "reset", "book"]),
        clock=st.sampled_from(["given", "own"]))
-def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
+def test_a_hit_run_inline_is_the_general_decision(
     pool: list[rl.Policy], sequence: list[Step], clock: str
 ) -> None:
-    """One to three tiers: `hit_one` takes a one-tier hit, `hit_tiers` any other."""
+    """One to three tiers, every algorithm: `run`'s inline hit against `_decide`."""
     parts, whole = rl.MemoryBackend(), rl.MemoryBackend()
     now_ms = START_MS
     for n, step in enumerate(sequence):
@@ -176,25 +185,14 @@ def test_a_hit_given_as_its_parts_is_the_run_of_its_call(
             now: int | str = now_ms * 1000 + 123 if clock == "given" else ""
             token = f"t{n}" if check.policy.algorithm == "sliding-log" else ""
             call = plans.build(plans.HIT, [check], "eq", now_us=now or None, token=token or None)
-            assert call.args[2] == token  # the parts below are the call's
-            keys = call.keys
-            tiers = tuple(call.args[5:])
-            assert len(tiers) == 7 * len(keys) == 7 * call.args[4]
-
-            def by_parts(keys: list[str] = keys, tiers: tuple[object, ...] = tiers,
-                         token: str = token, now: int | str = now) -> list[int]:
-                if len(keys) == 1:
-                    return parts.hit_one(keys[0], tiers, token, now)
-                return parts.hit_tiers(keys, tiers, token, now)
-
             if clock == "own":
                 # This process's clock, read by each backend, frozen on the sequence's time.
                 with _frozen_time(now_ms * 1000 + 123):
-                    expected = whole.run(call)
-                    got = by_parts()
+                    expected = _decided(whole, call)
+                    got = parts.run(call)
             else:
-                expected = whole.run(call)
-                got = by_parts()
+                expected = _decided(whole, call)
+                got = parts.run(call)
             assert got == expected, (step, call.args)
         else:
             if step.kind == "book" and check.policy.algorithm != "sliding-log":
@@ -221,7 +219,7 @@ EDGES: list[tuple[str, Algorithm, list[int]]] = [
 
 
 @pytest.mark.parametrize(("rates", "algorithm", "advances"), EDGES)
-def test_a_hit_given_as_its_parts_is_the_run_of_its_call_at_the_edges(
+def test_a_hit_run_inline_is_the_general_decision_at_the_edges(
     rates: str, algorithm: Algorithm, advances: list[int]
 ) -> None:
     policy = rl.Policy(rates, algorithm=algorithm, name="edge")
@@ -232,12 +230,8 @@ def test_a_hit_given_as_its_parts_is_the_run_of_its_call_at_the_edges(
         token = f"t{n}" if algorithm == "sliding-log" else ""
         call = plans.build(plans.HIT, [plans.Check(policy, "a", 1)], "eq",
                            now_us=now_ms * 1000 + 123, token=token or None)
-        keys, tiers = call.keys, tuple(call.args[5:])
-        expected = whole.run(call)
-        if len(keys) == 1:
-            got = parts.hit_one(keys[0], tiers, token, now_ms * 1000 + 123)
-        else:
-            got = parts.hit_tiers(keys, tiers, token, now_ms * 1000 + 123)
+        expected = _decided(whole, call)
+        got = parts.run(call)
         assert got == expected, (n, advance)
         assert _stored(parts) == _stored(whole), (n, advance)
 

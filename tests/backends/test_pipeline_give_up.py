@@ -283,12 +283,12 @@ async def test_the_middleware_deadline_through_the_limiter_says_timed_out(prefix
                                                                           ) -> None:
     backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS_URL))
     limiter = rl.AsyncLimiter(backend, prefix=prefix)
-    checks = [Check(rl.Policy("10/minute", name=uuid.uuid4().hex[:8]), "ip:1")]
+    compiled = limiter.compile([(rl.Policy("10/minute", name=uuid.uuid4().hex[:8]), 1)])
     try:
-        await limiter.check(checks)
+        await limiter.decide(compiled, ("ip:1",))
         redis_client.execute_command("CLIENT", "PAUSE", 300, "ALL")
-        outcomes = await asyncio.gather(*(limiter.ask(checks, timeout=0.05) for _ in range(5)),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(*(limiter.decide(compiled, ("ip:1",), 0.05)
+                                          for _ in range(5)), return_exceptions=True)
         assert all(type(o) is TimeoutError and not str(o) for o in outcomes)
     finally:
         redis_client.execute_command("CLIENT", "UNPAUSE")
@@ -306,4 +306,4 @@ async def test_a_backend_without_its_own_deadline_runs_under_a_timer() -> None:
 
     limiter = rl.AsyncLimiter(Hung())  # type: ignore[arg-type]
     with pytest.raises(TimeoutError):
-        await limiter.ask([Check(rl.Policy("1/minute"), "ip:1")], timeout=0.01)
+        await limiter.decide(limiter.compile([(rl.Policy("1/minute"), 1)]), ("ip:1",), 0.01)

@@ -1,0 +1,406 @@
+"""The compiled hit (core.compiled) against the plain builders, and the limiter's one way.
+
+Whatever applies to a request is compiled once into a `Compiled`: its call, its packed
+bytes, its reply reading. `Limiter.decide` and `AsyncLimiter.decide` take it for every hit,
+on every backend; the async side posts the compiled bytes on the pipelined connection and
+awaits the connection's future itself. So:
+
+- pure: the compiled call, bytes and Decision against `plans.build`, hiredis's
+  packing and `plans.decide` on random selections (several policies, penalties, calendars,
+  a policy given twice), identities, costs, clocks and replies;
+- the failures of the posted call: NOSCRIPT, a dropped connection, the caller's deadline, a
+  cold start, a pause after the write;
+- the deny cache's records on every backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import hiredis
+import pytest
+import redis
+import redis.asyncio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ratelimit_mw as rl
+from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core.compiled import Compiled, pack
+from ratelimit_mw.core.plans import Check, ScriptCall
+from tests.conftest import REDIS_URL, StepClock
+from tests.test_differential import policies
+
+REDIS = REDIS_URL
+
+
+def _pack(call: ScriptCall) -> bytes:
+    return hiredis.pack_command(  # type: ignore[no-any-return]
+        ("EVALSHA", scripts.sha1(), len(call.keys), *call.keys, *call.args))
+
+
+# -- pure ---------------------------------------------------------------------------------
+
+
+def _replies(tiers: int) -> st.SearchStrategy[list[int]]:
+    values = st.integers(-1, 10**13)
+    admitted = st.lists(values, min_size=5 * tiers, max_size=5 * tiers).map(lambda v: [1, *v])
+    refused = st.lists(values, min_size=8 * tiers, max_size=8 * tiers).map(lambda v: [0, *v])
+    return st.one_of(admitted, refused)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pool=st.lists(policies(), min_size=1, max_size=3),
+    picks=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 50), st.integers(0, 2)),
+                   min_size=1, max_size=3),
+    names=st.lists(st.text(min_size=1, max_size=90), min_size=3, max_size=3),
+    prefix=st.sampled_from(["rl", "a.b:c", "x-1"]),
+    now_us=st.one_of(st.none(), st.integers(0, 2**52)),
+    clock_ms=st.integers(1_600_000_000_000, 1_900_000_000_000),
+    data=st.data(),
+)
+def test_a_compiled_hit_builds_packs_and_reads_as_the_plain_builders(
+    pool: list[rl.Policy], picks: list[tuple[int, int, int]], names: list[str], prefix: str,
+    now_us: int | None, clock_ms: int, data: Any
+) -> None:
+    """Any selection: one policy or several, the same policy twice (for one identity or
+    two), penalties and calendars among them."""
+    items = [(pool[p % len(pool)], cost) for p, cost, _ in picks]
+    identities = tuple(names[i] for _, _, i in picks)
+    compiled = Compiled(items, prefix)
+    checks = tuple(Check(policy, identity, cost)
+                   for (policy, cost), identity in zip(items, identities, strict=True))
+    assert compiled.checks(identities) == checks
+    token = compiled.token()
+    plain = plans.build(plans.HIT, checks, prefix, now_us=now_us, clock_ms=clock_ms,
+                                token=token or "")
+    assert compiled.call(identities, now_us, token, clock_ms) == plain
+    assert compiled.packed(identities, now_us, token, clock_ms) == _pack(plain)
+    assert pack(plain) == _pack(plain)
+    assert compiled.layout(identities) == plain.layout
+    tiers = sum(len(policy.rates) for policy, _ in plain.layout)
+    reply = data.draw(_replies(tiers))
+    assert compiled.decide(identities, reply) == plans.decide(plain, reply)
+
+
+def test_a_compiled_hit_takes_policies_and_whole_costs_only() -> None:
+    with pytest.raises(rl.ConfigurationError, match="cost"):
+        Compiled([(rl.Policy("1/second"), 0)], "rl")
+    with pytest.raises(rl.ConfigurationError, match="Policy"):
+        Compiled([("1/second", 1)], "rl")  # type: ignore[list-item]
+    with pytest.raises(rl.ConfigurationError, match="at least one"):
+        Compiled([], "rl")
+
+
+def test_a_sliding_log_hit_is_named_by_a_fresh_token_each_time() -> None:
+    compiled = Compiled([(rl.Policy("5/minute;9/hour", algorithm="sliding-log"), 1)], "rl")
+    assert compiled.packed(("u",)) != compiled.packed(("u",))
+    assert compiled.call(("u",)).args[2] != compiled.call(("u",)).args[2]
+
+
+def test_a_limiter_compiles_each_set_once() -> None:
+    limiter = rl.Limiter()
+    policy = rl.Policy("1/second")
+    assert limiter.compile([(policy, 1)]) is limiter.compile([(policy, 1)])
+    assert limiter.compile([(policy, 2)]) is not limiter.compile([(policy, 1)])
+
+
+@pytest.mark.parametrize("rates", ["4/second", "4/second;9/minute"])
+@pytest.mark.parametrize("algorithm", sorted(rl.ALGORITHMS))
+def test_hits_at_one_instant_fill_the_quota_sync_and_async(algorithm: str, rates: str) -> None:
+    clock = StepClock()
+    policy = rl.Policy(rates, algorithm=algorithm)  # type: ignore[arg-type]
+    sync = rl.Limiter(clock=clock)
+    assert [sync.hit(policy, "u").allowed for _ in range(5)] == [True] * 4 + [False]
+
+    async def play() -> list[bool]:
+        limiter = rl.AsyncLimiter(clock=clock)
+        return [(await limiter.hit(policy, "u")).allowed for _ in range(5)]
+
+    assert asyncio.run(play()) == [True] * 4 + [False]
+
+
+# -- the posted call: its failures on the real Redis ----------------------------------------
+
+
+def _compiled(prefix: str, limit: str = "5/minute", algorithm: str = "fixed-window"
+          ) -> Compiled:
+    policy = rl.Policy(limit, algorithm=algorithm, name=uuid.uuid4().hex[:8])  # type: ignore[arg-type]
+    return Compiled([(policy, 1)], prefix)
+
+
+@contextlib.asynccontextmanager
+async def _connected(prefix: str) -> AsyncIterator[rl.AsyncLimiter]:
+    """A limiter on the real Redis whose pipelined connection is open (hits are posted at once),
+    closed afterwards."""
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    await backend._pipe.command("PING")
+    try:
+        yield rl.AsyncLimiter(backend, prefix=prefix)
+    finally:
+        await backend.aclose()
+
+
+async def test_a_cold_start_connects_then_posts(prefix: str) -> None:
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    limiter = rl.AsyncLimiter(backend, prefix=prefix)
+    hit = _compiled(prefix)
+    posted: list[bytes] = []
+    post = limiter._post
+    assert post is not None
+
+    def counting(packed: bytes, give_up: float) -> Any:
+        waiter = post(packed, give_up)
+        if waiter is not None:
+            posted.append(packed)
+        return waiter
+
+    limiter._post = counting
+    try:
+        first = await limiter.decide(hit, ("ip:1",), 1.0)  # no connection yet: not posted
+        second = await limiter.decide(hit, ("ip:1",), 1.0)
+        assert (first.remaining, second.remaining) == (4, 3)
+        assert posted == [hit.packed(("ip:1",))]
+    finally:
+        await backend.aclose()
+
+
+async def test_a_posted_refusal_is_counted_down_from_the_moment_its_call_was_sent(
+    prefix: str
+) -> None:
+    # The process pauses 100 ms right after the write (a GC pause, a busy loop): the deny
+    # cache must still count the refusal from the send, as every other path does, or it
+    # refuses a hit that the store would admit.
+    clock = StepClock()
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    await backend._pipe.command("PING")
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, clock=clock)
+    hit = Compiled([(rl.Policy("1/second", algorithm="gcra", name="pause"), 1)], prefix)
+    post = limiter._post
+    assert post is not None
+    pauses: list[int] = []
+
+    def pausing(packed: bytes, give_up: float) -> Any:
+        waiter = post(packed, give_up)
+        if pauses:
+            clock.advance_ms(pauses.pop())
+        return waiter
+
+    limiter._post = pausing
+    try:
+        sent_at = clock.us
+        assert (await limiter.decide(hit, ("ip:1",), 1.0)).allowed
+        pauses.append(100)
+        refused = await limiter.decide(hit, ("ip:1",), 1.0)
+        assert not refused.allowed and refused.retry_after == 1.0
+        assert limiter._deny is not None
+        assert [entry.decided for entry in limiter._deny._entries.values()] == [sent_at]
+        clock.us = sent_at + 1_000_000  # when the store admits again
+        assert (await limiter.decide(hit, ("ip:1",), 1.0)).allowed
+    finally:
+        await backend.aclose()
+
+
+async def test_after_a_script_flush_the_script_is_loaded_and_the_hit_counted_once(
+    prefix: str, redis_client: redis.Redis
+) -> None:
+    hit = _compiled(prefix)
+    async with _connected(prefix) as limiter:
+        assert (await limiter.decide(hit, ("ip:1",), 1.0)).remaining == 4
+        redis_client.script_flush()
+        assert (await limiter.decide(hit, ("ip:1",), 1.0)).remaining == 3
+        assert (await limiter.peek(hit.policies[0], "ip:1")).remaining == 3
+
+
+async def test_a_dropped_connection_is_reopened_and_the_hit_counted_once(
+    prefix: str, redis_client: redis.Redis
+) -> None:
+    hit = _compiled(prefix)
+    async with _connected(prefix) as limiter:
+        assert (await limiter.decide(hit, ("ip:1",), 1.0)).remaining == 4
+        redis_client.client_kill_filter(_type="normal", skipme=True)
+        decisions = await asyncio.gather(*(limiter.decide(hit, ("ip:1",), 1.0)
+                                           for _ in range(3)))
+        assert sorted(d.remaining for d in decisions) == [1, 2, 3]
+        assert (await limiter.peek(hit.policies[0], "ip:1")).remaining == 1
+
+
+async def test_a_call_past_the_deadline_fails_and_is_never_sent_again(
+    prefix: str, redis_client: redis.Redis
+) -> None:
+    hit = _compiled(prefix)
+    async with _connected(prefix) as limiter:
+        try:
+            redis_client.execute_command("CLIENT", "PAUSE", 200, "WRITE")
+            with pytest.raises(TimeoutError):
+                await limiter.decide(hit, ("ip:1",), 0.05)
+            # Redis ran it once the pause ended (a call that gave up may still have been
+            # applied); the limiter did not send it a second time.
+            assert (await limiter.decide(hit, ("ip:1",), 5.0)).remaining == 3
+        finally:
+            redis_client.execute_command("CLIENT", "UNPAUSE")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "means"),
+    [
+        (TimeoutError(), TimeoutError),
+        (asyncio.TimeoutError(), TimeoutError),
+        (redis.exceptions.ConnectionError("lost"), None),
+        (ConnectionResetError(), None),
+        (hiredis.ReplyError("NOSCRIPT No matching script"), None),
+        (hiredis.ReplyError("OOM command not allowed"), rl.BackendError),
+        (redis.exceptions.TimeoutError("Timeout reading from Redis"), rl.BackendError),
+        ("not a list", rl.BackendError),
+    ],
+    ids=["deadline", "asyncio-deadline", "dropped", "reset", "noscript", "oom",
+         "socket-timeout", "garbage"],
+)
+def test_settle_says_which_posts_are_sent_again_whole(outcome: Any, means: Any) -> None:
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    if means is None:
+        assert backend.settle(outcome) is None
+    else:
+        with pytest.raises(means):
+            backend.settle(outcome)
+
+
+async def test_without_a_connection_that_posts_the_call_is_sent_whole(prefix: str) -> None:
+    # The memory backend, a cluster, redis-py's own client: nothing to post on.
+    for backend in (rl.MemoryBackend(),
+                    rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS, protocol=3))):
+        limiter = rl.AsyncLimiter(backend, prefix=prefix)  # type: ignore[arg-type]
+        assert limiter._post is None or limiter._post(b"", 0.0) is None
+        hit = _compiled(prefix, "2/minute")
+        answers = [await limiter.decide(hit, ("ip:1",), 1.0) for _ in range(3)]
+        assert [d.allowed for d in answers] == [True, True, False]
+        await limiter.reset(hit.policies[0], "ip:1")
+
+
+
+# -- the deny cache's records, on every backend ----------------------------------------------
+
+
+def test_a_metrics_hook_sees_each_compiled_hit() -> None:
+    seen: list[tuple[str, str]] = []
+
+    class Hook:
+        def observe(self, event: str, policy: str, seconds: float) -> None:
+            seen.append((event, policy))
+
+    limiter = rl.Limiter(rl.MemoryBackend(), metrics=Hook())
+    hit = Compiled([(rl.Policy("1/minute", name="m"), 1)], "rl")
+    assert [limiter.decide(hit, ("u",)).allowed for _ in range(2)] == [True, False]
+    assert seen == [("admitted", "m"), ("refused", "m")]
+
+
+async def test_an_admitted_hit_forgets_the_refusals_held_for_its_identity(
+    prefix: str
+) -> None:
+    """A hit of cost 1 admitted while a refusal of cost 3 is held for the same policy and
+    identity wrote what that refusal counted: the deny cache must drop it (as `record` does
+    on the plain path), on every way a hit reaches a store."""
+    policy = rl.Policy("3/minute", algorithm="fixed-window", name=uuid.uuid4().hex[:8])
+    big, small = Compiled([(policy, 3)], prefix), Compiled([(policy, 1)], prefix)
+
+    sync = rl.Limiter(rl.MemoryBackend(), prefix=prefix)
+    assert sync.decide(small, ("u",)).remaining == 2
+    assert not sync.decide(big, ("u",)).allowed
+    assert sync._deny is not None and len(sync._deny) == 1
+    assert sync.decide(small, ("u",)).remaining == 1
+    assert len(sync._deny) == 0
+
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+    await backend._pipe.command("PING")
+    try:
+        for limiter in (rl.AsyncLimiter(rl.MemoryBackend(), prefix=prefix),
+                        rl.AsyncLimiter(backend, prefix=prefix)):
+            assert (await limiter.decide(small, ("u",), 1.0)).remaining == 2
+            assert not (await limiter.decide(big, ("u",), 1.0)).allowed
+            assert limiter._deny is not None and len(limiter._deny) == 1
+            assert (await limiter.decide(small, ("u",), 1.0)).remaining == 1
+            assert len(limiter._deny) == 0
+            await limiter.reset(policy, "u")
+    finally:
+        await backend.aclose()
+
+
+async def test_a_refusal_recorded_while_a_hit_was_out_is_forgotten_by_its_admission(
+    prefix: str
+) -> None:
+    """Found in review: the deny cache must be asked after the reply. A cost-5 hit refused
+    and recorded while a cost-1 hit of the same identity is out; the cost-1 hit is admitted
+    and wrote what the refusal counted, so the refusal must go: the next cost-5 hit asks the
+    store (remaining 2) rather than replaying remaining 3; posted or sent whole alike."""
+    policy = rl.Policy("6/hour", algorithm="fixed-window", name=uuid.uuid4().hex[:8])
+
+    async def play(posted: bool, tag: str) -> list[tuple[bool, int]]:
+        backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
+        limiter = rl.AsyncLimiter(backend, prefix=prefix + tag)
+        if not posted:
+            limiter._post = None
+        small, big = Compiled([(policy, 1)], prefix + tag), Compiled([(policy, 5)], prefix + tag)
+
+        async def hit(compiled: Compiled) -> rl.Decision:
+            return await limiter.decide(compiled, ("u",), 1.0)
+
+        try:
+            for _ in range(3):
+                await hit(small)
+            refused, admitted = await asyncio.gather(hit(big), hit(small))
+            again = await hit(big)
+            return [(d.allowed, d.remaining) for d in (refused, admitted, again)]
+        finally:
+            await limiter.reset(policy, "u")
+            await backend.aclose()
+
+    assert await play(True, "l") == await play(False, "p") == [(False, 3), (True, 2), (False, 2)]
+
+
+async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
+    prefix: str, monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis
+) -> None:
+    """Found in review: the connection drops after the bytes were written (Redis ran the
+    call, its reply is lost). The call sent again must be the very same one (same token), so
+    the log holds one entry per request, not two."""
+    from ratelimit_mw.backends import pipeline
+
+    write = pipeline._Protocol._write
+    armed = [False]
+
+    def write_then_drop(self: Any, data: bytes) -> None:
+        write(self, data)
+        if armed[0]:
+            armed[0] = False
+            self.close(redis.exceptions.ConnectionError("dropped after the write"))
+
+    monkeypatch.setattr(pipeline._Protocol, "_write", write_then_drop)
+    hit = _compiled(prefix, "10/hour", "sliding-log")
+    async with _connected(prefix) as limiter:
+        await limiter.decide(hit, ("u",), 1.0)
+        armed[0] = True
+        decision = await limiter.decide(hit, ("u",), 1.0)
+        # The copy sent again saw the first copy's entry (remaining 7), and wrote the same
+        # member over it: two entries for two requests.
+        assert decision.allowed and decision.remaining == 7
+        (key,) = redis_client.scan_iter(match=f"{prefix}:*")
+        assert redis_client.zcard(key) == 2
+
+
+async def test_a_memory_backend_with_an_arun_of_its_own_is_asked_through_it() -> None:
+    asked: list[ScriptCall] = []
+
+    class Watched(rl.MemoryBackend):
+        async def arun(self, call: ScriptCall) -> list[int]:
+            asked.append(call)
+            return await super().arun(call)
+
+    limiter = rl.AsyncLimiter(Watched())
+    hit = Compiled([(rl.Policy("2/minute"), 1)], "rl")
+    assert (await limiter.decide(hit, ("u",))).remaining == 1
+    assert len(asked) == 1
