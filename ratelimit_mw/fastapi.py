@@ -38,10 +38,9 @@ from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path
 from ratelimit_mw.http.config import Config, build_config
-from ratelimit_mw.http.drive import async_timeout, check_async, require_async_limiter
+from ratelimit_mw.http.drive import async_timeout, decide_async, require_async_limiter
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import Admit, Applied, Guard, Plan, Refuse, Selection
-from ratelimit_mw.http.hooks import answer_all
+from ratelimit_mw.http.guard import Admit, Applied, Guard, Refuse, Selection
 from ratelimit_mw.http.routing import Cost, stable_module, validate_cost
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import AsyncLimiter
@@ -184,12 +183,10 @@ class RateLimitDependency:
         method: str = scope["method"]
         preflight = method == "OPTIONS" and "access-control-request-method" in request.headers
         selection = self._selection(scope.get("endpoint"))
-        hooks = guard.hooks(selection, preflight)
-        answers = await answer_all(hooks, request) if hooks else None
-        plan: Plan | None = guard.plan(selection, request, method, preflight, answers)
-        if plan is None:
+        verdict = await decide_async(guard, self.limiter, selection, request, method,
+                                     preflight)
+        if verdict is None:
             return None
-        verdict = await check_async(guard, self.limiter, plan, request)
         decision = verdict.decision if isinstance(verdict, (Admit, Refuse)) else None
         request.state.ratelimit = decision
         if isinstance(verdict, Admit):

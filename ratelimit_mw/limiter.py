@@ -42,13 +42,11 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 _MEMORY_ARUN = MemoryBackend.arun
 
 
-def _own_arun(backend: Any) -> bool:
+def _answers_inline(backend: Any) -> bool:
     """Whether `backend` is a MemoryBackend whose `arun` is MemoryBackend's, which calls `run`
-    and answers without yielding: its `run` is then called directly. Not where an `arun` of
-    its own (a subclass's, or one set on the instance) must be awaited; asked on every call,
-    so that a backend patched after the limiter was built is honoured."""
-    return (isinstance(backend, MemoryBackend)
-            and getattr(backend.arun, "__func__", None) is _MEMORY_ARUN)
+    and answers without yielding: the async limiter then calls its `run` directly. Not where
+    a subclass has an `arun` of its own, which must be awaited."""
+    return isinstance(backend, MemoryBackend) and type(backend).arun is _MEMORY_ARUN
 
 
 def _at_ms(at: _dt.datetime) -> int:
@@ -190,11 +188,9 @@ class _Shared:
 
     def _call(self, compiled: Compiled, identities: Sequence[str], token: str | None
               ) -> ScriptCall:
-        return compiled.call(identities, self._now_us(), token,
-                             0 if compiled.static else self._clock_ms())
-
-    def _sent(self) -> int:
-        return 0 if self._deny is None else self._cache_now()
+        clock = self.clock
+        return compiled.call(identities, None if clock is None else round(clock() * 1_000_000),
+                             token, 0 if compiled.static else self._clock_ms())
 
     def _held(self, compiled: Compiled, identities: Sequence[str]
               ) -> tuple[Decision | Lapsed | None, tuple[Check, ...] | None]:
@@ -216,6 +212,8 @@ class _Shared:
         hit drops what it held for the same (policy, identity) pairs; it is asked after the
         reply, so a refusal recorded while the call was out is forgotten too."""
         deny = self._deny
+        if reply[0] == 1 and self.metrics is None and (deny is None or not deny.watching):
+            return compiled.decide(identities, reply)  # admitted, nothing held to forget
         if cached and deny is not None and (reply[0] != 1 or deny.watching):
             if checks is None:
                 checks = compiled.checks(identities)
@@ -225,6 +223,22 @@ class _Shared:
             self._report(checks or compiled.checks(identities),
                          ADMITTED if decision.allowed else REFUSED, time.perf_counter() - started)
         return decision
+
+    def _ran(self, compiled: Compiled, identities: Sequence[str],
+             checks: tuple[Check, ...] | None, cached: bool) -> Decision:
+        """The answer of a store that answers at once (`run`: the sync side's, and
+        MemoryBackend's on the async side, which never yields)."""
+        token = compiled.token() if compiled.log else None
+        # Read before the write: a refusal is counted down from the moment its call was
+        # sent, so a pause after the write cannot make the deny cache outlive the store.
+        sent = 0 if self._deny is None else self._cache_now()
+        started = time.perf_counter() if self.metrics is not None else 0.0
+        try:
+            reply = self.backend.run(self._call(compiled, identities, token))
+        except BackendError:
+            self._failed(compiled, identities, started)
+            raise
+        return self._settled(compiled, identities, checks, reply, sent, cached, started)
 
     def _failed(self, compiled: Compiled, identities: Sequence[str], started: float) -> None:
         if self.metrics is not None:
@@ -375,21 +389,14 @@ class Limiter(_Shared):
         middleware's breaker probes so: a cached answer would close it on a store that was
         never asked)."""
         checks = None
-        if cached:
+        deny = self._deny
+        if cached and deny is not None and len(deny):
             found, checks = self._held(compiled, identities)
             if isinstance(found, Decision):
                 return found
         if self.backend.is_cluster and compiled.slots(identities) is not None:
             return self._drive(self._attempt(checks or compiled.checks(identities), cached))
-        call = self._call(compiled, identities, compiled.token())
-        sent = self._sent()
-        started = time.perf_counter() if self.metrics is not None else 0.0
-        try:
-            reply = self.backend.run(call)
-        except BackendError:
-            self._failed(compiled, identities, started)
-            raise
-        return self._settled(compiled, identities, checks, reply, sent, cached, started)
+        return self._ran(compiled, identities, checks, cached)
 
     def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing."""
@@ -470,6 +477,7 @@ class AsyncLimiter(_Shared):
             )
         super().__init__(backend, prefix, **options)
         self._sleep = sleep or asyncio.sleep
+        self._inline = _answers_inline(backend)
         # The checks whose lapsed refusal one call is asking the store about again, and the
         # future that call's end resolves: True if it got no answer (see `_refresh`). Empty
         # but during such a call.
@@ -513,7 +521,9 @@ class AsyncLimiter(_Shared):
         request that comes while the question is out (`_refresh`)."""
         checks = None
         if cached:
-            found, checks = self._held(compiled, identities)
+            deny = self._deny
+            found, checks = (self._held(compiled, identities)
+                             if deny is not None and len(deny) else (None, None))
             if found is not None:
                 if isinstance(found, Decision):
                     return found
@@ -528,64 +538,60 @@ class AsyncLimiter(_Shared):
             return await bounded(
                 self._drive(self._attempt(checks or compiled.checks(identities), cached)),
                 timeout)
+        if self._inline:
+            return self._ran(compiled, identities, checks, cached)
         return await self._asked(compiled, identities, checks, cached, timeout)
 
     async def _asked(self, compiled: Compiled, identities: Sequence[str],
                      checks: tuple[Check, ...] | None, cached: bool,
                      timeout: float | None) -> Decision:
-        """The store's answer, in one call."""
+        """The store's answer, in one call, within `timeout` (`_ran` for a store that
+        answers at once). A backend that can `post` packed bytes gets the compiled ones and
+        its connection's future is awaited here; one that keeps a deadline itself
+        (`arun_within`) gets the call; any other runs under a timer."""
+        if self._inline:
+            return self._ran(compiled, identities, checks, cached)
         backend = self.backend
-        token = compiled.token()
-        # Read before the write: a refusal is counted down from the moment its call was
-        # sent, so a pause after the write cannot make the deny cache outlive the store.
-        sent = self._sent()
+        token = compiled.token() if compiled.log else None
+        sent = 0 if self._deny is None else self._cache_now()  # before the write (`_ran`)
         started = time.perf_counter() if self.metrics is not None else 0.0
+        now_us = self._now_us()
+        app_ms = 0 if compiled.static else self._clock_ms()
+        reply: list[int] | None = None
         try:
-            if _own_arun(backend):  # answers without yielding: no deadline could cut it
-                reply = backend.run(self._call(compiled, identities, token))
-            else:
-                reply = await self._reply(compiled, identities, token, timeout)
+            post = self._post
+            if post is not None and timeout is not None:
+                loop = asyncio.get_running_loop()
+                give_up = loop.time() + timeout
+                waiter = post(compiled.packed(identities, now_us, token, app_ms), give_up)
+                if waiter is not None:  # else no open connection yet: `arun_within` connects
+                    try:
+                        reply = await waiter
+                    except Exception as exc:
+                        reply = backend.settle(exc)
+                    else:
+                        if type(reply) is not list:
+                            reply = backend.settle(reply)
+                    if reply is None:
+                        # Dropped, or NOSCRIPT: the very same call again (token and clock)
+                        # in the time left, as the connection resends its bytes: if the
+                        # first copy reached Redis, a sliding log gets the same members.
+                        timeout = give_up - loop.time()
+                        if timeout <= 0:
+                            raise asyncio.TimeoutError()
+            if reply is None:
+                call = compiled.call(identities, now_us, token, app_ms)
+                within = self._within
+                if timeout is None:
+                    reply = await backend.arun(call)
+                elif within is not None:
+                    reply = await within(call, timeout)
+                else:
+                    reply = await bounded(backend.arun(call), timeout)
         except BackendError:
             self._failed(compiled, identities, started)
             raise
-        return self._settled(compiled, identities, checks, reply, sent, cached, started)
-
-    async def _reply(self, compiled: Compiled, identities: Sequence[str], token: str | None,
-                     timeout: float | None) -> list[int]:
-        """The store's reply within `timeout`. A backend that can `post` packed bytes gets
-        the compiled ones and its connection's future is awaited here; one that keeps a
-        deadline itself (`arun_within`) gets the call; any other runs under a timer."""
-        backend = self.backend
-        now_us = self._now_us()
-        clock = 0 if compiled.static else self._clock_ms()
-        if timeout is None:
-            return await backend.arun(compiled.call(identities, now_us, token, clock))  # type: ignore[no-any-return]
-        post = self._post
-        if post is not None:
-            loop = asyncio.get_running_loop()
-            give_up = loop.time() + timeout
-            waiter = post(compiled.packed(identities, now_us, token, clock), give_up)
-            if waiter is not None:  # else no open connection yet: `arun_within` connects
-                try:
-                    reply = await waiter
-                except Exception as exc:
-                    reply = backend.settle(exc)
-                else:
-                    if type(reply) is not list:
-                        reply = backend.settle(reply)
-                if reply is not None:
-                    return reply  # type: ignore[no-any-return]
-                # Dropped, or NOSCRIPT: the very same call again (token and clock) in the
-                # time left, as the connection resends its bytes: if the first copy reached
-                # Redis, a sliding log gets the same members again.
-                timeout = give_up - loop.time()
-                if timeout <= 0:
-                    raise asyncio.TimeoutError()
-        call = compiled.call(identities, now_us, token, clock)
-        within = self._within
-        if within is not None:
-            return await within(call, timeout)
-        return await bounded(backend.arun(call), timeout)
+        return self._settled(compiled, identities, checks, reply, sent, cached, started)  # type: ignore[arg-type]
 
     async def _refresh(self, compiled: Compiled, identities: Sequence[str],
                        checks: tuple[Check, ...]) -> Decision:

@@ -739,10 +739,12 @@ class MemoryBackend:
     def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:
         op = argv[0]
         now_us, now = self._tick(argv[1])
+        token = argv[2]
+        if op == "H":  # the request's call, first
+            return self._hit(keys, argv, token, now, now_us)
         n = argv[4]
         if type(n) is not int:
             n = int(n)
-        token = argv[2]
         if op == "X":
             for key in keys:
                 self._delete(key)
@@ -750,8 +752,6 @@ class MemoryBackend:
         if op == "R" or op == "C":
             self._give_back(op, _read_tiers(keys, argv, n), token, now, now_us)
             return [1]
-        if op == "H":
-            return self._hit(keys, argv, token, now, now_us)
         # P, B (and, as main.lua, anything else): decide.
         at = max(int(argv[3]), now) if op == "B" else now
         if n == 1:

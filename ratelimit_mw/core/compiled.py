@@ -103,6 +103,9 @@ class Compiled:
 
     def checks(self, identities: Sequence[str]) -> tuple[Check, ...]:
         """The Checks this hit stands for (the deny cache's key, a refund, a fallback)."""
+        if len(identities) == 1:
+            policy, cost = self.items[0]
+            return (_new(Check, (policy, identities[0], cost)),)
         return tuple(_new(Check, (policy, identity, cost)) for (policy, cost), identity
                      in zip(self.items, identities, strict=True))
 
@@ -117,13 +120,20 @@ class Compiled:
             return build(HIT, self.checks(identities), self.prefix, now_us=now_us,
                                  token=token if token is not None else "",
                                  clock_ms=clock_ms)
-        keys: list[str] = []
         prefix = self.prefix
-        for identity, suffixes in zip(identities, self._key_suffixes, strict=True):
-            head = f"{prefix}:{{{encode_identity(identity)}}}:"
-            keys += [head + suffix for suffix in suffixes]
+        if len(identities) == 1:  # one check: its identity's head before each suffix
+            head = f"{prefix}:{{{encode_identity(identities[0])}}}:"
+            suffixes = self._key_suffixes[0]
+            keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
+            layout: Layout = ((self.policies[0], identities[0]),)
+        else:
+            keys = []
+            for identity, suffixes in zip(identities, self._key_suffixes, strict=True):
+                head = f"{prefix}:{{{encode_identity(identity)}}}:"
+                keys += [head + suffix for suffix in suffixes]
+            layout = tuple(zip(self.policies, identities, strict=True))
         args: list[Arg] = [HIT, "" if now_us is None else now_us, token or "", "", *self.tail]
-        return _new(ScriptCall, (keys, args, self.layout(identities), HIT, None))
+        return _new(ScriptCall, (keys, args, layout, HIT, None))
 
     def packed(self, identities: Sequence[str], now_us: int | None = None,
                token: str | None = None, clock_ms: int = 0) -> bytes:
@@ -149,6 +159,8 @@ class Compiled:
     def layout(self, identities: Sequence[str]) -> Layout:
         """The (policy, identity) of each check in the reply's order: a policy given twice
         for one identity counts once (`plans.build`)."""
+        if len(identities) == 1:
+            return ((self.policies[0], identities[0]),)
         if self.static:
             return tuple(zip(self.policies, identities, strict=True))
         return tuple(dict.fromkeys(zip(self.policies, identities, strict=True)))

@@ -1,6 +1,7 @@
 """The guard's one I/O step, written once for a sync `Limiter` and once for an `AsyncLimiter`.
 
-Both take a `Plan` and return the verdict: the breaker decides whether the backend is called
+Both take a request's selection and return the verdict: the guard plans the hit, the
+breaker decides whether the backend is called
 at all (closed, or the cool-down's single probe), any exception from the call becomes the
 failure policy, and the async half bounds the call by the guard's deadline.
 """
@@ -12,14 +13,20 @@ from typing import Any
 
 from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.http.guard import Admit, Guard, Plan, Refuse, Selection, Unavailable
+from ratelimit_mw.http.guard import Admit, Guard, Refuse, Selection, Unavailable
 from ratelimit_mw.http.hooks import answer_all
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
 
 Verdict = Admit | Refuse | Unavailable
 
 
-def check_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verdict:
+def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: Any,
+                method: str, preflight: bool) -> Verdict | None:
+    """The verdict on one request that `selection` applies to; None: no limit applies to it
+    (its keys said None, a preflight not charged, exempt_when)."""
+    plan = guard.plan(selection, request, method, preflight)
+    if plan is None:
+        return None
     if not guard.may_call():
         return guard.failed(request, plan, None)
     # Timed only where an event reports it (a shadow refusal); a clock read costs otherwise.
@@ -34,7 +41,15 @@ def check_sync(guard: Guard, limiter: Limiter, plan: Plan, request: Any) -> Verd
     return guard.decided(request, plan, decision, start)
 
 
-async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: Any) -> Verdict:
+async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
+                       request: Any, method: str, preflight: bool) -> Verdict | None:
+    """`decide_sync`, the async hooks awaited first and the store's answer bounded by the
+    guard's deadline."""
+    hooks = guard.hooks(selection, preflight)
+    answers = await answer_all(hooks, request) if hooks else None
+    plan = guard.plan(selection, request, method, preflight, answers)
+    if plan is None:
+        return None
     if not guard.may_call():
         return guard.failed(request, plan, None)
     start = perf_counter() if guard.shadow else 0.0
@@ -44,26 +59,6 @@ async def check_async(guard: Guard, limiter: AsyncLimiter, plan: Plan, request: 
     except Exception as exc:  # "never a 500" covers whatever a backend raises
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)
-
-
-def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: Any,
-                method: str, preflight: bool) -> Verdict | None:
-    """The verdict on one request that `selection` applies to; None: no limit applies to it
-    (its keys said None, a preflight not charged, exempt_when)."""
-    plan = guard.plan(selection, request, method, preflight)
-    if plan is None:
-        return None
-    return check_sync(guard, limiter, plan, request)
-
-
-async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
-                       request: Any, method: str, preflight: bool) -> Verdict | None:
-    hooks = guard.hooks(selection, preflight)
-    answers = await answer_all(hooks, request) if hooks else None
-    plan = guard.plan(selection, request, method, preflight, answers)
-    if plan is None:
-        return None
-    return await check_async(guard, limiter, plan, request)
 
 
 def refund_sync(guard: Guard, limiter: Limiter, admit: Admit, status: int) -> None:

@@ -86,6 +86,7 @@ class Applied:
     per_method: bool = False
     exempt_when: Predicate | None = None
     dynamic: DynamicLimit | None = None
+    routed: bool = False  # from the route's decorators (see Selection.routed)
 
 
 class Selection:
@@ -307,7 +308,8 @@ class Guard:
             limits: tuple[RouteLimit, ...] = route
             routed = tuple(
                 Applied(limit.policy, limit.key or self.config.key_func, limit.cost,
-                        limit.label, exempt_when=limit.exempt_when, dynamic=limit.dynamic)
+                        limit.label, exempt_when=limit.exempt_when, dynamic=limit.dynamic,
+                        routed=True)
                 for limit in limits
                 if (limit.policy or limit.dynamic) is not None and limit.applies_to(method)
             )
@@ -338,12 +340,55 @@ class Guard:
     def plan(self, selection: Selection, request: Any, method: str,
              preflight: bool = False, answers: Answers | None = None) -> Plan | None:
         """Run the key functions and costs (`answers`: the async ones' answers, awaited
-        already); None when nothing applies to this request."""
+        already); None when nothing applies to this request. A route's limits whose keys
+        all say None give way to its fallback (the defaults and rules)."""
         if preflight and not self.charge_preflight:
             return None
         if self.exempt_when is not None and self._exempt(self.exempt_when, request, answers):
             return None
-        return self._planned(selection, request, method, answers)
+        while True:
+            applied = selection.applied
+            compiled = selection.compiled
+            identities: list[str] = []
+            # The (policy, cost) of each check, listed only once the request's set differs
+            # from the selection's compiled one.
+            items: list[tuple[Policy, int]] | None = None if compiled is not None else []
+            chosen: list[Applied] | None = [] if selection.dynamic else None
+            keyed = False  # a routed limit applies (or is exempted on purpose): no fallback
+            for item in applied:
+                if item.exempt_when is not None and self._exempt(item.exempt_when, request,
+                                                                 answers):
+                    keyed = keyed or item.routed
+                    if items is None:
+                        items = [(a.policy, a.cost) for a in applied[:len(identities)]]  # type: ignore[misc]
+                    continue
+                policy = item.policy
+                if item.dynamic is not None:
+                    policy = self._dynamic_policy(item.dynamic, request, answers)
+                identity = (None if policy is None
+                            else self.identity(item, request, method, answers))
+                if identity is None:
+                    if items is None:
+                        items = [(a.policy, a.cost) for a in applied[:len(identities)]]  # type: ignore[misc]
+                    continue
+                keyed = keyed or item.routed
+                identities.append(identity)
+                if items is not None:
+                    cost = item.cost
+                    items.append((policy, cost if type(cost) is int
+                                  else self._cost(cost, request, answers)))  # type: ignore[arg-type]
+                if chosen is not None:
+                    chosen.append(Applied(policy, item.key, item.cost, item.label))
+            if selection.routed and not keyed and selection.fallback is not None:
+                selection = selection.fallback
+                continue
+            if not identities:
+                return None
+            if items is not None:
+                compiled = self.limiter.compile(items)
+            if chosen is not None:
+                selection = self._chosen_selection(chosen)
+            return _new(Plan, (compiled, tuple(identities), selection))
 
     def identity(self, item: Applied, request: Any, method: str,
                  answers: Answers | None = None) -> str | None:
@@ -361,45 +406,6 @@ class Guard:
             verb = "GET" if method == "HEAD" else (method if method in _METHODS else "OTHER")
             identity = f"{verb} {identity}"
         return identity
-
-    def _planned(self, selection: Selection, request: Any, method: str,
-                 answers: Answers | None) -> Plan | None:
-        identities: list[str] = []
-        items: list[tuple[Policy, int]] = []
-        chosen: list[Applied] | None = [] if selection.dynamic else None
-        routed = selection.routed
-        keyed = 0
-        for index, item in enumerate(selection.applied):
-            if item.exempt_when is not None and self._exempt(item.exempt_when, request,
-                                                             answers):
-                keyed += index < routed  # exempted on purpose: no fallback
-                continue
-            policy = item.policy
-            if item.dynamic is not None:
-                policy = self._dynamic_policy(item.dynamic, request, answers)
-                if policy is None:
-                    continue
-            identity = self.identity(item, request, method, answers)
-            if identity is None or policy is None:
-                continue
-            keyed += index < routed
-            cost = item.cost
-            if type(cost) is not int:
-                cost = self._cost(cost, request, answers)  # type: ignore[arg-type]
-            if chosen is not None:
-                chosen.append(Applied(policy, item.key, item.cost, item.label))
-            identities.append(identity)
-            items.append((policy, cost))
-        if routed and not keyed and selection.fallback is not None:
-            return self._planned(selection.fallback, request, method, answers)
-        if not identities:
-            return None
-        compiled = selection.compiled
-        if compiled is None or len(identities) != len(selection.applied):
-            compiled = self.limiter.compile(items)
-        if chosen is not None:
-            selection = self._chosen_selection(chosen)
-        return _new(Plan, (compiled, tuple(identities), selection))
 
     def _cost(self, cost: Callable[[Any], Any], request: Any, answers: Answers | None) -> int:
         try:
@@ -454,8 +460,11 @@ class Guard:
                 started: float = 0.0) -> Admit | Refuse:
         """The backend's answer; `started` is when the call began (perf_counter), in shadow
         mode, for the latency a shadow refusal reports."""
-        if self.breaker.succeeded() and self._fallback is not None:
+        if self.breaker.open_until and self.breaker.succeeded() and self._fallback is not None:
             self._fallback = self._fresh_fallback()  # what the outage counted is dropped
+        if decision.allowed:
+            return self._admit(decision, plan.selection,
+                               plan.checks if self.watch_status else None)
         return self._verdict(request, plan, decision, started, self.watch_status)
 
     def _verdict(self, request: Any, plan: Plan, decision: Decision, started: float,
