@@ -186,12 +186,6 @@ class _Shared:
         return (self.compile([(check.policy, check.cost) for check in checks]),
                 tuple(check.identity for check in checks))
 
-    def _call(self, compiled: Compiled, identities: Sequence[str], token: str | None
-              ) -> ScriptCall:
-        clock = self.clock
-        return compiled.call(identities, None if clock is None else round(clock() * 1_000_000),
-                             token, 0 if compiled.static else self._clock_ms())
-
     def _held(self, compiled: Compiled, identities: Sequence[str]
               ) -> tuple[Decision | Lapsed | None, tuple[Check, ...] | None]:
         """The deny cache's answer to this hit (a Decision, LAPSED, None) and its checks,
@@ -233,8 +227,11 @@ class _Shared:
         # sent, so a pause after the write cannot make the deny cache outlive the store.
         sent = 0 if self._deny is None else self._cache_now()
         started = time.perf_counter() if self.metrics is not None else 0.0
+        clock = self.clock
+        call = compiled.call(identities, None if clock is None else round(clock() * 1_000_000),
+                             token, 0 if compiled.static else self._clock_ms())
         try:
-            reply = self.backend.run(self._call(compiled, identities, token))
+            reply = self.backend.run(call)
         except BackendError:
             self._failed(compiled, identities, started)
             raise
