@@ -25,10 +25,8 @@ def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: A
     """The verdict on one request that `selection` applies to; None: no limit applies to it
     (its keys said None, a preflight not charged, exempt_when)."""
     plan = guard.plan(selection, request, method, preflight)
-    if plan is None:
-        return None
-    if not guard.may_call():
-        return guard.failed(request, plan, None)
+    if plan is None or not guard.may_call():  # the breaker skips the backend: the policy
+        return None if plan is None else guard.failed(request, plan, None)
     # Timed only where an event reports it (a shadow refusal); a clock read costs otherwise.
     start = perf_counter() if guard.shadow else 0.0
     try:
@@ -48,10 +46,8 @@ async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection
     hooks = guard.hooks(selection, preflight)
     answers = await answer_all(hooks, request) if hooks else None
     plan = guard.plan(selection, request, method, preflight, answers)
-    if plan is None:
-        return None
-    if not guard.may_call():
-        return guard.failed(request, plan, None)
+    if plan is None or not guard.may_call():
+        return None if plan is None else guard.failed(request, plan, None)
     start = perf_counter() if guard.shadow else 0.0
     try:
         decision = await limiter.decide(plan.compiled, plan.identities, guard.timeout,
