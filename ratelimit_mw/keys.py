@@ -1,7 +1,8 @@
 """Key functions: which identity a request is counted under.
 
 A key function takes one argument, the request as the framework gives it — a Starlette
-``Request`` under ASGI, a Werkzeug/Flask ``Request`` under WSGI — and returns a string, the
+``Request`` under ASGI, a Werkzeug/Flask ``Request`` under WSGI, Django's ``HttpRequest`` —
+and returns a string, the
 identity whose quota the request spends, or ``None``: "this policy does not apply to this
 request". Any callable of that shape works (see ``KeyFunc``); the factories here cover the
 usual cases::
@@ -36,8 +37,8 @@ trusted hop, never raising. Servers may already have rewritten the peer: uvicorn
 forwarded client in the peer. With those in place, use ``client_ip()`` without
 ``trusted_proxies`` rather than resolving the header twice.
 
-No framework is imported: the request is recognised by duck typing (an ASGI request has
-``.scope``, a WSGI request has ``.environ``), so Starlette, Werkzeug and Flask stay optional.
+No framework is imported: the request is recognised by duck typing (`kind`), so Starlette,
+Werkzeug, Flask and Django stay optional.
 """
 
 from __future__ import annotations
@@ -97,9 +98,25 @@ _UNMATCHED_ROUTE = "route:<unmatched>"
 _TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
+ASGI, WSGI, DJANGO = "asgi", "wsgi", "django"
+_KINDS: dict[type, str] = {}
+
+
+def kind(request: Any) -> str:
+    """Which framework's request this is, by duck typing, once per request class: a Django
+    ``HttpRequest`` has ``.META`` (WSGI and ASGI Django alike), a Starlette ``Request`` has
+    ``.scope``, a Werkzeug/Flask ``Request`` has ``.environ``."""
+    cls = type(request)
+    found = _KINDS.get(cls)
+    if found is None:
+        found = (DJANGO if hasattr(request, "META") else ASGI if hasattr(request, "scope")
+                 else WSGI)
+        _KINDS[cls] = found
+    return found
+
+
 def _is_asgi(request: Any) -> bool:
-    # A Starlette Request has .scope; a Werkzeug/Flask Request has .environ and no .scope.
-    return hasattr(request, "scope")
+    return kind(request) == ASGI
 
 
 def _joined(values: list[str]) -> str | None:
@@ -149,11 +166,12 @@ class _ClientIP:
             if forwarded is None:
                 x_forwarded_for = _joined(headers.getlist("x-forwarded-for"))
         else:
-            environ = request.environ
+            # Django's META holds the same names under WSGI and ASGI.
+            environ = request.environ if kind(request) == WSGI else request.META
             peer = environ.get("REMOTE_ADDR")
             if self._trusted is None:
                 return self._peer_key(peer)
-            # The WSGI server has already joined repeated header lines.
+            # The server (or Django) has already joined repeated header lines.
             forwarded = environ.get("HTTP_FORWARDED")
             if forwarded is None:
                 x_forwarded_for = environ.get("HTTP_X_FORWARDED_FOR")
@@ -292,6 +310,13 @@ def _default_user(request: Any) -> object:
             if value is not None and value != "":
                 return value
         return None
+    if kind(request) == DJANGO:
+        # request.user as django.contrib.auth's middleware sets it: its primary key.
+        found = getattr(request, "user", None)
+        try:
+            return found.pk if found is not None and found.is_authenticated else None
+        except Exception:
+            return None
     environ = getattr(request, "environ", None)
     return environ.get("REMOTE_USER") if environ is not None else None
 
@@ -353,8 +378,14 @@ class _Route:
     reads = frozenset({"route"})
 
     def __call__(self, request: Any) -> str:
-        if _is_asgi(request):
+        found = kind(request)
+        if found == ASGI:
             template = request.scope.get(ROUTE_SCOPE_KEY)
+        elif found == DJANGO:
+            # The URL pattern Django matched ("items/<int:pk>/"), once it has resolved.
+            match = getattr(request, "resolver_match", None)
+            route = getattr(match, "route", None)
+            template = "/" + route if isinstance(route, str) else None
         else:
             template = request.environ.get(ROUTE_SCOPE_KEY)
             if template is None:

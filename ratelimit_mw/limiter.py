@@ -42,6 +42,16 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 _MEMORY_ARUN = MemoryBackend.arun
 
 
+def validate_prefix(prefix: object) -> str:
+    """The keys' prefix, checked: ConfigurationError says what to write."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
+        raise ConfigurationError(
+            f"prefix must be 1-32 characters of letters, digits, '_', '.', ':' or '-', "
+            f"got {prefix!r}; e.g. prefix=\"rl\""
+        )
+    return prefix
+
+
 def _answers_inline(backend: Any) -> bool:
     """Whether `backend` is a MemoryBackend whose `arun` is MemoryBackend's, which calls `run`
     and answers without yielding: the async limiter then calls its `run` directly. Not where
@@ -89,13 +99,8 @@ class _Shared:
         deny_cache_max_age: float = DEFAULT_MAX_AGE,
         metrics: MetricsHook | None = None,
     ) -> None:
-        if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
-            raise ConfigurationError(
-                f"prefix must be 1-32 characters of letters, digits, '_', '.', ':' or '-', "
-                f"got {prefix!r}; e.g. prefix=\"rl\""
-            )
         self.backend = backend
-        self.prefix = prefix
+        self.prefix = validate_prefix(prefix)
         self.clock = clock
         self.metrics = _metrics_hook(metrics)
         self._metrics_failed = ThrottledLog()

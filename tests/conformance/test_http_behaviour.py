@@ -1,6 +1,7 @@
-"""Every HTTP behaviour of the middleware, stated once, for ASGI, FastAPI, WSGI and Flask.
+"""Every HTTP behaviour of the middleware, stated once, for ASGI, FastAPI, WSGI, Flask and
+Django (under WSGI and ASGI).
 
-Each test runs eight times: four adapters (the `driver` fixture) on the memory backend and on
+Each test runs twelve times: six adapters (the `driver` fixture) on the memory backend and on
 the real Redis. See conftest.py for the standard app the driver builds.
 """
 
@@ -212,6 +213,9 @@ def test_on_blocked_renders_the_refusal_with_the_rate_limit_headers(driver: Driv
         if driver.adapter == "wsgi":
             from werkzeug.wrappers import Response
             return Response("slow down", status=429)
+        if driver.adapter.startswith("django"):
+            from django.http import HttpResponse
+            return HttpResponse("slow down", status=429)
         return "slow down", 429
 
     driver.build(Config(default="1/minute", on_blocked=blocked))

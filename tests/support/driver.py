@@ -1,5 +1,5 @@
-"""The adapter driver of the conformance suite: one app, four ways (ASGI, WSGI, Flask,
-FastAPI), on memory and Redis.
+"""The adapter driver of the conformance suite: one app, six ways (ASGI, FastAPI, WSGI,
+Flask, Django under WSGI and under ASGI), on memory and Redis.
 
 A test asks ``driver.build(config, ...)`` for the standard app (below) behind one adapter
 and calls ``driver.request(method, path, headers)``; the answer is a `Reply` (status,
@@ -30,7 +30,7 @@ from ratelimit_mw import keys
 from ratelimit_mw.http.config import Config
 from support import REDIS_URL, Recorder
 
-ADAPTERS = ["asgi", "fastapi", "wsgi", "flask"]
+ADAPTERS = ["asgi", "fastapi", "wsgi", "flask", "django", "django-asgi"]
 ROUTES = {"/": ["GET"], "/items": ["GET", "POST"], "/login": ["POST"], "/limited": ["GET"],
           "/exempt": ["GET"], "/keyed": ["GET", "POST"]}
 
@@ -69,7 +69,7 @@ class Driver:
     def build(self, config: Config, *, backend: Any = None,
               route_key: keys.KeyFunc | None = None, route_rates: Any = "2/minute",
               route_options: dict[str, Any] | None = None) -> Driver:
-        asynchronous = self.adapter in ("asgi", "fastapi")
+        asynchronous = self.adapter in ("asgi", "fastapi", "django-asgi")
         if backend is None:
             if self.store == "memory":
                 backend = rl.MemoryBackend()
@@ -81,8 +81,11 @@ class Driver:
         limiter_type = rl.AsyncLimiter if asynchronous else rl.Limiter
         limiter = limiter_type(backend, prefix=self.prefix, clock=self.clock)
         limiter.metrics = self.recorder  # type: ignore[attr-defined]
-        self._keyed = limiter.limit(route_rates, key=route_key, **(route_options or {}))
-        getattr(self, "_build_" + self.adapter)(config, limiter, route_key)
+        limit = limiter.limit
+        if self.adapter.startswith("django"):
+            from ratelimit_mw.django import limit
+        self._keyed = limit(route_rates, key=route_key, **(route_options or {}))
+        getattr(self, "_build_" + self.adapter.replace("-", "_"))(config, limiter, route_key)
         return self
 
     def _decorate(self, limiter: Any, route_key: keys.KeyFunc | None) -> dict[str, Any]:
@@ -206,6 +209,48 @@ class Driver:
         app.add_url_rule("/status/<int:code>", view_func=view_for("/status"))
         RateLimit(app, limiter=limiter, config=config)
         self._wsgi_send(app)
+
+    def _build_django(self, config: Config, limiter: Any, route_key: Any,
+                      asynchronous: bool = False) -> None:
+        from django.http import HttpResponse
+        from django.urls import path
+        from django.views import View
+        from support.django_site import Site
+
+        from ratelimit_mw.django import exempt, limit
+
+        decorators = {"/limited": limit("2/minute"), "/exempt": exempt, "/keyed": self._keyed}
+
+        def view_for(route: str, methods: list[str]) -> Any:
+            def answer(self: Any, request: Any, code: int = 200) -> HttpResponse:
+                return HttpResponse(b"ok", status=code)
+
+            # A class-based view: Django answers 405 to a method it has no handler for.
+            handlers = {method.lower(): answer for method in methods}
+            view_class = type("View" + route.replace("/", "_"), (View,), handlers)
+            decorate = decorators.get(route)
+            return (decorate(view_class) if decorate else view_class).as_view()
+
+        patterns = [path(route.lstrip("/"), view_for(route, methods))
+                    for route, methods in ROUTES.items()]
+        patterns.append(path("status/<int:code>", view_for("/status", ["GET"])))
+        key = "async_limiter" if asynchronous else "limiter"
+        site = Site(patterns, {**config.options(), key: limiter}, asynchronous=asynchronous)
+        self._close.append(site.close)
+        backend = self.backend
+        if isinstance(backend, rl.AsyncRedisBackend):
+            self._close.append(lambda: site.run(backend.aclose()))
+
+        def send(method: str, path: str, headers: dict[str, str]) -> Reply:
+            response = site.request(method, path, headers)
+            return Reply(response.status_code,
+                         {k.lower(): v for k, v in response.headers.items()},
+                         response.content)
+
+        self._send = send
+
+    def _build_django_asgi(self, config: Config, limiter: Any, route_key: Any) -> None:
+        self._build_django(config, limiter, route_key, asynchronous=True)
 
     # -- using -----------------------------------------------------------------------------
     def request(self, method: str = "GET", path: str = "/",

@@ -1,0 +1,78 @@
+"""Per-view limits for Django: ``@limit(...)`` and ``@exempt`` on function views, on
+class-based views (the class itself) and through ``method_decorator`` (``dispatch`` or one
+handler such as ``post``). They only attach metadata; the middleware enforces."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.django.conf import SHARED_LOGS
+from ratelimit_mw.http.routing import EXEMPT, Cost, RouteLimit, limit_decorator, route_limits
+from ratelimit_mw.http.routing import exempt as _exempt
+from ratelimit_mw.keys import KeyFunc
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# The limits as written, before `bound_to` named their counters after what they decorate:
+# method_decorator applies a decorator to a throw-away function of Django's, whose name every
+# such method shares, so the middleware names them after the view class and method instead.
+_WRITTEN = "__ratelimit_mw_written__"
+
+
+def limit(rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | None = None,
+          cost: Cost = 1, name: str | None = None, methods: Sequence[str] | None = None,
+          exempt_when: Callable[[Any], Any] | None = None) -> Callable[[F], F]:
+    """Limit one view: ``@limit("5/minute")``; ``key``, ``cost``, ``methods``,
+    ``exempt_when`` and a callable ``rates`` (a dynamic limit) as on the other adapters.
+    Under ASGI Django the key, cost, condition and dynamic limit may be coroutines."""
+    written = RouteLimit.make(rates, key=key, cost=cost, name=name, methods=methods,
+                              exempt_when=exempt_when)
+    bind = limit_decorator(written, SHARED_LOGS)
+
+    def decorate(view: F) -> F:
+        bind(view)
+        setattr(view, _WRITTEN, (*getattr(view, _WRITTEN, ()), written))
+        return view
+
+    return decorate
+
+
+def exempt(view: F) -> F:
+    """Exempt one view from the default limits (path rules still apply)."""
+    return _exempt(view)
+
+
+class _Named:
+    """What a limit on ``Class.method`` is named after (`RouteLimit.bound_to` reads these)."""
+
+    def __init__(self, cls: type, method: str) -> None:
+        self.__module__ = cls.__module__
+        self.__qualname__ = f"{cls.__qualname__}.{method}"
+
+
+def view_limits(view: Any, method: str) -> object:
+    """What a resolved view carries: its limits, EXEMPT or None. A class-based view's are on
+    the class, on ``dispatch`` or on the method's handler (``get``, ``post``); a method the
+    class has no handler for is answered 405 by Django, as a router would: the view's limits
+    do not apply to it (the default and rules do)."""
+    found = route_limits(view)
+    cls = getattr(view, "view_class", None)
+    if found is not None or not isinstance(cls, type):
+        return found
+    verb = method.lower()
+    if verb not in getattr(cls, "http_method_names", ()) or not (
+            hasattr(cls, verb) or (verb == "head" and hasattr(cls, "get"))):
+        return None
+    found = route_limits(cls)
+    if found is not None:
+        return found
+    for attribute in ("dispatch", verb if hasattr(cls, verb) else "get"):
+        handler = getattr(cls, attribute, None)
+        written = getattr(handler, _WRITTEN, None)
+        if written:
+            return tuple(item.bound_to(_Named(cls, attribute)) for item in written)
+        if route_limits(handler) == EXEMPT:
+            return EXEMPT
+    return None
