@@ -54,25 +54,39 @@ class _Named:
 
 def view_limits(view: Any, method: str) -> object:
     """What a resolved view carries: its limits, EXEMPT or None. A class-based view's are on
-    the class, on ``dispatch`` or on the method's handler (``get``, ``post``); a method the
-    class has no handler for is answered 405 by Django, as a router would: the view's limits
-    do not apply to it (the default and rules do)."""
-    found = route_limits(view)
+    the class, on ``dispatch``, on the method's handler (``get``, ``post``) or on the
+    function ``as_view()`` made; a method the class has no handler for is answered 405 by
+    Django, as a router would: the view's limits do not apply to it (the default and rules
+    do)."""
     cls = getattr(view, "view_class", None)
-    if found is not None or not isinstance(cls, type):
-        return found
+    if not isinstance(cls, type):
+        return route_limits(view)
     verb = method.lower()
     if verb not in getattr(cls, "http_method_names", ()) or not (
             hasattr(cls, verb) or (verb == "head" and hasattr(cls, "get"))):
         return None
+    # as_view() copies what decorators set on dispatch onto the view function: those are
+    # read from dispatch, where the class and method name them; the rest was put on the
+    # function itself (limit(...)(View.as_view()) in urls.py).
+    dispatched = route_limits(getattr(cls, "dispatch", None))
+    own = route_limits(view)
+    if isinstance(own, tuple) and isinstance(dispatched, tuple):
+        own = tuple(item for item in own if item not in dispatched) or None
+    elif own == dispatched:
+        own = None
+    if own == EXEMPT:
+        return EXEMPT
     found = route_limits(cls)
-    if found is not None:
-        return found
-    for attribute in ("dispatch", verb if hasattr(cls, verb) else "get"):
-        handler = getattr(cls, attribute, None)
-        written = getattr(handler, _WRITTEN, None)
-        if written:
-            return tuple(item.bound_to(_Named(cls, attribute)) for item in written)
-        if route_limits(handler) == EXEMPT:
-            return EXEMPT
-    return None
+    if found is None:
+        for attribute in ("dispatch", verb if hasattr(cls, verb) else "get"):
+            handler = getattr(cls, attribute, None)
+            written = getattr(handler, _WRITTEN, None)
+            if written:
+                found = tuple(item.bound_to(_Named(cls, attribute)) for item in written)
+                break
+            if route_limits(handler) == EXEMPT:
+                found = EXEMPT
+                break
+    if isinstance(found, tuple) and isinstance(own, tuple):
+        return found + own
+    return own if found is None else found

@@ -215,9 +215,9 @@ class Driver:
         from django.http import HttpResponse
         from django.urls import path
         from django.views import View
-        from support.django_site import Site
 
         from ratelimit_mw.django import exempt, limit
+        from support.django_site import Site
 
         decorators = {"/limited": limit("2/minute"), "/exempt": exempt, "/keyed": self._keyed}
 

@@ -1,0 +1,68 @@
+"""Django as deployed: gunicorn (WSGI Django) and uvicorn (ASGI Django), 4 workers each, the
+settings' default at ``100/minute`` on the real Redis. One client sends 200 requests at once:
+exactly 100 are admitted, each with a Decision, the rest answered 429 with Retry-After."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from reliability._django_project import LIMIT
+from reliability._support import AppServer, Figures, free_port
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.slow
+
+BURST = 200
+WORKERS = 4
+
+
+@pytest.fixture(params=["gunicorn", "uvicorn"])
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, AppServer]]:
+    port = free_port()
+    if request.param == "gunicorn":
+        argv = [sys.executable, "-m", "gunicorn", "reliability._django_project:make_wsgi()",
+                "--bind", f"127.0.0.1:{port}", "--workers", str(WORKERS),
+                "--worker-class", "sync", "--log-level", "warning"]
+    else:
+        argv = [sys.executable, "-m", "uvicorn", "reliability._django_project:make_asgi",
+                "--factory", "--host", "127.0.0.1", "--port", str(port), "--workers",
+                str(WORKERS), "--log-level", "warning", "--no-access-log"]
+    prefix = "dj" + uuid.uuid4().hex[:10]
+    server = AppServer(argv, {"RL_REDIS_URL": REDIS_URL, "RL_PREFIX": prefix}, port)
+    try:
+        yield request.param, server
+    finally:
+        server.stop()
+        client = redis.Redis.from_url(REDIS_URL)
+        for key in client.scan_iter(f"{prefix}:*"):
+            client.delete(key)
+        client.close()
+
+
+async def test_a_burst_of_200_admits_exactly_100_of_100_a_minute(
+    served: tuple[str, AppServer], figures: Figures,
+) -> None:
+    name, server = served
+    identity = uuid.uuid4().hex
+    limits = httpx.Limits(max_connections=BURST, max_keepalive_connections=BURST)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30, limits=limits) as client:
+        responses = await asyncio.gather(*(client.get("/burst", headers={"x-client": identity})
+                                           for _ in range(BURST)))
+    statuses = Counter(r.status_code for r in responses)
+    admitted = [json.loads(r.content) for r in responses if r.status_code == 200]
+    figures.record(f"django_burst.{name}.admitted_of_limit", f"{len(admitted)}/{LIMIT}")
+    if statuses != Counter({200: LIMIT, 429: BURST - LIMIT}) or not all(
+            body["decided"] for body in admitted):
+        pytest.fail(f"{statuses}; the workers' log:\n{server.stop()[-4000:]}")
+    refused = next(r for r in responses if r.status_code == 429)
+    assert int(refused.headers["retry-after"]) >= 1
+    assert refused.headers["ratelimit-policy"].endswith(";q=100;w=60")
