@@ -46,7 +46,7 @@ HUGE = "1000000000/hour"
 # made one call more than the deny cache's bound allows: seen at 18:00 on 2026-11-24.)
 FLOOD = "1/day"
 
-TARGETS = {"asgi": 0.60, "wsgi": 0.70, "flood": 0.90}
+TARGETS = {"asgi": 0.60, "wsgi": 0.70, "flood": 0.90, "django": 0.80}
 
 
 @dataclass
@@ -113,6 +113,13 @@ def wsgi_configs() -> list[HttpConfig]:
                    "flask-bare", ("ratelimit_mw.flask",), flood=True, target=TARGETS["flood"]),
         HttpConfig("flask-limiter", "flood, 1 refused client: Flask-Limiter (Redis)",
                    "flask-bare", ("flask_limiter",), flood=True),
+        HttpConfig("django-bare", "Django bare", "django-bare", ("django",)),
+        HttpConfig("django-floor", "Django + floor (1 EVALSHA in a middleware)", "django-bare",
+                   ("django",)),
+        HttpConfig("django-rl", "Django + ratelimit_mw middleware (Redis)", "django-bare",
+                   ("django", "ratelimit_mw.django"), target=TARGETS["django"]),
+        HttpConfig("django-ratelimit", "Django + django-ratelimit (Redis, django-redis)",
+                   "django-bare", ("django_ratelimit", "django_redis")),
     ]
 
 

@@ -585,8 +585,10 @@ class PipelinedConnection:
         address = None if settings.path is not None else await self._address(loop)
         self._dialled = settings.where() if address is None else f"{address[0]}:{address[1]}"
         try:
-            protocol = await asyncio.wait_for(self._establish(loop, address),
-                                              settings.connect_timeout)
+            # The deadline rule of every call (`bounded`): a loop busy past the connect
+            # timeout (a cold worker meeting a burst) does not make a healthy server look
+            # unreachable.
+            protocol = await bounded(self._establish(loop, address), settings.connect_timeout)
         except asyncio.TimeoutError as exc:
             raise RedisTimeoutError(f"Timeout connecting to {self._dialled}") from exc
         except OSError as exc:

@@ -9,6 +9,7 @@ same replies for everyone else, nothing left behind.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import Any
 
@@ -307,3 +308,26 @@ async def test_a_backend_without_its_own_deadline_runs_under_a_timer() -> None:
     limiter = rl.AsyncLimiter(Hung())  # type: ignore[arg-type]
     with pytest.raises(TimeoutError):
         await limiter.decide(limiter.compile([(rl.Policy("1/minute"), 1)]), ("ip:1",), 0.01)
+
+
+async def test_a_cold_connect_on_a_loop_busy_past_the_connect_timeout_still_connects(
+    prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A cold worker meeting a burst (Django under ASGI has no lifespan to connect first): the
+    # loop is busy for 300 ms once the socket is connected, three times the connect timeout,
+    # before the set-up's round trip. The connect follows the deadline rule of every call:
+    # the server is given its look (a plain timer failed it: "Timeout connecting").
+    made = _pipeline._Protocol.connection_made
+
+    def busy_after(self: Any, transport: Any) -> None:
+        made(self, transport)
+        time.sleep(0.3)
+
+    monkeypatch.setattr(_pipeline._Protocol, "connection_made", busy_after)
+    backend = rl.AsyncRedisBackend.from_url(REDIS_URL)
+    assert backend._pipe.settings.connect_timeout == pytest.approx(0.1)
+    try:
+        reply = await backend.arun(_call(prefix, "cold"))
+        assert reply[0] == 1
+    finally:
+        await backend.aclose()
