@@ -100,6 +100,8 @@ def _django(kind: str) -> Any:
     import django
     from django.conf import settings
 
+    from ratelimit_mw import Policy
+
     rate = LIMIT
     settings.configure(
         DEBUG=False, SECRET_KEY="bench", ALLOWED_HOSTS=["*"], ROOT_URLCONF=__name__,
@@ -107,7 +109,8 @@ def _django(kind: str) -> Any:
         INSTALLED_APPS=["ratelimit_mw.django"] if kind == "rl" else [],
         MIDDLEWARE=(["ratelimit_mw.django.RateLimitMiddleware"] if kind == "rl"
                     else [f"{__name__}.DjangoFloor"] if kind == "floor" else []),
-        RATELIMIT={"default": LIMIT, "backend": REDIS_URL, "prefix": PREFIX},
+        RATELIMIT={"default": Policy(LIMIT, algorithm=ALGORITHM), "backend": REDIS_URL,
+                   "prefix": PREFIX},
         CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache",
                             "LOCATION": REDIS_URL, "KEY_PREFIX": PREFIX}}
         if kind == "django-ratelimit" else {},
