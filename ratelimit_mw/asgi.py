@@ -8,10 +8,14 @@
                          rules=[Rule("/login", "5/minute", methods=["POST"])])
     app.add_middleware(RateLimitMiddleware, limiter=limiter, config=RATE_LIMITS)
 
-Pure ASGI (no ``BaseHTTPMiddleware``): websocket and lifespan scopes pass through untouched,
-and the rate-limit headers are added by wrapping ``send``. What to do with a request is
-decided by the shared guard (`ratelimit_mw.http.guard`); this module reads the scope, awaits
-the one backend call (bounded by ``backend_timeout``) and sends the verdict.
+Pure ASGI (no ``BaseHTTPMiddleware``): lifespan scopes pass through untouched, and the
+rate-limit headers are added by wrapping ``send``. A WebSocket handshake is one hit, selected
+as a GET to its path (the default, rules, a decorated WebSocket endpoint, ``exempt``); a
+refused one is answered before ``accept``: a 429 with ``Retry-After`` through the ASGI
+WebSocket denial response where the server offers it, else a close with code 1008 whose
+reason says when to retry (``websockets=False`` leaves WebSockets alone). What to do with a
+request is decided by the shared guard (`ratelimit_mw.http.guard`); this module reads the
+scope, awaits the one backend call (bounded by ``backend_timeout``) and sends the verdict.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from ratelimit_mw.limiter import AsyncLimiter
 
 require("starlette", "starlette", "ratelimit_mw.asgi")
 from starlette.requests import Request  # noqa: E402
+from starlette.websockets import WebSocket  # noqa: E402
 
 __all__ = ["Config", "RateLimitMiddleware", "Rule"]
 
@@ -87,23 +92,15 @@ class RateLimitMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            if scope["type"] == "websocket" and self.config.websockets:
+                await self._handshake(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         guard = self.guard
         method: str = scope["method"]
         path = route_path(scope)
-        meta = None
-        root = self._root if self._root is not None else scope.get("app")
-        resolved = self._resolver.resolve(scope, root, method, path)
-        if resolved is not None:
-            template, meta = resolved
-            if template is not None:
-                scope[ROUTE_SCOPE_KEY] = template
-        # request.state.ratelimit always exists for the app: None until a decision is made.
-        state = scope.get("state")
-        if state is None:
-            state = scope["state"] = {}
-        state["ratelimit"] = None
+        state, meta = self._routed(scope, method, path)
         selection = guard.select(method, path, meta)
         if selection is None:
             await self.app(scope, receive, send)
@@ -127,13 +124,61 @@ class RateLimitMiddleware:
             try:
                 await self.app(scope, receive, watch.send)
             finally:
-                if guard.refund_due(watch.status):
-                    await refund_async(guard, self.limiter, verdict, watch.status)
+                back = guard.given_back(verdict, watch.status)
+                if back:
+                    await refund_async(guard, self.limiter, back)
         elif isinstance(verdict, Refuse):
             state["ratelimit"] = verdict.decision
             await self._refuse(request, verdict, scope, receive, send)
         else:
             await _send(send, verdict.status, verdict.headers, verdict.body)
+
+    def _routed(self, scope: Scope, method: str, path: str) -> tuple[dict[str, Any], Any]:
+        """What the request's endpoint carries (its template left in the scope), and the
+        scope's state, where the decision is left (None until one is made)."""
+        meta = None
+        root = self._root if self._root is not None else scope.get("app")
+        resolved = self._resolver.resolve(scope, root, method, path)
+        if resolved is not None:
+            template, meta = resolved
+            if template is not None:
+                scope[ROUTE_SCOPE_KEY] = template
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
+        state["ratelimit"] = None
+        return state, meta
+
+    async def _handshake(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A WebSocket handshake: one hit, as a GET to its path; refused before accept."""
+        path = route_path(scope)
+        # Resolved apart from HTTP requests to the same path: another route may take them.
+        state, meta = self._routed(scope, "WEBSOCKET", path)
+        selection = self.guard.select("GET", path, meta)
+        verdict = None if selection is None else await decide_async(
+            self.guard, self.limiter, selection, WebSocket(scope, receive, send), "GET",
+            False)
+        if verdict is None or isinstance(verdict, Admit):
+            state["ratelimit"] = None if verdict is None else verdict.decision
+            await self.app(scope, receive, send)
+            return
+        if isinstance(verdict, Refuse):
+            state["ratelimit"] = verdict.decision
+        message = await receive()
+        if message.get("type") != "websocket.connect":
+            return  # the client has gone already
+        if "websocket.http.response" in (scope.get("extensions") or {}):
+            raw = _raw_headers(verdict.headers, verdict.body)
+            await send({"type": "websocket.http.response.start", "status": verdict.status,
+                        "headers": raw})
+            await send({"type": "websocket.http.response.body", "body": verdict.body})
+            return
+        retry = next((value for name, value in verdict.headers if name == "Retry-After"), "1")
+        # 1008: policy violation; 1013: try again later (the store is out, "deny").
+        refused = isinstance(verdict, Refuse)
+        await send({"type": "websocket.close", "code": 1008 if refused else 1013,
+                    "reason": f"{'rate limited' if refused else 'unavailable'}; "
+                              f"retry after {retry} s"})
 
     def _serve(self, admit: Admit, scope: Scope, receive: Receive, send: Send
                ) -> Awaitable[None]:

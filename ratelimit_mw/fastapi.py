@@ -173,6 +173,9 @@ class RateLimitDependency:
     async def __call__(self, request: Request, response: Response) -> Decision | None:
         scope = request.scope
         guard = self.guard
+        if not guard.enabled:
+            request.state.ratelimit = None
+            return None
         if self._resolver is not None and ROUTE_SCOPE_KEY not in scope:
             # The middleware sets the template when it runs; without it, resolve it here,
             # relative to the app that routed the request.

@@ -28,9 +28,11 @@ so one extension object serves any number of apps built by an app factory.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, cast
 
 from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.http.config import Config, build_config
 from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
@@ -92,15 +94,15 @@ class _Refund:
         if response is self.response:
             return
         self.response = response
-        status = response.status_code
-        if self.guard.refund_due(status):
-            response.call_on_close(lambda: self.run(response, status))
+        back = self.guard.given_back(self.admit, response.status_code)
+        if back:
+            response.call_on_close(lambda: self.run(response, back))
 
-    def run(self, response: Response | None, status: int) -> None:
+    def run(self, response: Response | None, back: Sequence[Check]) -> None:
         if self.done or response is not self.response:
             return
         self.done = True
-        refund_sync(self.guard, self.limiter, self.admit, status)
+        refund_sync(self.guard, self.limiter, back)
 _JSON = ("Content-Type", "application/json")
 
 
@@ -203,7 +205,8 @@ class _AppState:
         renamed = tuple(
             RouteLimit.make(item.rates, key=item.key, cost=item.cost,
                             name=_blueprint_name(bp), methods=item.methods,
-                            exempt_when=item.exempt_when).bound_to(bp)
+                            exempt_when=item.exempt_when,
+                            count_when=item.count_when).bound_to(bp)
             if item.name is None and isinstance(item.rates, str) else item
             for item in limits
         )
@@ -316,7 +319,7 @@ class _AppState:
         if refund is not None and refund.response is None:
             # No response of ours went out: the exception propagated (or an after_request
             # hook before ours failed twice); it counts as a 500.
-            refund.run(None, 500)
+            refund.run(None, refund.guard.given_back(refund.admit, 500))
 
 
 class RateLimit:

@@ -12,7 +12,9 @@ import datetime as _dt
 import functools
 import random
 import re
+import secrets
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -40,6 +42,16 @@ F = TypeVar("F", bound=Callable[..., Any])
 _COMPILED_CACHE_SIZE = 1024
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 _MEMORY_ARUN = MemoryBackend.arun
+
+
+# Every limiter made in this process, for `ratelimit_mw.testing` (weak: never kept alive).
+_LIVE: weakref.WeakSet[_Shared] = weakref.WeakSet()
+
+
+def live_limiters() -> list[Limiter | AsyncLimiter]:
+    """The limiters alive in this process."""
+    return [limiter for limiter in list(_LIVE)
+            if isinstance(limiter, (Limiter, AsyncLimiter))]
 
 
 def validate_prefix(prefix: object) -> str:
@@ -99,7 +111,7 @@ class _Shared:
         deny_cache_max_age: float = DEFAULT_MAX_AGE,
         metrics: MetricsHook | None = None,
     ) -> None:
-        self.backend = backend
+        self._attach(backend)
         self.prefix = validate_prefix(prefix)
         self.clock = clock
         self.metrics = _metrics_hook(metrics)
@@ -116,6 +128,11 @@ class _Shared:
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
         self._deny = deny if deny_cache else None
         self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
+        _LIVE.add(self)
+
+    def _attach(self, backend: Any) -> None:
+        """Use `backend` from now on (construction; `ratelimit_mw.testing`'s isolation)."""
+        self.backend = backend
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -130,16 +147,20 @@ class _Shared:
         name: str | None = None,
         methods: Sequence[str] | None = None,
         exempt_when: Callable[[Any], bool] | None = None,
+        count_when: Callable[[int], bool] | None = None,
     ) -> Callable[[F], F]:
-        """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint. A sync
-        Limiter's routes are WSGI or Flask views, which cannot await an async hook."""
+        """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint;
+        ``count_when(status) -> bool``: a response for which it is False gives this limit's
+        hit back. A sync Limiter's routes are WSGI or Flask views, which cannot await an
+        async hook."""
         if not isinstance(self, AsyncLimiter):
             refuse_async("a Limiter's routes (WSGI, Flask)", [
                 ("key", key), ("exempt_when", exempt_when),
                 ("cost", cost if callable(cost) else None),
                 ("rates", rates if callable(rates) and not isinstance(rates, Policy) else None)])
         return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name,
-                                               methods=methods, exempt_when=exempt_when),
+                                               methods=methods, exempt_when=exempt_when,
+                                               count_when=count_when),
                                self._shared_logs)
 
     def exempt(self, func: F) -> F:
@@ -479,18 +500,21 @@ class AsyncLimiter(_Shared):
             )
         super().__init__(backend, prefix, **options)
         self._sleep = sleep or asyncio.sleep
-        self._inline = _answers_inline(backend)
         # The checks whose lapsed refusal one call is asking the store about again, and the
         # future that call's end resolves: True if it got no answer (see `_refresh`). Empty
         # but during such a call.
         self._flights: dict[tuple[Check, ...], asyncio.Future[bool]] = {}
-        # `arun_within(call, seconds)`: the backend keeps a deadline itself (see `_reply`); not
-        # for a cluster, where one request may need a call per slot.
+
+    def _attach(self, backend: Any) -> None:
+        super()._attach(backend)
+        self._inline = _answers_inline(backend)
+        # `arun_within(call, seconds)`: the backend keeps a deadline itself (see `_asked`);
+        # not for a cluster, where one request may need a call per slot.
         within = getattr(backend, "arun_within", None)
         self._within: Callable[[ScriptCall, float], Awaitable[list[int]]] | None = (
             None if backend.is_cluster or not callable(within) else within)
         # `post(packed, give_up)` and `settle(outcome)`: a backend that queues a packed call
-        # and hands back its connection's future (see `_reply`).
+        # and hands back its connection's future (see `_asked`).
         post, settle = getattr(backend, "post", None), getattr(backend, "settle", None)
         self._post: Callable[[bytes, float], asyncio.Future[Any] | None] | None = (
             post if self._within is not None and callable(post) and callable(settle) else None)
@@ -643,6 +667,14 @@ class AsyncLimiter(_Shared):
         check = _check(policy, identity, cost)
         return await self.decide(self.compile(((check.policy, cost),)), (identity,))
 
+    def messages(self, policy: Policy | str) -> Messages:
+        """A budget for the messages of one connection (a WebSocket, a stream), counted
+        apart from every other: ``messages = limiter.messages("10/second")`` when it opens,
+        then ``if not await messages.hit(): ...`` per message (a Decision: False when
+        refused, with its ``retry_after``)."""
+        return Messages(self, _check(policy, "conn", 1).policy,
+                        "conn:" + secrets.token_hex(8))
+
     async def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
         self._forget(checks)
@@ -690,6 +722,25 @@ class AsyncLimiter(_Shared):
             raise
         except Exception as exc:
             raise _ping_failed(exc) from exc
+
+
+class Messages:
+    """One connection's message budget (`AsyncLimiter.messages`); its counters expire with
+    the policy's window once the connection is quiet."""
+
+    __slots__ = ("identity", "limiter", "policy")
+
+    def __init__(self, limiter: AsyncLimiter, policy: Policy, identity: str) -> None:
+        self.limiter = limiter
+        self.policy = policy
+        self.identity = identity
+
+    def __repr__(self) -> str:
+        return f"Messages({self.policy!r}, identity={self.identity!r})"
+
+    async def hit(self, cost: int = 1) -> Decision:
+        """Count one message (of `cost`); nothing is counted when refused."""
+        return await self.limiter.hit(self.policy, self.identity, cost)
 
 
 def _pinger(backend: Any, method: str) -> Callable[[], Any]:

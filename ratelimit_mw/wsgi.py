@@ -143,9 +143,9 @@ class _Refunding:
                 close()
         finally:
             status = self._status[-1] if self._status else "500"
-            middleware = self._middleware
-            refund_sync(middleware.guard, middleware.limiter, self._admit,
-                        _status_code(status))
+            guard = self._middleware.guard
+            refund_sync(guard, self._middleware.limiter,
+                        guard.given_back(self._admit, _status_code(status)))
 
 
 class RateLimitMiddleware:
@@ -233,7 +233,7 @@ class RateLimitMiddleware:
             body = self.app(environ, start_watching)
         except BaseException:
             # The app raised before answering: the server's answer will be a 500.
-            refund_sync(self.guard, self.limiter, admit, 500)
+            refund_sync(self.guard, self.limiter, self.guard.given_back(admit, 500))
             raise
         return _Refunding(body, status, self, admit)
 

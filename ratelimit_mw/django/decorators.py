@@ -23,12 +23,14 @@ _WRITTEN = "__ratelimit_mw_written__"
 
 def limit(rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | None = None,
           cost: Cost = 1, name: str | None = None, methods: Sequence[str] | None = None,
-          exempt_when: Callable[[Any], Any] | None = None) -> Callable[[F], F]:
+          exempt_when: Callable[[Any], Any] | None = None,
+          count_when: Callable[[int], bool] | None = None) -> Callable[[F], F]:
     """Limit one view: ``@limit("5/minute")``; ``key``, ``cost``, ``methods``,
-    ``exempt_when`` and a callable ``rates`` (a dynamic limit) as on the other adapters.
-    Under ASGI Django the key, cost, condition and dynamic limit may be coroutines."""
+    ``exempt_when``, ``count_when`` and a callable ``rates`` (a dynamic limit) as on the
+    other adapters. Under ASGI Django the key, cost, condition and dynamic limit may be
+    coroutines."""
     written = RouteLimit.make(rates, key=key, cost=cost, name=name, methods=methods,
-                              exempt_when=exempt_when)
+                              exempt_when=exempt_when, count_when=count_when)
     bind = limit_decorator(written, SHARED_LOGS)
 
     def decorate(view: F) -> F:

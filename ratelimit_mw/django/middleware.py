@@ -173,7 +173,8 @@ class RateLimitMiddleware:
                 return refused
         admit = self._headed(request, response)
         if admit is not None and admit.refund is not None:
-            refund_sync(self.guard, self.limiter, admit, response.status_code)
+            refund_sync(self.guard, self.limiter,
+                        self.guard.given_back(admit, response.status_code))
         return response
 
     def _process_view_sync(self, request: HttpRequest, view: Any, args: Any,
@@ -194,7 +195,8 @@ class RateLimitMiddleware:
                 return refused
         admit = self._headed(request, response)
         if admit is not None and admit.refund is not None:
-            await refund_async(self.guard, self.limiter, admit, response.status_code)
+            await refund_async(self.guard, self.limiter,
+                               self.guard.given_back(admit, response.status_code))
         return response
 
     async def _process_view_async(self, request: HttpRequest, view: Any, args: Any,

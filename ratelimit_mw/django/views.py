@@ -8,7 +8,8 @@
 
 The limiters are those of ``settings.RATELIMIT``. ``name`` names the counter: calls with the
 same name (and algorithm) count together, so give each use its own. ``increment=False``
-asks without counting. The Decision is left on ``request.ratelimit``. A store that fails
+asks without counting. The Decision is left on ``request.ratelimit``; with the settings'
+``enabled`` off nothing is limited. A store that fails
 applies ``on_backend_error`` from the settings: ``"allow"`` (and ``"memory"``) say "not
 limited", ``"deny"`` says "limited", a callable decides.
 """
@@ -62,9 +63,10 @@ def is_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = N
     """Whether this request is over `rates` for its key (default: the client IP); a key
     that says None is never limited. ``increment=False`` peeks."""
     policy, identity = _asked(request, rates, key, name)
-    if identity is None:
+    limiters = conf.current()
+    if identity is None or not limiters.settings.config.enabled:
         return _limited(request, None, None)
-    limiter = conf.current().sync()
+    limiter = limiters.sync()
     try:
         decision = (limiter.hit(policy, identity, cost) if increment
                     else limiter.peek(policy, identity))
@@ -78,9 +80,10 @@ async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | N
                           increment: bool = True) -> bool:
     """`is_ratelimited` for async views, on the settings' AsyncLimiter."""
     policy, identity = _asked(request, rates, key, name)
-    if identity is None:
+    limiters = conf.current()
+    if identity is None or not limiters.settings.config.enabled:
         return _limited(request, None, None)
-    limiter = conf.current().asynchronous()
+    limiter = limiters.asynchronous()
     try:
         decision = await (limiter.hit(policy, identity, cost) if increment
                           else limiter.peek(policy, identity))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -43,6 +44,28 @@ def _seconds(name: str, value: object, *, zero: bool) -> float:
             f"{name} must be a number of seconds {bound}, e.g. {name}=0.1; got {value!r}"
         )
     return float(value)  # type: ignore[arg-type]
+
+
+ENABLED_VARIABLE = "RATELIMIT_ENABLED"
+_OFF = ("0", "false", "no", "off")
+_ON = ("1", "true", "yes", "on", "")
+
+
+def _enabled(value: object) -> bool:
+    """``enabled`` as given, else as ``RATELIMIT_ENABLED`` says (on when it is not set)."""
+    if isinstance(value, bool):
+        return value
+    if value is not None:
+        raise ConfigurationError(f"enabled must be True or False, got {value!r}")
+    text = os.environ.get(ENABLED_VARIABLE)
+    if text is None or text.strip().lower() in _ON:
+        return True
+    if text.strip().lower() in _OFF:
+        return False
+    raise ConfigurationError(
+        f"{ENABLED_VARIABLE}={text!r} is neither on nor off; write {ENABLED_VARIABLE}=0 "
+        f"(or false) to turn rate limiting off, 1 (or true) to keep it on"
+    )
 
 
 def _callable(name: str, value: object, shape: str) -> Any:
@@ -81,6 +104,11 @@ class Config:
     - ``backend_timeout``: deadline of every async backend call (seconds; the sync adapters
       rely on the client's own timeouts); ``backend_cooldown``: how long to skip the
       backend after a failure before one probe tries it again.
+    - ``enabled``: False turns every limit off (requests pass untouched, no headers); when
+      not given, the environment variable ``RATELIMIT_ENABLED`` decides (``0``, ``false``,
+      ``no``, ``off`` turn it off), read once, when the configuration is made.
+    - ``websockets``: the ASGI middleware limits WebSocket handshakes as GETs to their path
+      (default True); False leaves them alone.
     """
 
     default: RateText = None
@@ -99,6 +127,8 @@ class Config:
     charge_method_not_allowed: bool = False
     backend_timeout: float = 0.1
     backend_cooldown: float = 1.0
+    enabled: bool | None = None
+    websockets: bool = True
     # Normalised forms, filled in by __post_init__.
     defaults: tuple[Policy, ...] = field(default=(), init=False, repr=False)
     rule_list: tuple[Rule, ...] = field(default=(), init=False, repr=False)
@@ -133,7 +163,7 @@ class Config:
         if self.mode not in MODES:
             raise ConfigurationError(f'mode must be "enforce" or "shadow", got {self.mode!r}')
         for name in ("headers", "legacy_headers", "per_method", "charge_preflight",
-                     "charge_method_not_allowed"):
+                     "charge_method_not_allowed", "websockets"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigurationError(
                     f"{name} must be True or False, got {getattr(self, name)!r}"
@@ -149,6 +179,7 @@ class Config:
                                               zero=False))
         put(self, "backend_cooldown", _seconds("backend_cooldown", self.backend_cooldown,
                                                zero=True))
+        put(self, "enabled", _enabled(self.enabled))
 
     @property
     def shadow(self) -> bool:

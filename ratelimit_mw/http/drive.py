@@ -8,11 +8,13 @@ failure policy, and the async half bounds the call by the guard's deadline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from time import perf_counter
 from typing import Any
 
 from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.plans import Check
 from ratelimit_mw.http.guard import Admit, Guard, Refuse, Selection, Unavailable
 from ratelimit_mw.http.hooks import answer_all
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
@@ -57,25 +59,23 @@ async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection
     return guard.decided(request, plan, decision, start)
 
 
-def refund_sync(guard: Guard, limiter: Limiter, admit: Admit, status: int) -> None:
-    """After the response: give the hit back if its status says so; never raises.
-
-    Callers on the hot path test ``admit.refund is not None and guard.refund_due(status)``
-    first, so that a response that keeps its hit costs no call.
-    """
-    if admit.refund is None or not guard.refund_due(status) or not guard.may_refund():
+def refund_sync(guard: Guard, limiter: Limiter, checks: Sequence[Check]) -> None:
+    """After the response: give back the hits its status gives back
+    (`Guard.given_back`, asked by the caller: most responses give nothing back, and then
+    nothing is called); never raises."""
+    if not checks or not guard.may_refund():
         return
     try:
-        limiter.uncheck(admit.refund)
+        limiter.uncheck(checks)
     except Exception as exc:
         guard.refund_failed(exc)
 
 
-async def refund_async(guard: Guard, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
-    if admit.refund is None or not guard.refund_due(status) or not guard.may_refund():
+async def refund_async(guard: Guard, limiter: AsyncLimiter, checks: Sequence[Check]) -> None:
+    if not checks or not guard.may_refund():
         return
     try:
-        await bounded(limiter.uncheck(admit.refund), guard.timeout)
+        await bounded(limiter.uncheck(checks), guard.timeout)
     except Exception as exc:
         guard.refund_failed(exc)
 

@@ -87,6 +87,7 @@ class Applied:
     exempt_when: Predicate | None = None
     dynamic: DynamicLimit | None = None
     routed: bool = False  # from the route's decorators (see Selection.routed)
+    count_when: Callable[[int], bool] | None = None  # its own, over the middleware's
 
 
 class Selection:
@@ -97,8 +98,8 @@ class Selection:
     decorated route is never left without a limit by a missing header.
     """
 
-    __slots__ = ("applied", "compiled", "dynamic", "fallback", "hooks", "policy_header",
-                 "routed")
+    __slots__ = ("applied", "compiled", "counts", "dynamic", "fallback", "hooks",
+                 "policy_header", "routed")
 
     def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
                  fallback: Selection | None = None) -> None:
@@ -108,6 +109,8 @@ class Selection:
         self.policy_header = PolicyHeader([(item.policy, item.label) for item in applied
                                            if item.policy is not None])
         self.dynamic = any(item.dynamic is not None for item in applied)
+        # Some limit has a count_when of its own: each check is given back by its own.
+        self.counts = any(item.count_when is not None for item in applied)
         # The async hooks the plan asks (fallback's included): an ASGI adapter awaits them
         # first (`hooks.answer_all`).
         self.hooks: tuple[Callable[[Any], Any], ...] = tuple(dict.fromkeys(
@@ -123,12 +126,13 @@ class Selection:
 
 
 class Plan(NamedTuple):
-    """What one request sends: the compiled hit, an identity per check, and the selection
-    they came from (for headers)."""
+    """What one request sends: the compiled hit, an identity per check, the selection they
+    came from (for headers) and, when some limit has one, each check's own count_when."""
 
     compiled: Compiled
     identities: tuple[str, ...]
     selection: Selection
+    whens: tuple[Callable[[int], bool] | None, ...] | None = None
 
     @property
     def checks(self) -> tuple[Check, ...]:
@@ -136,12 +140,13 @@ class Plan(NamedTuple):
 
 
 class Admit(NamedTuple):
-    """Serve the request; add `headers` (`raw`, for a guard built with ``raw=True``); give
-    `refund` back if `Guard.refund_due(status)`."""
+    """Serve the request; add `headers` (`raw`, for a guard built with ``raw=True``); when
+    `refund` (the request's plan) is there, the response's status may give hits back
+    (`Guard.given_back`)."""
 
     decision: Decision | None
     headers: Headers | None
-    refund: tuple[Check, ...] | None
+    refund: Plan | None
     raw: RawHeaders | None = None
 
 
@@ -205,6 +210,7 @@ class Guard:
                                        ("the dynamic limit",
                                         rule.dynamic.func if rule.dynamic else None)))])
         self.config = config
+        self.enabled = config.enabled  # False: nothing applies to any request
         # Admitted responses' headers as RawHeaders (the ASGI adapter's), else as Headers.
         self.raw = raw
         self.limiter = limiter
@@ -286,6 +292,8 @@ class Guard:
         include the request's), an exempt route drops them, an undecorated route gets the
         defaults; rules always add.
         """
+        if not self.enabled:
+            return None
         verb = method if method in _VERBS else _other_verb(method, route)
         if self.rules:
             rules = self._matching_rules(method, path)
@@ -299,7 +307,8 @@ class Guard:
             pass
         from_rules = tuple(
             Applied(rule.policy, rule.key or self.config.key_func, rule.cost, rule.label,
-                    exempt_when=rule.exempt_when, dynamic=rule.dynamic)
+                    exempt_when=rule.exempt_when, dynamic=rule.dynamic,
+                    count_when=rule.count_when)
             for rule in rules
         )
         plain = from_rules if route == EXEMPT else self.defaults + from_rules
@@ -309,7 +318,7 @@ class Guard:
             routed = tuple(
                 Applied(limit.policy, limit.key or self.config.key_func, limit.cost,
                         limit.label, exempt_when=limit.exempt_when, dynamic=limit.dynamic,
-                        routed=True)
+                        routed=True, count_when=limit.count_when)
                 for limit in limits
                 if (limit.policy or limit.dynamic) is not None and limit.applies_to(method)
             )
@@ -354,6 +363,7 @@ class Guard:
             # from the selection's compiled one.
             items: list[tuple[Policy, int]] | None = None if compiled is not None else []
             chosen: list[Applied] | None = [] if selection.dynamic else None
+            whens: list[Callable[[int], bool] | None] | None = [] if selection.counts else None
             keyed = False  # a routed limit applies (or is exempted on purpose): no fallback
             for item in applied:
                 if item.exempt_when is not None and self._exempt(item.exempt_when, request,
@@ -379,6 +389,8 @@ class Guard:
                                   else self._cost(cost, request, answers)))  # type: ignore[arg-type]
                 if chosen is not None:
                     chosen.append(Applied(policy, item.key, item.cost, item.label))
+                if whens is not None:
+                    whens.append(item.count_when)
             if selection.routed and not keyed and selection.fallback is not None:
                 selection = selection.fallback
                 continue
@@ -388,7 +400,8 @@ class Guard:
                 compiled = self.limiter.compile(items)
             if chosen is not None:
                 selection = self._chosen_selection(chosen)
-            return _new(Plan, (compiled, tuple(identities), selection))
+            return _new(Plan, (compiled, tuple(identities), selection,
+                               None if whens is None else tuple(whens)))
 
     def identity(self, item: Applied, request: Any, method: str,
                  answers: Answers | None = None) -> str | None:
@@ -462,10 +475,10 @@ class Guard:
         mode, for the latency a shadow refusal reports."""
         if self.breaker.open_until and self.breaker.succeeded() and self._fallback is not None:
             self._fallback = self._fresh_fallback()  # what the outage counted is dropped
+        watch = self.watch_status or plan.whens is not None
         if decision.allowed:
-            return self._admit(decision, plan.selection,
-                               plan.checks if self.watch_status else None)
-        return self._verdict(request, plan, decision, started, self.watch_status)
+            return self._admit(decision, plan.selection, plan if watch else None)
+        return self._verdict(request, plan, decision, started, watch)
 
     def _verdict(self, request: Any, plan: Plan, decision: Decision, started: float,
                  refundable: bool) -> Admit | Refuse:
@@ -473,7 +486,7 @@ class Guard:
         `refundable`: the response's status may give the hit back."""
         selection = plan.selection
         if decision.allowed:
-            return self._admit(decision, selection, plan.checks if refundable else None)
+            return self._admit(decision, selection, plan if refundable else None)
         self._notify_refusal(request, decision)
         if self.shadow:
             self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
@@ -490,8 +503,7 @@ class Guard:
         self._last_refusal = (decision, selection, refusal)
         return refusal
 
-    def _admit(self, decision: Decision, selection: Selection,
-               refund: tuple[Check, ...] | None) -> Admit:
+    def _admit(self, decision: Decision, selection: Selection, refund: Plan | None) -> Admit:
         if not self.headers:
             return _new(Admit, (decision, None, refund, None))
         if self.raw and not self.legacy:
@@ -501,8 +513,7 @@ class Guard:
         return self._headed(decision, rate_limit_headers(decision, selection.policy_header,
                                                          self.legacy), refund)
 
-    def _headed(self, decision: Decision, headers: Headers,
-                refund: tuple[Check, ...] | None) -> Admit:
+    def _headed(self, decision: Decision, headers: Headers, refund: Plan | None) -> Admit:
         """An Admit with these headers, in the form the adapter sends (`raw` or not)."""
         if self.raw:
             return _new(Admit, (decision, None, refund, encode_raw(headers)))
@@ -578,14 +589,27 @@ class Guard:
             self.log_failure("ratelimit_mw metrics hook raised", exc)
 
     # -- after the response ----------------------------------------------------------------
-    def refund_due(self, status: int) -> bool:
-        """Whether an admitted response with this status gives its hit back."""
+    def given_back(self, admit: Admit, status: int) -> tuple[Check, ...]:
+        """The hits an admitted response with this status gives back: every one for a 405
+        not charged; else each whose count_when (its limit's own, or the middleware's) says
+        False. Empty for most responses, and then nothing is sent."""
+        plan = admit.refund
+        if plan is None:
+            return ()
         if status == 405 and not self.charge_405:
-            return True
-        if self.count_when is None:
+            return plan.checks
+        whens = plan.whens
+        if whens is None:
+            return plan.checks if self._given_back(self.count_when, status) else ()
+        checks = plan.checks
+        return tuple(check for check, when in zip(checks, whens, strict=True)
+                     if self._given_back(when or self.count_when, status))
+
+    def _given_back(self, count_when: Callable[[int], bool] | None, status: int) -> bool:
+        if count_when is None:
             return False
         try:
-            return not self.count_when(status)
+            return not count_when(status)
         except Exception as exc:
             self.log_failure("ratelimit_mw count_when raised; keeping the hit", exc)
             return False

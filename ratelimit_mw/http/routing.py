@@ -76,6 +76,15 @@ def validate_predicate(name: str, value: object) -> Predicate | None:
     return value
 
 
+def validate_count_when(value: object) -> Callable[[int], bool] | None:
+    if value is not None and not callable(value):
+        raise ConfigurationError(
+            f"count_when must be a callable (status) -> bool, e.g. count_when=lambda status: "
+            f"status >= 400; got {value!r}"
+        )
+    return value
+
+
 def validate_cost(cost: Cost, policy: Policy | None) -> Cost:
     """A cost is a whole number >= 1 no larger than any limit, or a callable (request) -> int."""
     if callable(cost):
@@ -175,14 +184,17 @@ class RouteLimit:
     exempt_when: Predicate | None = None
     label: str = "route"
     dynamic: DynamicLimit | None = None
+    count_when: Callable[[int], bool] | None = None
 
     @classmethod
     def make(cls, rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | None,
              cost: Cost,
              name: str | None, methods: Iterable[str] | None = None,
-             exempt_when: Predicate | None = None) -> RouteLimit:
+             exempt_when: Predicate | None = None,
+             count_when: Callable[[int], bool] | None = None) -> RouteLimit:
         validate_key(key)
         validate_predicate("exempt_when", exempt_when)
+        validate_count_when(count_when)
         policy: Policy | None = None
         if isinstance(rates, Policy):
             policy = rates
@@ -196,7 +208,7 @@ class RouteLimit:
         verbs = validate_methods(methods)
         label = policy.name if policy is not None else (name or "route")
         return cls(policy, rates, key, validate_cost(cost, policy), name, verbs, exempt_when,
-                   label)
+                   label, None, count_when)
 
     def bound_to(self, target: object) -> RouteLimit:
         """The limit with its policy named after the endpoint, so each route counts apart."""
@@ -208,11 +220,12 @@ class RouteLimit:
             base = self.name or f"route {stable_module(target)}.{qualname}"
             dynamic = DynamicLimit(self.rates, base)  # type: ignore[arg-type]
             return RouteLimit(None, self.rates, self.key, self.cost, self.name, self.methods,
-                              self.exempt_when, label, dynamic)
+                              self.exempt_when, label, dynamic, self.count_when)
         counter = self.name or f"route {stable_module(target)}.{qualname} {self.rates}"
         policy = Policy(self.rates, name=counter)
         return RouteLimit(policy, self.rates, self.key, validate_cost(self.cost, policy),
-                          self.name, self.methods, self.exempt_when, label)
+                          self.name, self.methods, self.exempt_when, label, None,
+                          self.count_when)
 
     def applies_to(self, method: str) -> bool:
         return self.methods is None or method in self.methods

@@ -21,6 +21,7 @@ from ratelimit_mw.http.routing import (
     Cost,
     DynamicLimit,
     validate_cost,
+    validate_count_when,
     validate_key,
     validate_methods,
 )
@@ -191,10 +192,12 @@ class Rule:
     segment (``"/users/{id}"``), or a compiled ``re.Pattern`` (matched from the start).
     Rules apply whether or not the route is decorated; they add to its limits. ``name``
     names the counters (rules with one name share them) and the ``RateLimit`` header items.
+    ``count_when(status) -> bool``: a response for which it is False gives this rule's hit
+    back (Flask-Limiter's ``deduct_when``; the middleware's ``count_when`` for the others).
     """
 
-    __slots__ = ("cost", "dynamic", "exempt_when", "key", "label", "methods", "pattern", "policy",
-                 "regex")
+    __slots__ = ("cost", "count_when", "dynamic", "exempt_when", "key", "label", "methods",
+                 "pattern", "policy", "regex")
 
     def __init__(
         self,
@@ -206,6 +209,7 @@ class Rule:
         cost: Cost = 1,
         name: str | None = None,
         exempt_when: Callable[[Any], bool] | None = None,
+        count_when: Callable[[int], bool] | None = None,
     ) -> None:
         self.pattern = path
         self.regex = compile_pattern(path)
@@ -236,6 +240,7 @@ class Rule:
                 f"exempt_when must be a callable (request) -> bool, got {exempt_when!r}"
             )
         self.exempt_when = exempt_when
+        self.count_when = validate_count_when(count_when)
         self.cost = validate_cost(cost, self.policy)
 
     def matches(self, method: str, path: str) -> bool:

@@ -149,6 +149,14 @@ def test_shadow_mode_never_raises_and_reports_the_refusal(alimiter, serve):
     assert len(refusals) == 3
 
 
+def test_enabled_false_turns_the_dependency_off(alimiter, serve):
+    client = serve(make_app(RateLimitDependency(alimiter, "1/minute", enabled=False)))
+    answers = [client.get("/b") for _ in range(3)]
+    assert [r.status_code for r in answers] == [200, 200, 200]
+    assert [r.json() for r in answers] == [{"remaining": None}] * 3
+    assert "ratelimit" not in answers[0].headers
+
+
 @pytest.mark.parametrize(("on_error", "status"), [("allow", 200), ("deny", 503)])
 def test_a_backend_failure_follows_on_backend_error(on_error, status):
     backend = CountingBackend()

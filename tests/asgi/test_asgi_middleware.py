@@ -212,9 +212,24 @@ async def test_a_refund_that_fails_is_logged_never_raised(caplog):
     assert "could not give back a hit" in caplog.text
 
 
+# -- WebSockets (through real uvicorn: test_asgi_websockets.py) ------------------------------
+def test_a_websocket_handshake_counts_as_a_get_and_is_refused_before_accept(alimiter, serve):
+    from starlette.testclient import WebSocketDenialResponse
+
+    client = serve(make_app(alimiter, default="2/minute"))
+    with client.websocket_connect("/ws") as ws:
+        ws.send_text("one")
+        assert ws.receive_text() == "one"
+    assert client.get("/").status_code == 200  # the client's second hit of two
+    with pytest.raises(WebSocketDenialResponse) as refused:
+        client.websocket_connect("/ws").__enter__()
+    assert refused.value.status_code == 429
+    assert refused.value.headers["retry-after"] == "60"
+
+
 # -- what passes through untouched ------------------------------------------------------------
-def test_websockets_pass_through_and_are_not_counted(alimiter, serve):
-    client = serve(make_app(alimiter, default="1/minute"))
+def test_websockets_false_passes_them_through_uncounted(alimiter, serve):
+    client = serve(make_app(alimiter, default="1/minute", websockets=False))
     for text in ("one", "two"):
         with client.websocket_connect("/ws") as ws:
             ws.send_text(text)

@@ -231,6 +231,64 @@ def test_count_when_gives_back_the_hits_that_should_not_count(driver: Driver) ->
     assert driver.statuses(3, path="/status/401") == [401, 401, 429]
 
 
+def test_count_when_on_a_rule_gives_back_only_that_rules_hits(driver: Driver) -> None:
+    # Flask-Limiter's deduct_when on one limit: the failures count against the rule, every
+    # request against the default.
+    failures = Rule("/status/*", "2/minute", count_when=lambda status: status >= 400)
+    driver.build(Config(default="10/minute", rules=[failures]))
+    assert driver.statuses(4, path="/status/200") == [200] * 4
+    assert driver.statuses(3, path="/status/404") == [404, 404, 429]
+    assert driver.statuses(5) == [200] * 4 + [429]  # 6 counted by the default, 4 left
+
+
+def test_count_when_on_a_decorator_gives_back_only_that_routes_hits(routed: Driver) -> None:
+    routed.build(Config(default="3/minute", count_when=lambda status: True),
+                 route_options={"count_when": lambda status: status >= 400})
+    assert routed.statuses(5, path="/keyed") == [200] * 5  # its 200s are given back
+    assert routed.statuses(4) == [200, 200, 200, 429]      # the middleware's counts all
+
+
+def test_count_when_must_be_a_callable() -> None:
+    with pytest.raises(rl.ConfigurationError, match="count_when must be a callable"):
+        Rule("/x", "1/minute", count_when=400)  # type: ignore[arg-type]
+    with pytest.raises(rl.ConfigurationError, match="count_when must be a callable"):
+        rl.Limiter().limit("1/minute", count_when="4xx")  # type: ignore[arg-type]
+
+
+def test_enabled_false_lets_every_request_through_untouched(driver: Driver) -> None:
+    driver.build(Config(default="1/minute", rules=[Rule("/items", "1/minute")],
+                        enabled=False))
+    replies = [driver.request("GET", path) for path in ("/", "/", "/items", "/items")]
+    assert [reply.status for reply in replies] == [200] * 4
+    assert not any("ratelimit" in reply.headers for reply in replies)
+    if driver.routes:
+        assert driver.statuses(3, path="/limited") == [200] * 3
+
+
+@pytest.mark.parametrize(("value", "enabled"), [
+    ("0", False), ("false", False), ("Off", False), ("no", False),
+    ("1", True), ("true", True), ("", True), (None, True),
+])
+def test_ratelimit_enabled_is_read_when_the_configuration_is_made(
+        monkeypatch: pytest.MonkeyPatch, value: str | None, enabled: bool) -> None:
+    if value is None:
+        monkeypatch.delenv("RATELIMIT_ENABLED", raising=False)
+    else:
+        monkeypatch.setenv("RATELIMIT_ENABLED", value)
+    config = Config(default="1/minute")
+    assert config.enabled is enabled
+    monkeypatch.setenv("RATELIMIT_ENABLED", "1" if not enabled else "0")
+    assert config.enabled is enabled  # read once: the configuration keeps what it read
+    assert Config(default="1/minute", enabled=True).enabled is True  # given: not read
+
+
+def test_a_ratelimit_enabled_that_is_neither_on_nor_off_stops_start_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RATELIMIT_ENABLED", "maybe")
+    with pytest.raises(rl.ConfigurationError, match="RATELIMIT_ENABLED=0"):
+        Config(default="1/minute")
+
+
 # -- backend down --------------------------------------------------------------------------
 def test_backend_down_allow_admits_without_headers(driver: Driver) -> None:
     driver.build(Config(default="1/minute"), backend=failing_backend("down"))
