@@ -21,11 +21,12 @@ scope, awaits the one backend call (bounded by ``backend_timeout``) and sends th
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any, TypeAlias
+import sys
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
 from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path, routes_of
-from ratelimit_mw.http.config import Config, build_config
+from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.drive import (
     async_timeout,
     decide_async,
@@ -39,17 +40,19 @@ from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter
 
+if TYPE_CHECKING:  # annotations only (strings at run time)
+    from typing_extensions import Unpack
+
 require("starlette", "starlette", "ratelimit_mw.asgi")
 from starlette.requests import Request  # noqa: E402
+
+# Starlette's own ASGI types: `app.add_middleware(RateLimitMiddleware, ...)` then type-checks
+# under mypy --strict against its middleware factory protocol.
+from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 from starlette.websockets import WebSocket  # noqa: E402
 
 __all__ = ["Config", "RateLimitMiddleware", "Rule"]
 
-Scope: TypeAlias = MutableMapping[str, Any]
-Message: TypeAlias = MutableMapping[str, Any]
-Receive: TypeAlias = Callable[[], Awaitable[Message]]
-Send: TypeAlias = Callable[[Message], Awaitable[None]]
-ASGIApp: TypeAlias = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _PREFLIGHT = b"access-control-request-method"
 
@@ -72,7 +75,7 @@ class RateLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, limiter: AsyncLimiter, *, config: Config | None = None,
-                 **options: Any) -> None:
+                 **options: Unpack[ConfigOptions]) -> None:
         self.app = app
         self.limiter = require_async_limiter(limiter, "the ASGI middleware")
         self.config = build_config(config, options)
@@ -86,6 +89,13 @@ class RateLimitMiddleware:
         self._resolver = RouteResolver(always=any(map(needs_route, self.guard.keys_in_use)))
         # The last default 429's encoded headers, with the Refuse they encode (see _refuse).
         self._last_raw: tuple[Refuse, RawHeaders] | None = None
+        # The app the requests come through (scope["app"]; or the app wrapped here): a FastAPI
+        # app's OpenAPI schema documents the 429 of its limited operations.
+        self._seen_app: object = None
+        inner: object = app
+        for _ in range(8):
+            _document_fastapi(inner, self.guard)
+            inner = getattr(inner, "app", None)
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, {self.limiter!r})"
@@ -137,7 +147,11 @@ class RateLimitMiddleware:
         """What the request's endpoint carries (its template left in the scope), and the
         scope's state, where the decision is left (None until one is made)."""
         meta = None
-        root = self._root if self._root is not None else scope.get("app")
+        app = scope.get("app")
+        if app is not self._seen_app:
+            self._seen_app = app
+            _document_fastapi(app, self.guard)
+        root = self._root if self._root is not None else app
         resolved = self._resolver.resolve(scope, root, method, path)
         if resolved is not None:
             template, meta = resolved
@@ -215,6 +229,14 @@ class RateLimitMiddleware:
         # A copy: a server or an outer middleware may add to the list it is given.
         await send({"type": "http.response.start", "status": refusal.status, "headers": [*raw]})
         await send({"type": "http.response.body", "body": refusal.body})
+
+
+def _document_fastapi(app: object, guard: Guard) -> None:
+    fastapi = sys.modules.get("fastapi")
+    if fastapi is not None and isinstance(app, fastapi.FastAPI):
+        from ratelimit_mw.fastapi import document_rate_limits
+
+        document_rate_limits(app, guard)
 
 
 def _raw_headers(headers: Headers, body: bytes) -> RawHeaders:

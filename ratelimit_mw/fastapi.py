@@ -31,25 +31,38 @@ on a whole router. With ``name=`` (or a ``Policy``) every endpoint using it shar
 # string annotations against.
 
 import json
-from typing import Any
+import sys
+from collections.abc import Callable
+from typing import Any, TypedDict
 
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path
-from ratelimit_mw.http.config import Config, build_config
+from ratelimit_mw.http.asgi_routes import (
+    RouteResolver,
+    endpoint_meta,
+    flatten_routes,
+    needs_route,
+    route_path,
+)
+from ratelimit_mw.http.config import Config, ErrorPolicy, build_config
 from ratelimit_mw.http.drive import async_timeout, decide_async, require_async_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Applied, Guard, Refuse, Selection
-from ratelimit_mw.http.routing import Cost, stable_module, validate_cost
+from ratelimit_mw.http.routing import Cost, Predicate, stable_module, validate_cost
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import AsyncLimiter
+
+if sys.version_info >= (3, 11):  # read at run time: this module's annotations are evaluated
+    from typing import Unpack
+else:  # pragma: no cover - Python 3.10 (FastAPI depends on typing_extensions)
+    from typing_extensions import Unpack
 
 require("fastapi", "fastapi", "ratelimit_mw.fastapi")
 from fastapi import HTTPException, Request, Response  # noqa: E402
 
-__all__ = ["Config", "RateLimitDependency", "RateLimitHTTPException",
-           "rate_limit_exception_handler"]
+__all__ = ["TOO_MANY_REQUESTS", "Config", "RateLimitDependency", "RateLimitHTTPException",
+           "document_rate_limits", "rate_limit_exception_handler"]
 
 
 class RateLimitHTTPException(HTTPException):
@@ -98,6 +111,21 @@ def _refuse_middleware_only(config: Config) -> None:
         )
 
 
+class DependencyOptions(TypedDict, total=False):
+    """The options `RateLimitDependency` takes as keywords (the others are the middleware's)."""
+
+    on_backend_error: ErrorPolicy
+    headers: bool
+    legacy_headers: bool
+    mode: str
+    on_refusal: Callable[[Any, Decision], None] | None
+    exempt_when: Predicate | None
+    charge_preflight: bool
+    backend_timeout: float
+    backend_cooldown: float
+    enabled: bool | None
+
+
 class RateLimitDependency:
     """``Depends(RateLimitDependency(limiter, "5/minute", key=..., cost=...))``.
 
@@ -115,7 +143,8 @@ class RateLimitDependency:
 
     def __init__(self, limiter: AsyncLimiter, rates: Policy | str, *,
                  key: KeyFunc | None = None, cost: Cost = 1, name: str | None = None,
-                 config: Config | None = None, **options: Any) -> None:
+                 config: Config | None = None,
+                 **options: Unpack[DependencyOptions]) -> None:
         self.limiter = require_async_limiter(limiter, "RateLimitDependency")
         if isinstance(rates, Policy):
             if name is not None:
@@ -199,3 +228,86 @@ class RateLimitDependency:
         raise RateLimitHTTPException(verdict.status, verdict.body,
                                      {k: v for k, v in verdict.headers if k != "Content-Type"},
                                      decision)
+
+
+# -- OpenAPI -------------------------------------------------------------------------------
+_HEADERS = {
+    "Retry-After": ("Seconds until a retry can be admitted (whole seconds, at least 1)",
+                    "integer"),
+    "RateLimit": ('The governing limit: "<name>";r=<remaining>;t=<seconds> (IETF draft)',
+                  "string"),
+    "RateLimit-Policy": ('Every limit that applies: "<name>";q=<quota>;w=<window seconds>',
+                         "string"),
+}
+TOO_MANY_REQUESTS: dict[str, Any] = {
+    "description": "Too Many Requests: a rate limit is exhausted; retry after Retry-After "
+                   "seconds",
+    "headers": {name: {"description": text, "schema": {"type": kind}}
+                for name, (text, kind) in _HEADERS.items()},
+    "content": {"application/json": {"schema": {
+        "type": "object",
+        "properties": {"detail": {"type": "string"}, "retry_after": {"type": "integer"}},
+    }}},
+}
+
+
+def _uses_dependency(dependant: Any, seen: int = 0) -> bool:
+    if seen > 32:
+        return False
+    for sub in getattr(dependant, "dependencies", ()):
+        if isinstance(getattr(sub, "call", None), RateLimitDependency):
+            return True
+        if _uses_dependency(sub, seen + 1):
+            return True
+    return False
+
+
+def _limited(route: Any, path: str, method: str, guard: Guard | None) -> bool:
+    """Whether a limit applies to this operation: the route's decorator, the dependency
+    among its dependencies, or (with the middleware's guard) its default and rules."""
+    meta = endpoint_meta(getattr(route, "endpoint", None), method)
+    if isinstance(meta, tuple) and any(limit.applies_to(method) for limit in meta):
+        return True
+    if _uses_dependency(getattr(route, "dependant", None)):
+        return True
+    return guard is not None and guard.select(method, path, meta) is not None
+
+
+def document_rate_limits(app: Any, guard: Guard | None = None) -> Any:
+    """Add the 429 (with ``Retry-After``, ``RateLimit`` and ``RateLimit-Policy``) to every
+    operation of `app`'s OpenAPI schema that a limit applies to: a route decorated with
+    ``limiter.limit``, or one that depends on a `RateLimitDependency`. The middleware does
+    this itself for the app it serves (its default and rules included); an app that uses
+    only the dependency calls it once: ``document_rate_limits(app)``. Returns `app`."""
+    original = app.openapi
+    if getattr(original, "_ratelimit_mw", False):
+        return app
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        schema: dict[str, Any] = original()
+        if fresh:
+            _document(app, schema, guard)
+        return schema
+
+    openapi._ratelimit_mw = True  # type: ignore[attr-defined]
+    app.openapi = openapi
+    return app
+
+
+def _document(app: Any, schema: dict[str, Any], guard: Guard | None) -> None:
+    limited: set[tuple[str, str]] = set()
+    for entry in flatten_routes(list(app.routes)):
+        route = getattr(entry, "route", entry)
+        unique_id = getattr(route, "unique_id", None)
+        path = getattr(entry, "path_format", None) or getattr(route, "path_format", None)
+        if unique_id is None or not isinstance(path, str):
+            continue
+        for method in getattr(route, "methods", None) or ():
+            if _limited(route, path, method, guard):
+                limited.add((unique_id, method.lower()))
+    for operations in schema.get("paths", {}).values():
+        for method, operation in operations.items():
+            # (A route of several methods gives each of them the same operationId.)
+            if (operation.get("operationId"), method) in limited:
+                operation.setdefault("responses", {}).setdefault("429", TOO_MANY_REQUESTS)

@@ -29,12 +29,12 @@ so one extension object serves any number of apps built by an app factory.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.http.config import Config, build_config
+from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
@@ -52,6 +52,9 @@ from ratelimit_mw.http.routing import exempt as _exempt
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import Limiter
+
+if TYPE_CHECKING:  # annotations only (strings at run time)
+    from typing_extensions import Unpack
 
 require("flask", "flask", "ratelimit_mw.flask")
 from flask import Blueprint, Flask, Response  # noqa: E402
@@ -334,7 +337,7 @@ class RateLimit:
     """
 
     def __init__(self, app: Flask | None = None, limiter: Limiter | None = None, *,
-                 config: Config | None = None, **options: Any) -> None:
+                 config: Config | None = None, **options: Unpack[ConfigOptions]) -> None:
         if limiter is not None:
             require_sync_limiter(limiter, "RateLimit")
         self.limiter = limiter

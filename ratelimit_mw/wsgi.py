@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.http.config import Config, build_config
+from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
@@ -35,6 +35,9 @@ from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import Limiter
+
+if TYPE_CHECKING:  # annotations only (strings at run time)
+    from typing_extensions import Unpack
 
 require("werkzeug", "flask", "ratelimit_mw.wsgi")
 from werkzeug.wrappers import Request  # noqa: E402
@@ -160,7 +163,7 @@ class RateLimitMiddleware:
     """
 
     def __init__(self, app: WSGIApp, limiter: Limiter, *, config: Config | None = None,
-                 **options: Any) -> None:
+                 **options: Unpack[ConfigOptions]) -> None:
         if not callable(app):
             raise ConfigurationError(
                 f"RateLimitMiddleware wraps a WSGI application, got {app!r}; e.g. "

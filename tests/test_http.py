@@ -182,3 +182,11 @@ def test_config_built_directly_names_a_misspelt_option_like_the_adapters_do() ->
         Config(defualt="60/minute")  # type: ignore[call-arg]
     with pytest.raises(rl.ConfigurationError, match="keyword options only"):
         Config("60/minute")  # type: ignore[misc]
+
+
+def test_the_typed_keyword_options_are_configs_options() -> None:
+    from ratelimit_mw.fastapi import DependencyOptions
+    from ratelimit_mw.http.config import OPTION_NAMES, ConfigOptions
+
+    assert set(ConfigOptions.__annotations__) == set(OPTION_NAMES)
+    assert set(DependencyOptions.__annotations__) <= set(OPTION_NAMES)

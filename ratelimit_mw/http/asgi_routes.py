@@ -98,7 +98,7 @@ def _carries_any(endpoint: object) -> bool:
     return endpoint_meta(endpoint, "GET") is not None
 
 
-def _flatten(routes: Iterable[Any]) -> Iterable[Any]:
+def flatten_routes(routes: Iterable[Any]) -> Iterable[Any]:
     """The routes as the router tries them, included FastAPI routers expanded."""
     fastapi_routing = sys.modules.get("fastapi.routing")
     iterate = getattr(fastapi_routing, "iter_route_contexts", None)
@@ -157,7 +157,7 @@ def _walk(routes: Iterable[Any], found: _Walk, depth: int, seen: set[int]) -> No
     if depth > _MAX_DEPTH or id(routes) in seen:
         return
     seen.add(id(routes))
-    for route in _flatten(routes):
+    for route in flatten_routes(routes):
         if _is_host(route):
             found.host = True
         endpoint = getattr(route, "endpoint", None)
@@ -181,7 +181,7 @@ def _match(routes: Iterable[Any], scope: dict[str, Any], method: str, prefix: st
     if depth > _MAX_DEPTH:
         return None
     partial: tuple[Any, dict[str, Any]] | None = None
-    for route in _flatten(routes):
+    for route in flatten_routes(routes):
         try:
             match, child = route.matches(scope)
         except Exception:  # a custom route or convertor failing must not fail the request

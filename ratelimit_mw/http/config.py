@@ -21,7 +21,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypedDict
 
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
@@ -196,6 +196,31 @@ class Config:
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Config) if f.init)
 
 
+class ConfigOptions(TypedDict, total=False):
+    """Config's options as keywords, typed: what the adapters take besides ``config=``
+    (``**options: Unpack[ConfigOptions]``, so that ``app.add_middleware(RateLimitMiddleware,
+    ...)`` type-checks under mypy --strict; tests/test_http.py holds it to Config)."""
+
+    default: RateText
+    rules: Any
+    key: KeyFunc | None
+    on_backend_error: ErrorPolicy
+    headers: bool
+    legacy_headers: bool
+    mode: str
+    on_blocked: Callable[[Any, Decision], Any] | None
+    on_refusal: Callable[[Any, Decision], None] | None
+    count_when: Callable[[int], bool] | None
+    exempt_when: Predicate | None
+    per_method: bool
+    charge_preflight: bool
+    charge_method_not_allowed: bool
+    backend_timeout: float
+    backend_cooldown: float
+    enabled: bool | None
+    websockets: bool
+
+
 def _unknown_options(names: Iterable[str]) -> ConfigurationError:
     hints = []
     for name in sorted(names):
@@ -247,4 +272,4 @@ def build_config(config: Config | None, options: Mapping[str, Any]) -> Config:
     return Config(**options)
 
 
-__all__ = ["OPTION_NAMES", "Config", "ErrorPolicy", "Rule", "build_config"]
+__all__ = ["OPTION_NAMES", "Config", "ConfigOptions", "ErrorPolicy", "Rule", "build_config"]
