@@ -43,7 +43,9 @@ Werkzeug, Flask and Django stay optional.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
@@ -64,6 +66,7 @@ __all__ = [
     "header",
     "reads",
     "route",
+    "shared_route",
     "user",
 ]
 
@@ -373,11 +376,19 @@ def user(getter: Callable[[Any], object] | None = None) -> KeyFunc:
 # --- route -------------------------------------------------------------------------------
 
 
+# The name a limit shared by `name=` counts under, while its key runs (`shared_route`):
+# `route()` then gives the name, so that every route the limit is on counts together.
+_SHARED: ContextVar[str | None] = ContextVar("ratelimit_mw_shared_route", default=None)
+
+
 class _Route:
     __slots__ = ()
     reads = frozenset({"route"})
 
     def __call__(self, request: Any) -> str:
+        shared = _SHARED.get()
+        if shared is not None:
+            return "shared:" + shared
         found = kind(request)
         if found == ASGI:
             template = request.scope.get(ROUTE_SCOPE_KEY)
@@ -414,6 +425,49 @@ def route() -> KeyFunc:
     keys.compose(keys.client_ip(), keys.route())
     """
     return _Route()
+
+
+class _SharedRoute:
+    """`key` with `route()` standing for the shared limit's name (see `shared_route`)."""
+
+    __slots__ = ("_key", "_name", "reads")
+
+    def __init__(self, key: KeyFunc, name: str) -> None:
+        self._key = key
+        self._name = name
+        self.reads = reads(key)
+
+    def __call__(self, request: Any) -> str | None:
+        token = _SHARED.set(self._name)
+        try:
+            return self._key(request)
+        finally:
+            _SHARED.reset(token)
+
+    def __repr__(self) -> str:
+        return f"keys.shared_route({self._key!r}, {self._name!r})"
+
+
+class _AsyncSharedRoute(_SharedRoute):
+    __slots__ = ()
+
+    async def __call__(self, request: Any) -> str | None:  # type: ignore[override]
+        token = _SHARED.set(self._name)
+        try:
+            return await self._key(request)  # type: ignore[no-any-return,misc]
+        finally:
+            _SHARED.reset(token)
+
+
+def shared_route(key: KeyFunc, name: str) -> KeyFunc:
+    """`key` for a limit shared by ``name=`` across routes: inside it, `route()` gives
+    ``"shared:<name>"`` instead of the route's template, so that with
+    ``keys.compose(keys.client_ip(), keys.route())`` the routes that share the limit share
+    one counter. The middleware applies it to every named limit whose key reads the route."""
+    call = getattr(key, "__call__", None)  # noqa: B004 - the method, not callable()
+    if inspect.iscoroutinefunction(key) or inspect.iscoroutinefunction(call):
+        return _AsyncSharedRoute(key, name)  # type: ignore[return-value]
+    return _SharedRoute(key, name)
 
 
 # --- compose -----------------------------------------------------------------------------

@@ -122,3 +122,35 @@ def _endpoint(name: str) -> Any:
 
     endpoint.__qualname__ = name
     return endpoint
+
+
+@pytest.mark.parametrize("key", [
+    rl.keys.compose(rl.keys.client_ip(), rl.keys.route()),   # what docs/migration.md advises
+    None,                                                     # the middleware's key
+])
+def test_a_limit_shared_by_name_is_one_counter_across_routes_whatever_the_key(key: Any) -> None:
+    limiter = rl.AsyncLimiter()
+
+    @limiter.limit("3/minute", name="db")
+    async def one(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("one")
+
+    @limiter.limit("3/minute", name="db")
+    async def two(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("two")
+
+    @limiter.limit("1/minute")
+    async def own(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("own")
+
+    app = RateLimitMiddleware(
+        Starlette(routes=[Route("/one", one), Route("/two", two), Route("/own", own),
+                          Route("/also-own", own)]),
+        limiter, config=Config(key=key) if key is not None else None)
+    with TestClient(app) as client:
+        # slowapi's shared limit answers so: one counter for both routes.
+        assert [client.get(path).status_code for path in ("/one", "/two", "/one", "/two")] == [
+            200, 200, 200, 429]
+        # An unnamed limit keyed by route still counts per route.
+        own_statuses = [client.get(path).status_code for path in ("/own", "/also-own")]
+        assert own_statuses == ([200, 200] if key is not None else [200, 429])

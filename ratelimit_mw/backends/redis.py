@@ -156,8 +156,38 @@ def _version(info: Any) -> str | None:
     return None if version is None else str(version).strip()
 
 
+def _where(client: Any) -> str:
+    """The store a client talks to, as a URL without credentials (never its repr, which is
+    a page of pool internals)."""
+    try:
+        if isinstance(client, _DeferredCluster):
+            return client.where
+        if hasattr(client, "get_default_node") or hasattr(client, "nodes_manager"):
+            nodes = getattr(client, "startup_nodes", None) or getattr(
+                getattr(client, "nodes_manager", None), "startup_nodes", {})
+            names = [getattr(node, "name", str(node)) for node in
+                     (nodes.values() if isinstance(nodes, dict) else nodes)]
+            return "redis+cluster://" + ",".join(names)
+        pool = client.connection_pool
+        service = getattr(pool, "service_name", None)
+        if service is not None:
+            sentinels = [f"{c.connection_pool.connection_kwargs.get('host')}:"
+                         f"{c.connection_pool.connection_kwargs.get('port')}"
+                         for c in pool.sentinel_manager.sentinels]
+            return f"redis+sentinel://{','.join(sentinels)}/{service}"
+        kwargs = pool.connection_kwargs
+        db = kwargs.get("db", 0)
+        if kwargs.get("path"):
+            return f"unix://{kwargs['path']}?db={db}"
+        scheme = "rediss" if "SSL" in getattr(pool.connection_class, "__name__", "") else "redis"
+        return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
+    except Exception:  # an unusual client: its type says enough
+        return type(client).__name__
+
+
 def _unreachable(client: Any, exc: BaseException) -> BackendError:
-    return BackendError(f"start-up check failed for {client!r}: {type(exc).__name__}: {exc}")
+    return BackendError(f"start-up check failed for {_where(client)}: {type(exc).__name__}: "
+                        f"{exc}")
 
 
 def _blocking_pool(pool_class: Any, url: str, kwargs: dict[str, Any]) -> Any:
@@ -176,8 +206,9 @@ class _DeferredCluster:
     """Stands in for a RedisCluster that could not be reached at start-up; the backend
     replaces it with the real client on the first call that can build one."""
 
-    def __init__(self, factory: Any) -> None:
+    def __init__(self, factory: Any, where: str) -> None:
         self.factory = factory
+        self.where = where  # the URL, redacted: for messages
 
     def register_script(self, source: str) -> None:
         return None
@@ -241,7 +272,7 @@ class RedisBackend:
                 # while the cluster is down (its failure policy covers the outage), so the
                 # client is built on the first call instead.
                 return cls(_DeferredCluster(lambda: redis.cluster.RedisCluster.from_url(
-                    plain, **kwargs)))
+                    plain, **kwargs), urls.redact(url)))
         if spec.kind == "sentinel":
             return cls(_sentinel.client(spec, kwargs, asyncio=False))
         kwargs.setdefault("db", spec.db)

@@ -49,10 +49,22 @@ def _identity(text: str) -> str:
 def _inspect(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
     policy = resolve_policy(args.policy, args.algorithm, args.name, args.tz)
     identity = _identity(args.identity)
+    ban = _ban_key(args.prefix, policy, identity)
+    call = plans.build(plans.PEEK, (plans.Check(policy, identity),), args.prefix)
+    # Nothing stored: a fresh quota, or a name that is not the one the app counts under
+    # (a decorator's is "route <module>.<function> <rates>"): say which names are there.
+    stored = bool(store.existing(list(dict.fromkeys([*call.keys, ban]))))
+    others: list[str] = []
+    if not stored:
+        head = f"{identity_head(args.prefix, identity)}*"
+        found = report.list_report(args.prefix, store.scan(head), 1, None)["identities"]
+        others = found[0]["policies"] if found else []
     decision = limiter.peek(policy, identity)
-    raw = store.get(_ban_key(args.prefix, policy, identity))
+    raw = store.get(ban)
     ban_end = int(raw) if raw is not None and raw.isdigit() else None
     data = report.inspect_report(policy, identity, decision, ban_end, store.time_ms())
+    data["stored"] = stored
+    data["stored_under_other_names"] = others
     return data, report.render_inspect(data)
 
 

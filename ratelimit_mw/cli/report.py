@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 
 from ratelimit_mw.core import wire
 from ratelimit_mw.core.decision import Decision
-from ratelimit_mw.core.identity import encode_identity
+from ratelimit_mw.core.identity import decode_segment, encode_identity
 from ratelimit_mw.core.policy import Policy
 
 _ALGORITHM_OF_CODE = {code: name for name, code in wire.CODES.items()}
@@ -109,6 +109,12 @@ def render_inspect(report: dict[str, Any]) -> str:
     ban = report["ban"]
     lines.append("ban       none" if ban is None
                  else f"ban       until {ban['ends_at']} ({_duration(ban['left'])} left)")
+    if not report.get("stored", True):
+        lines.append(f"note      nothing is stored for {report['identity']} under "
+                     f"{policy['name']!r}: the quota above is a fresh one")
+        others = report.get("stored_under_other_names") or []
+        if others:
+            lines.append(f"          this identity holds state under: {', '.join(others)}")
     return "\n".join(lines)
 
 
@@ -180,7 +186,7 @@ def list_report(prefix: str, keys: Iterable[str], limit: int,
             entry = found[parts.identity] = {
                 "identity": parts.identity, "hashed": parts.identity.startswith("#"),
                 "policies": [], "keys": 0, "banned": False}
-        label = f"{parts.name} ({parts.algorithm})"
+        label = f"{decode_segment(parts.name) or parts.name} ({parts.algorithm})"
         if label not in entry["policies"]:
             entry["policies"].append(label)
         entry["keys"] += 1

@@ -45,11 +45,24 @@ def encode_identity(identity: str) -> str:
     return _encode_short(identity)
 
 
+# Names of decorators and rules hold spaces ("route app.search 5/minute"): written with "~",
+# which no safe name holds, they stay readable in the store (ratelimit-mw list) and distinct.
+_SPACED_SEGMENT = re.compile(r"[A-Za-z0-9_.;:/@=+\- ]{1,48}")
+
+
 def encode_segment(name: str) -> str:
-    """A policy name as a key segment (short safe names kept readable, others hashed)."""
+    """A policy name as a key segment: short safe names kept as they are, spaces written
+    as ``~``, anything else hashed."""
     if _SAFE_SEGMENT.fullmatch(name):
         return name
+    if _SPACED_SEGMENT.fullmatch(name):
+        return name.replace(" ", "~")
     return _digest(name)
+
+
+def decode_segment(segment: str) -> str | None:
+    """The policy name a key segment stands for, or None when it was hashed."""
+    return None if segment.startswith("#") else segment.replace("~", " ")
 
 
 def identity_head(prefix: str, identity: str) -> str:

@@ -250,6 +250,9 @@ class Guard:
         self._rule_cache: dict[tuple[str, str], tuple[Rule, ...]] = {}
         self._selection_cache: dict[tuple[object, ...], Selection | None] = {}
         self._dynamic_cache: dict[tuple[int, ...], Selection] = {}
+        # (key id, name) -> the key of a named limit (`_route_key`); bounded by the app's
+        # decorators.
+        self._shared_keys: dict[tuple[int, str], KeyFunc] = {}
         retry = self.breaker.retry_after()
         self.unavailable = Unavailable(
             503, [_JSON, _NO_STORE, ("Retry-After", str(retry))], unavailable_body(retry)
@@ -316,7 +319,7 @@ class Guard:
         if isinstance(route, tuple):
             limits: tuple[RouteLimit, ...] = route
             routed = tuple(
-                Applied(limit.policy, limit.key or self.config.key_func, limit.cost,
+                Applied(limit.policy, self._route_key(limit), limit.cost,
                         limit.label, exempt_when=limit.exempt_when, dynamic=limit.dynamic,
                         routed=True, count_when=limit.count_when)
                 for limit in limits
@@ -335,6 +338,18 @@ class Guard:
         # The key holds ids of objects that live as long as the app (routes, rules).
         self._selection_cache[cache_key] = selection
         return selection
+
+    def _route_key(self, limit: RouteLimit) -> KeyFunc:
+        """A decorator's key; for a limit shared by ``name=``, one whose ``keys.route()``
+        gives the name: shared means one counter across its routes, whatever the key."""
+        key = limit.key or self.config.key_func
+        if limit.name is None or "route" not in _keys.reads(key):
+            return key
+        found = self._shared_keys.get((id(key), limit.name))
+        if found is None:
+            found = self._shared_keys[(id(key), limit.name)] = _keys.shared_route(key,
+                                                                                   limit.name)
+        return found
 
     # -- the checks of one request ---------------------------------------------------------
     def hooks(self, selection: Selection, preflight: bool = False

@@ -80,28 +80,33 @@ async def test_aping_opens_the_connection_that_serves_the_checks(
         await backend.aclose()
 
 
+# The failure names the store as a URL without its password, never the client's repr.
 def test_a_wrong_host_is_a_backend_error_at_start_up() -> None:
-    backend = rl.RedisBackend.from_url("redis://127.0.0.1:1/0")
-    with pytest.raises(rl.BackendError, match="start-up check failed"):
-        backend.ping()
+    backend = rl.RedisBackend.from_url("redis://:s3cret@127.0.0.1:1/0")
+    with pytest.raises(rl.BackendError, match=r"start-up check failed for redis://127\.0\.0"
+                                              r"\.1:1/0: ConnectionError") as failed:
+        rl.Limiter(backend).ping()
+    assert "s3cret" not in str(failed.value) and "Pool" not in str(failed.value)
 
 
 async def test_a_wrong_host_is_a_backend_error_at_start_up_async() -> None:
-    backend = rl.AsyncRedisBackend.from_url("redis://127.0.0.1:1/0")
-    with pytest.raises(rl.BackendError, match="start-up check failed"):
-        await backend.aping()
+    backend = rl.AsyncRedisBackend.from_url("redis://:s3cret@127.0.0.1:1/2")
+    with pytest.raises(rl.BackendError, match=r"start-up check failed for redis://127\.0\.0"
+                                              r"\.1:1/2: ConnectionError") as failed:
+        await rl.AsyncLimiter(backend).ping()
+    assert "s3cret" not in str(failed.value) and "Pool" not in str(failed.value)
     await backend.aclose()
 
 
 def test_a_cluster_that_is_down_is_a_backend_error_at_start_up() -> None:
     backend = rl.RedisBackend.from_url("redis+cluster://127.0.0.1:1/0")
-    with pytest.raises(rl.BackendError, match="start-up check failed"):
+    with pytest.raises(rl.BackendError, match="start-up check failed for redis"):
         backend.ping()
 
 
 async def test_a_cluster_that_is_down_is_a_backend_error_at_start_up_async() -> None:
     backend = rl.AsyncRedisBackend.from_url("redis+cluster://127.0.0.1:1/0")
-    with pytest.raises(rl.BackendError, match="start-up check failed"):
+    with pytest.raises(rl.BackendError, match="start-up check failed for redis"):
         await backend.aping()
     await backend.aclose()
 

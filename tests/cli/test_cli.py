@@ -217,6 +217,34 @@ def test_list_finds_every_identity_on_every_node_by_scan(
     assert [e["identity"] for e in only["identities"]] == ["user:0"]
 
 
+def test_inspect_says_when_nothing_is_stored_under_the_name_asked_for(
+    store: rl.Limiter, store_url: str, prefix: str,
+) -> None:
+    # A decorator's counter is named after the view: inspecting by the rate text alone
+    # finds nothing, and says so, naming what the identity does hold.
+    decorated = rl.Policy("5/minute", name="route app.search 5/minute")
+    store.hit(decorated, "ip:203.0.113.7")
+    wrong = on(store_url, prefix, "inspect", "5/minute", "ip:203.0.113.7")
+    assert wrong.code == EXIT_OK, wrong.err
+    assert "nothing is stored for ip:203.0.113.7 under '5/minute'" in wrong.out
+    assert "route app.search 5/minute (sliding-log)" in wrong.out
+    assert on(store_url, prefix, "inspect", "5/minute", "ip:203.0.113.7",
+              "--json").json["stored"] is False
+    right = on(store_url, prefix, "inspect", "5/minute", "ip:203.0.113.7", "--name",
+               "route app.search 5/minute", "--json").json
+    assert right["stored"] is True and right["tiers"][0]["used"] == 1
+
+
+def test_list_shows_a_decorated_limit_by_its_readable_name(
+    store: rl.Limiter, store_url: str, prefix: str,
+) -> None:
+    store.hit(rl.Policy("5/minute", name="route app.search 5/minute"), "user:1")
+    store.hit(rl.Policy("5/minute", name="x" * 60), "user:1")  # too long: hashed
+    listed = on(store_url, prefix, "list", "--json").json["identities"][0]["policies"]
+    assert "route app.search 5/minute (sliding-log)" in listed
+    assert any(label.startswith("#") for label in listed)
+
+
 def test_list_stops_at_its_limit_and_says_so(
     store: rl.Limiter, store_url: str, prefix: str,
 ) -> None:
