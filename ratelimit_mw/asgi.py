@@ -25,6 +25,9 @@ import sys
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:  # annotations only (strings at run time)
+    from typing_extensions import Unpack
+
 from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path, routes_of
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.drive import (
@@ -39,9 +42,6 @@ from ratelimit_mw.http.headers import Headers, RawHeaders, encode_raw
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter
-
-if TYPE_CHECKING:  # annotations only (strings at run time)
-    from typing_extensions import Unpack
 
 require("starlette", "starlette", "ratelimit_mw.asgi")
 from starlette.requests import Request  # noqa: E402

@@ -31,6 +31,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+if TYPE_CHECKING:  # annotations only (strings at run time)
+    from typing_extensions import Unpack
+
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
@@ -52,9 +55,6 @@ from ratelimit_mw.http.routing import exempt as _exempt
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import Limiter
-
-if TYPE_CHECKING:  # annotations only (strings at run time)
-    from typing_extensions import Unpack
 
 require("flask", "flask", "ratelimit_mw.flask")
 from flask import Blueprint, Flask, Response  # noqa: E402

@@ -36,9 +36,14 @@ def _policy(rates: str, name: str | None) -> Policy:
 
 
 def _asked(request: Any, rates: Policy | str, key: KeyFunc | None, name: str | None
-           ) -> tuple[Policy, str | None]:
+           ) -> tuple[Policy, str] | None:
+    """The policy and the identity to count, or None: nothing to limit (the key said None,
+    or the settings turned limiting off)."""
     policy = rates if isinstance(rates, Policy) else _policy(rates, name)
-    return policy, (key or _DEFAULT_KEY)(request)
+    identity = (key or _DEFAULT_KEY)(request)
+    if identity is None or not conf.current().settings.config.enabled:
+        return None
+    return policy, identity
 
 
 def _limited(request: Any, decision: Decision | None, error: BaseException | None) -> bool:
@@ -62,14 +67,12 @@ def is_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = N
                    cost: int = 1, name: str | None = None, increment: bool = True) -> bool:
     """Whether this request is over `rates` for its key (default: the client IP); a key
     that says None is never limited. ``increment=False`` peeks."""
-    policy, identity = _asked(request, rates, key, name)
-    limiters = conf.current()
-    if identity is None or not limiters.settings.config.enabled:
+    asked = _asked(request, rates, key, name)
+    if asked is None:
         return _limited(request, None, None)
-    limiter = limiters.sync()
+    limiter = conf.current().sync()
     try:
-        decision = (limiter.hit(policy, identity, cost) if increment
-                    else limiter.peek(policy, identity))
+        decision = limiter.hit(*asked, cost) if increment else limiter.peek(*asked)
     except BackendError as exc:
         return _limited(request, None, exc)
     return _limited(request, decision, None)
@@ -79,14 +82,12 @@ async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | N
                           cost: int = 1, name: str | None = None,
                           increment: bool = True) -> bool:
     """`is_ratelimited` for async views, on the settings' AsyncLimiter."""
-    policy, identity = _asked(request, rates, key, name)
-    limiters = conf.current()
-    if identity is None or not limiters.settings.config.enabled:
+    asked = _asked(request, rates, key, name)
+    if asked is None:
         return _limited(request, None, None)
-    limiter = limiters.asynchronous()
+    limiter = conf.current().asynchronous()
     try:
-        decision = await (limiter.hit(policy, identity, cost) if increment
-                          else limiter.peek(policy, identity))
+        return _limited(request, await (limiter.hit(*asked, cost) if increment
+                                        else limiter.peek(*asked)), None)
     except BackendError as exc:
         return _limited(request, None, exc)
-    return _limited(request, decision, None)
