@@ -4,7 +4,7 @@ uvicorn: ``--factory make_asgi``), configured by the environment: RL_REDIS_URL, 
 ``/burst`` is limited by the settings' default, ``100/minute`` per ``X-Client``, at the
 library's defaults otherwise; it answers whether a Decision was made
 (``{"decided": true}``), so that a request the failure policy let through unchecked shows.
-``/healthz`` is exempt.
+``/view`` has a per-view limit (3 a minute, an async view); ``/healthz`` is exempt.
 """
 
 from __future__ import annotations
@@ -36,16 +36,20 @@ def _urls() -> list[Any]:
     from django.http import JsonResponse
     from django.urls import path
 
-    from ratelimit_mw.django import exempt
+    from ratelimit_mw.django import exempt, limit
 
     def burst(request: Any) -> JsonResponse:
+        return JsonResponse({"decided": request.ratelimit is not None})
+
+    @limit("3/minute")
+    async def view(request: Any) -> JsonResponse:  # a per-view limit, on an async view
         return JsonResponse({"decided": request.ratelimit is not None})
 
     @exempt
     def healthz(request: Any) -> JsonResponse:
         return JsonResponse({"ok": True})
 
-    return [path("burst", burst), path("healthz", healthz)]
+    return [path("burst", burst), path("view", view), path("healthz", healthz)]
 
 
 urlpatterns: list[Any] = []

@@ -1,6 +1,7 @@
 """Django as deployed: gunicorn (WSGI Django) and uvicorn (ASGI Django), 4 workers each, the
 settings' default at ``100/minute`` on the real Redis. One client sends 200 requests at once:
-exactly 100 are admitted, each with a Decision, the rest answered 429 with Retry-After."""
+exactly 100 are admitted, each with a Decision, the rest answered 429 with Retry-After. A
+view's own limit (3 a minute) holds under both servers too."""
 
 from __future__ import annotations
 
@@ -66,3 +67,9 @@ async def test_a_burst_of_200_admits_exactly_100_of_100_a_minute(
     refused = next(r for r in responses if r.status_code == 429)
     assert int(refused.headers["retry-after"]) >= 1
     assert refused.headers["ratelimit-policy"].endswith(";q=100;w=60")
+    # The per-view limit, instead of the default, for another client.
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+        views = [await client.get("/view", headers={"x-client": identity + "v"})
+                 for _ in range(5)]
+    assert [r.status_code for r in views] == [200, 200, 200, 429, 429]
+    assert views[0].headers["ratelimit-policy"].endswith(";q=3;w=60")
