@@ -170,7 +170,7 @@ class RateLimitMiddleware:
         state, meta = self._routed(scope, "WEBSOCKET", path)
         selection = self.guard.select("GET", path, meta)
         verdict = None if selection is None else await decide_async(
-            self.guard, self.limiter, selection, WebSocket(scope, receive, send), "GET",
+            self.guard, self.limiter, selection, _Handshake(scope, receive, send), "GET",
             False)
         if verdict is None or isinstance(verdict, Admit):
             state["ratelimit"] = None if verdict is None else verdict.decision
@@ -229,6 +229,13 @@ class RateLimitMiddleware:
         # A copy: a server or an outer middleware may add to the list it is given.
         await send({"type": "http.response.start", "status": refusal.status, "headers": [*raw]})
         await send({"type": "http.response.body", "body": refusal.body})
+
+
+class _Handshake(WebSocket):
+    """The handshake as key functions and hooks see it: a Starlette ``WebSocket`` that is a
+    GET to its path, as it is on the wire (``request.method`` reads "GET")."""
+
+    method = "GET"
 
 
 def _document_fastapi(app: object, guard: Guard) -> None:

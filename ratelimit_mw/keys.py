@@ -103,17 +103,27 @@ _TCHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGH
 
 ASGI, WSGI, DJANGO = "asgi", "wsgi", "django"
 _KINDS: dict[type, str] = {}
+# The request classes whose kind is remembered per class: the frameworks' own. Any other
+# object (a test's SimpleNamespace, a Mock) is looked at every time.
+_FRAMEWORKS = frozenset({"starlette", "fastapi", "werkzeug", "flask", "django",
+                         "ratelimit_mw"})
 
 
 def kind(request: Any) -> str:
-    """Which framework's request this is, by duck typing, once per request class: a Django
-    ``HttpRequest`` has ``.META`` (WSGI and ASGI Django alike), a Starlette ``Request`` has
-    ``.scope``, a Werkzeug/Flask ``Request`` has ``.environ``."""
+    """Which framework's request this is: Django's ``HttpRequest`` (WSGI and ASGI Django
+    alike: it has ``.META``, and ASGI Django's a ``.scope`` too), a Starlette ``Request``
+    (``.scope``) or a Werkzeug/Flask ``Request`` (``.environ``)."""
     cls = type(request)
     found = _KINDS.get(cls)
-    if found is None:
-        found = (DJANGO if hasattr(request, "META") else ASGI if hasattr(request, "scope")
-                 else WSGI)
+    if found is not None:
+        return found
+    module = cls.__module__.partition(".")[0]
+    if module == "django" or (hasattr(request, "META") and not hasattr(request, "scope")
+                              and not hasattr(request, "environ")):
+        found = DJANGO
+    else:
+        found = ASGI if hasattr(request, "scope") else WSGI
+    if module in _FRAMEWORKS:
         _KINDS[cls] = found
     return found
 

@@ -68,7 +68,8 @@ def _answers_inline(backend: Any) -> bool:
     """Whether `backend` is a MemoryBackend whose `arun` is MemoryBackend's, which calls `run`
     and answers without yielding: the async limiter then calls its `run` directly. Not where
     a subclass has an `arun` of its own, which must be awaited."""
-    return isinstance(backend, MemoryBackend) and type(backend).arun is _MEMORY_ARUN
+    return (isinstance(backend, MemoryBackend)
+            and getattr(backend.arun, "__func__", None) is _MEMORY_ARUN)
 
 
 def _at_ms(at: _dt.datetime) -> int:
@@ -130,9 +131,18 @@ class _Shared:
         self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
         _LIVE.add(self)
 
+    @property
+    def backend(self) -> Any:
+        """The store. Assigning another one routes every later call to it (what the async
+        side derives from it is derived again: `_attach`)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Any) -> None:
+        self._attach(backend)
+
     def _attach(self, backend: Any) -> None:
-        """Use `backend` from now on (construction; `ratelimit_mw.testing`'s isolation)."""
-        self.backend = backend
+        self._backend = backend
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -178,7 +188,7 @@ class _Shared:
                token: str | None = None) -> list[ScriptCall]:
         now_us = self._now_us()
         groups: Sequence[Sequence[Check]] = [checks]
-        if self.backend.is_cluster:
+        if self._backend.is_cluster:
             groups = plans.group_by_slot(checks)
         return [
             plans.build(op, group, self.prefix, now_us=now_us, at_ms=at_ms, token=token,
@@ -257,7 +267,7 @@ class _Shared:
         call = compiled.call(identities, None if clock is None else round(clock() * 1_000_000),
                              token, 0 if compiled.static else self._clock_ms())
         try:
-            reply = self.backend.run(call)
+            reply = self._backend.run(call)
         except BackendError:
             self._failed(compiled, identities, started)
             raise
@@ -417,7 +427,7 @@ class Limiter(_Shared):
             found, checks = self._held(compiled, identities)
             if isinstance(found, Decision):
                 return found
-        if self.backend.is_cluster and compiled.slots(identities) is not None:
+        if self._backend.is_cluster and compiled.slots(identities) is not None:
             return self._drive(self._attempt(checks or compiled.checks(identities), cached))
         return self._ran(compiled, identities, checks, cached)
 
@@ -560,7 +570,7 @@ class AsyncLimiter(_Shared):
                 if leader is not None:
                     return await bounded(self._follow(leader, compiled, identities, checks),
                                          timeout)
-        if self.backend.is_cluster and compiled.slots(identities) is not None:
+        if self._backend.is_cluster and compiled.slots(identities) is not None:
             return await bounded(
                 self._drive(self._attempt(checks or compiled.checks(identities), cached)),
                 timeout)
@@ -577,7 +587,7 @@ class AsyncLimiter(_Shared):
         (`arun_within`) gets the call; any other runs under a timer."""
         if self._inline:
             return self._ran(compiled, identities, checks, cached)
-        backend = self.backend
+        backend = self._backend
         token = compiled.token() if compiled.log else None
         sent = 0 if self._deny is None else self._cache_now()  # before the write (`_ran`)
         started = time.perf_counter() if self.metrics is not None else 0.0

@@ -507,3 +507,12 @@ def test_hostile_headers_give_the_same_client_under_asgi_and_wsgi(xff: bytes) ->
     environ_request.environ["HTTP_X_FORWARDED_FOR"] = xff.decode("latin-1")
     key = keys.client_ip(NETS)
     assert key(scope_request) == key(environ_request)
+
+
+def test_requests_of_no_framework_are_told_apart_each_time() -> None:
+    from types import SimpleNamespace
+
+    key = keys.client_ip()
+    # A test's stand-ins of one class: one with a scope, the next with an environ.
+    assert key(SimpleNamespace(scope={"client": ("198.51.100.1", 1)})) == "ip:198.51.100.1"
+    assert key(SimpleNamespace(environ={"REMOTE_ADDR": "198.51.100.2"})) == "ip:198.51.100.2"

@@ -15,6 +15,7 @@ import pytest
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends.memory import _Log
+from tests.conftest import REDIS_URL
 
 if TYPE_CHECKING:  # a fixture's type only: several conftest modules share that name
     from conftest import StepClock
@@ -583,3 +584,15 @@ async def test_the_async_limiter_gives_the_same_answers_on_memory(
         await asyn.reset(policy, "u")
         assert sync.peek(policy, "u") == await asyn.peek(policy, "u")
         assert await asyn.acquire(policy, "u") == sync.acquire(policy, "u")
+
+
+async def test_assigning_another_backend_routes_every_later_call_to_it() -> None:
+    limiter = rl.AsyncLimiter(rl.AsyncRedisBackend.from_url(REDIS_URL), prefix="swap")
+    redis_backend = limiter.backend
+    limiter.backend = rl.MemoryBackend()
+    policy = rl.Policy("1/minute")
+    assert [(await limiter.hit(policy, "u")).allowed for _ in range(2)] == [True, False]
+    assert len(limiter.backend) > 0  # counted in memory
+    limiter.backend = redis_backend
+    assert limiter._post is not None  # the Redis side's routes come back with it
+    await redis_backend.aclose()

@@ -76,19 +76,19 @@ def view_limits(view: Any, method: str) -> object:
         own = tuple(item for item in own if item not in dispatched) or None
     elif own == dispatched:
         own = None
-    if own == EXEMPT:
+    # Every place's limits add up, as stacked decorators do elsewhere: the class's, those on
+    # dispatch and on the method's handler (named after the class and method), and those on
+    # the function as_view() made. @exempt on the handler exempts that method; anywhere
+    # else it only drops the default where no limit is written.
+    handler = verb if hasattr(cls, verb) else "get"
+    if route_limits(getattr(cls, handler, None)) == EXEMPT:
         return EXEMPT
-    found = route_limits(cls)
-    if found is None:
-        for attribute in ("dispatch", verb if hasattr(cls, verb) else "get"):
-            handler = getattr(cls, attribute, None)
-            written = getattr(handler, _WRITTEN, None)
-            if written:
-                found = tuple(item.bound_to(_Named(cls, attribute)) for item in written)
-                break
-            if route_limits(handler) == EXEMPT:
-                found = EXEMPT
-                break
-    if isinstance(found, tuple) and isinstance(own, tuple):
-        return found + own
-    return own if found is None else found
+    parts = [route_limits(cls), own]
+    for attribute in ("dispatch", handler):
+        written = getattr(getattr(cls, attribute, None), _WRITTEN, None)
+        parts.append(tuple(item.bound_to(_Named(cls, attribute)) for item in written)
+                     if written else route_limits(getattr(cls, attribute, None)))
+    limits = tuple(item for part in parts if isinstance(part, tuple) for item in part)
+    if limits:
+        return limits
+    return EXEMPT if EXEMPT in parts else None

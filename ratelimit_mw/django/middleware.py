@@ -33,6 +33,7 @@ from ratelimit_mw.http.drive import (
 )
 from ratelimit_mw.http.guard import Admit, Guard, Refuse, Selection
 from ratelimit_mw.http.headers import Headers
+from ratelimit_mw.keys import reads
 
 # On the request between process_view and the response: the verdict, or _NONE when no limit
 # applied. Absent: no view was reached.
@@ -93,6 +94,9 @@ class RateLimitMiddleware:
             self.process_view = self._process_view_sync
         # (view, method) -> what it carries; bounded by the URLconf's views and the methods.
         self._views: dict[tuple[Any, str], object] = {}
+        # id(selection) -> whether a key of it reads the user (selections live as long as
+        # the guard's cache keeps them: bounded the same way).
+        self._user_keys: dict[int, bool] = {}
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.limiter!r})"
@@ -109,6 +113,15 @@ class RateLimitMiddleware:
                 self._views.clear()
             self._views[cache_key] = route
         return self.guard.select(method, request.path_info, route)
+
+    def _reads_user(self, selection: Selection) -> bool:
+        """Whether a key of `selection` (or of its fallback) may read ``request.user``."""
+        found = self._user_keys.get(id(selection))
+        if found is None:
+            found = any("user" in reads(item.key) for item in selection.applied) or (
+                selection.fallback is not None and self._reads_user(selection.fallback))
+            self._user_keys[id(selection)] = found
+        return found
 
     @staticmethod
     def _preflight(request: HttpRequest) -> bool:
@@ -202,6 +215,10 @@ class RateLimitMiddleware:
     async def _process_view_async(self, request: HttpRequest, view: Any, args: Any,
                                   kwargs: Any) -> HttpResponseBase | None:
         selection = self._selection(request, view)
+        if selection is not None and hasattr(request, "auser") and self._reads_user(selection):
+            # django.contrib.auth's request.user loads lazily, from the database: on the event
+            # loop that raises (SynchronousOnlyOperation), and a user key would read no user.
+            request.user = await request.auser()
         verdict = None if selection is None else await decide_async(
             self.guard, self.limiter, selection, request, request.method or "GET",
             self._preflight(request))

@@ -24,7 +24,7 @@ from ratelimit_mw.core.errors import BackendError
 from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.django import conf
 from ratelimit_mw.http.log import ThrottledLog
-from ratelimit_mw.keys import KeyFunc, client_ip
+from ratelimit_mw.keys import KeyFunc, client_ip, reads
 
 _DEFAULT_KEY = client_ip()
 _log = ThrottledLog()
@@ -82,6 +82,8 @@ async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | N
                           cost: int = 1, name: str | None = None,
                           increment: bool = True) -> bool:
     """`is_ratelimited` for async views, on the settings' AsyncLimiter."""
+    if hasattr(request, "auser") and "user" in reads(key or _DEFAULT_KEY):
+        request.user = await request.auser()  # the lazy user cannot load on the loop
     asked = _asked(request, rates, key, name)
     if asked is None:
         return _limited(request, None, None)

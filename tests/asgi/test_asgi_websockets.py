@@ -117,3 +117,19 @@ async def test_websockets_false_leaves_handshakes_alone() -> None:
                               websockets=False)
     for _ in range(3):
         assert await _handshake_in_process(app, {}) == [{"type": "websocket.accept"}]
+
+
+async def test_hooks_see_the_handshake_as_a_get() -> None:
+    async def accepting(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        await send({"type": "websocket.accept"})
+
+    seen: list[str] = []
+
+    def by_method(request: Any) -> str:
+        seen.append(request.method)
+        return "m:" + request.method
+
+    app = RateLimitMiddleware(accepting, rl.AsyncLimiter(), default="1/minute", key=by_method)
+    assert await _handshake_in_process(app, {}) == [{"type": "websocket.accept"}]
+    assert seen == ["GET"]

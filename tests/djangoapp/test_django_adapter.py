@@ -226,6 +226,39 @@ def test_the_user_key_reads_request_user_and_user_or_ip_falls_back(open_site: An
     assert statuses(site, 1, "/either", **{"X-Test-User": "7"}) == [200]
 
 
+def test_a_lazily_loaded_user_is_read_under_asgi_too(open_site: Any, mode: str) -> None:
+    # django.contrib.auth's request.user cannot load on the event loop: the middleware loads
+    # it with request.auser() first, and ais_ratelimited too.
+    lazy = {"X-Test-Lazy": "1", "X-Test-User": "7"}
+    name = uuid.uuid4().hex[:8]
+
+    async def aview(request: Any) -> HttpResponse:
+        limited = await ais_ratelimited(request, "1/minute", key=keys.user(), name=name)
+        return HttpResponse(b"limited" if limited else b"ok")
+
+    def view(request: Any) -> HttpResponse:
+        limited = is_ratelimited(request, "1/minute", key=keys.user(), name=name)
+        return HttpResponse(b"limited" if limited else b"ok")
+
+    site = open_site([path("u", limit("1/minute", key=keys.user())(fresh())),
+                      path("v", aview if mode == "asgi" else view)], default="100/minute")
+    assert statuses(site, 2, "/u", **lazy) == [200, 429]
+    assert statuses(site, 1, "/u", **{**lazy, "X-Test-User": "8"}) == [200]
+    assert [site.request("GET", "/v", lazy).content for _ in range(2)] == [b"ok", b"limited"]
+
+
+def test_class_based_views_add_up_the_limits_of_the_class_dispatch_and_handler(
+        open_site: Any) -> None:
+    both = method_decorator(limit("100/hour"), name="dispatch")(
+        method_decorator(limit("2/minute"), name="post")(type("Both", (Limited,), {})))
+    on_class = limit("100/hour")(
+        method_decorator(limit("1/minute"), name="post")(type("OnClass2", (Limited,), {})))
+    site = open_site([path("both", both.as_view()), path("class", on_class.as_view())])
+    assert statuses(site, 3, "/both", "POST") == [200, 200, 429]
+    assert statuses(site, 2, "/class", "POST") == [200, 429]
+    assert statuses(site, 3, "/class") == [200, 200, 200]  # GET: the class's 100/hour
+
+
 def test_client_ip_walks_forwarded_headers_from_trusted_proxies_only(open_site: Any) -> None:
     trusted = keys.client_ip(trusted_proxies=["127.0.0.1/32"])
     site = open_site([path("t", limit("1/minute", key=trusted)(fresh())),

@@ -69,7 +69,21 @@ class HeaderUser:
 
     def __call__(self, request: Any) -> Any:
         pk = request.headers.get("X-Test-User")
-        request.user = _User(pk) if pk else _Anonymous()
+        user = _User(pk) if pk else _Anonymous()
+        if request.headers.get("X-Test-Lazy"):
+            # As django.contrib.auth sets it: loaded on first use, from the database, which
+            # refuses to run on the event loop; request.auser() loads it there.
+            from django.utils.asyncio import async_unsafe
+            from django.utils.functional import SimpleLazyObject
+
+            request.user = SimpleLazyObject(async_unsafe(lambda: user))
+
+            async def auser() -> Any:
+                return user
+
+            request.auser = auser
+        else:
+            request.user = user
         return self.get_response(request)
 
 
