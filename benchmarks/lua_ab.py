@@ -39,12 +39,16 @@ FLOORS = {
 def source_at(rev: str) -> str:
     """The joined script as it was at git revision `rev` (joined as scripts.source() does)."""
     root = Path(__file__).resolve().parent.parent
-    parts = [
-        subprocess.run(["git", "show", f"{rev}:lua/{name}"], cwd=root, check=True,
-                       capture_output=True, text=True).stdout
+    texts = {
+        name: subprocess.run(["git", "show", f"{rev}:lua/{name}"], cwd=root, check=True,
+                             capture_output=True, text=True).stdout
         for name in (*scripts.ALGORITHM_FILES, scripts.ENTRY_FILE)
-    ]
-    return "\n".join(parts)
+    }
+    entry = texts.pop(scripts.ENTRY_FILE)
+    # main.lua's --@inline lines are written out from the algorithm files (a no-op before).
+    entry = scripts.inline(entry, {name.removesuffix(".lua"): text
+                                   for name, text in texts.items()})
+    return "\n".join([*texts.values(), entry])
 
 
 def evalsha_usec(client: redis.Redis) -> int:

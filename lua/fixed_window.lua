@@ -54,7 +54,13 @@ local function fixed_window()
 
   -- own_clock: `now` is Redis's clock (not a test clock), the one keys expire by.
   local function check(v, limit, period, cost, cal, now, own_clock)
-    local start, stop = window(period, cal, now)
+    local start, stop
+    if cal == '' then
+      start = now - (now % period)
+      stop = start + period
+    else
+      start, stop = window(period, cal, now)
+    end
     local count = 0
     -- PX for the write: none (keep the TTL, a cheaper SET) when the key already holds this
     -- epoch-aligned window, whose first write made it expire at the window's end. Not under a

@@ -6,24 +6,25 @@
 --       only 14 digits).
 -- ARGV (per tier, read by main.lua): limit, period ms, cost.
 -- Reply (to main.lua): as fixed_window.lua: gcra() builds check and refund; check(value, ...)
---       reads the key's value as main.lua fetched it and returns the value and PX to write.
+--       reads the key's value as main.lua fetched it and returns the value and PX to write
+--       (main.lua's one-tier path writes check out in place: it must end with its only return).
+
+-- Every time difference below is >= 0 (a TAT is never behind the clock), so its ms value,
+-- rounded up, is math.ceil(us / 1000).
+-- The emission interval, the tolerance, and how far the TAT stored in `v` is ahead of now.
+local function gcra_state(v, limit, period, now_us)
+  local interval = math.ceil(period * 1000 / limit)
+  local ahead = 0  -- TAT - now
+  if v then
+    local stored = tonumber(v)
+    if stored and stored > now_us then ahead = stored - now_us end
+  end
+  return interval, limit * interval, ahead
+end
 
 local function gcra()
-  -- Every time difference below is >= 0 (a TAT is never behind the clock), so its ms value,
-  -- rounded up, is math.ceil(us / 1000).
-  -- The emission interval, the tolerance, and how far the TAT stored in `v` is ahead of now.
-  local function state(v, limit, period, now_us)
-    local interval = math.ceil(period * 1000 / limit)
-    local ahead = 0  -- TAT - now
-    if v then
-      local stored = tonumber(v)
-      if stored and stored > now_us then ahead = stored - now_us end
-    end
-    return interval, limit * interval, ahead
-  end
-
   local function check(v, limit, period, cost, now_us)
-    local interval, tolerance, ahead = state(v, limit, period, now_us)
+    local interval, tolerance, ahead = gcra_state(v, limit, period, now_us)
     local new_ahead = ahead + cost * interval
     local ok = new_ahead <= tolerance
     local before = math.floor((tolerance - ahead) / interval)
@@ -61,7 +62,7 @@ local function gcra()
   -- this tier reports stays as it is (to the next emission step; -1: no TAT ahead, so until a
   -- write), then the exact retry (-1: never) and reset that its reply rounds up to ms.
   local function stable(v, limit, period, cost, now_us)
-    local interval, tolerance, ahead = state(v, limit, period, now_us)
+    local interval, tolerance, ahead = gcra_state(v, limit, period, now_us)
     local retry = 0
     if cost > limit then
       retry = -1

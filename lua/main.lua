@@ -46,18 +46,19 @@ local n = argv[5] + 0
 local fw_check, sw_check, gc_check, sl_check, sl_commit  -- built on first use
 local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
 
--- The common shape first: a hit on one tier without a penalty, admitted. Each algorithm's check
--- for it is written out here, without the loop's bookkeeping (the tables of a reply that may be
--- refused, ban lookups) and without building the algorithm's closures: together about a
--- tenth of the call's time inside Redis (benchmarks/lua_ab.py). Each copy is held to the loop
--- by tests/test_lua_fast_path.py. (A sliding log's hit of a cost above one, and a fixed window
--- of local days, use the algorithm's own check here.) A refusal, or a booking ahead in a sliding
--- log, goes on to the general path below with what was read here (`values`, the built checks),
--- so it reads nothing twice but the sliding log's counts.
+-- The common shape first: a hit on one tier without a penalty, admitted, decided without the
+-- loop's bookkeeping (the tables of a reply that may be refused, ban lookups) and without a
+-- call: each algorithm's check is written out here by scripts.py from the algorithm's own file
+-- (`--@inline`), together about a tenth of the call's time inside Redis
+-- (benchmarks/lua_ab.py); tests/test_lua_fast_path.py holds the path to the loop. (A sliding
+-- log's hit of a cost above one, and a fixed window of local days, call the algorithm's
+-- check.) A refusal, or a booking ahead in a sliding log, goes on to the general path below
+-- with what was read here (`values`, the built checks), so it reads nothing twice but the
+-- sliding log's counts.
 if n == 1 and op == 'H' and argv[10] == '0' then
   local algo, key = argv[6], keys[1]
   local limit, period, cost = argv[7] + 0, argv[8] + 0, argv[9] + 0
-  local ok, before, retry, reset_hit, value, px, _
+  local ok, before, retry, reset_now, reset_hit, value, px, _
   if algo == 'sl' and cost == 1 then
     -- sliding_log.lua's lazy check and its commit, inline, for the request's usual hit: one
     -- entry at `now`, nothing booked ahead (the log's newest entry then does not matter, and
@@ -81,82 +82,20 @@ if n == 1 and op == 'H' and argv[10] == '0' then
       sl_commit(key, now, cost, token, now)
       return {1, 1, before - cost, retry, reset_hit, 0}
     end
-  elseif algo == 'fw' and argv[12] == '' then
-    -- fixed_window.lua's check for an epoch-aligned window, inline: building the algorithm's
-    -- closures would cost more than the check itself. A refusal goes on to the loop, which
-    -- decides it with fixed_window() from the value read here.
+  else
     local v = redis.call('GET', key)
     values = {v}
-    local start = now - (now % period)
-    local count, keep = 0, false
-    if v then
-      local s, c = string.match(v, '^(%-?%d+):(%d+)$')
-      if s and s + 0 == start then count, keep = c + 0, own_clock end
+    if algo == 'fw' and argv[12] == '' then
+      --@inline fixed_window.check(v, limit, period, cost, '', now, own_clock) -> ok, before, retry, reset_now, reset_hit, value, px
+    elseif algo == 'gc' then
+      --@inline gcra.check(v, limit, period, cost, now_us) -> ok, before, retry, reset_now, reset_hit, value, px
+    elseif algo == 'sw' then
+      --@inline sliding_window.check(v, limit, period, cost, now, own_clock) -> ok, before, retry, reset_now, reset_hit, value, px
+    else  -- a fixed window of local days
+      fw_check = fixed_window()
+      ok, before, retry, reset_now, reset_hit, value, px =
+        fw_check(v, limit, period, cost, argv[12], now, own_clock)
     end
-    if count + cost <= limit then
-      local reset_hit = start + period - now
-      local value = string.format('%d:%d', start, count + cost)
-      if keep then
-        redis.call('SET', key, value, 'KEEPTTL')
-      else
-        redis.call('SET', key, value, 'PX', string.format('%d', reset_hit))
-      end
-      return {1, 1, limit - count - cost, 0, reset_hit, 0}
-    end
-  elseif algo == 'gc' then
-    -- gcra.lua's check, inline, for an admitted hit (a refusal goes on to the loop, which
-    -- decides it with gcra() from the value read here).
-    local v = redis.call('GET', key)
-    values = {v}
-    local interval = math.ceil(period * 1000 / limit)
-    local ahead = 0  -- TAT - now
-    if v then
-      local stored = tonumber(v)
-      if stored and stored > now_us then ahead = stored - now_us end
-    end
-    local new_ahead = ahead + cost * interval
-    if new_ahead <= limit * interval then
-      local reset_hit = math.ceil(new_ahead / 1000)
-      redis.call('SET', key, string.format('%d', now_us + new_ahead), 'PX',
-        string.format('%d', reset_hit + 1))
-      return {1, 1, math.floor((limit * interval - ahead) / interval) - cost, 0, reset_hit, 0}
-    end
-  elseif algo == 'sw' then
-    -- sliding_window.lua's check, inline, for an admitted hit (a refusal goes on to the
-    -- loop, which decides it with sliding_window() from the value read here).
-    local v = redis.call('GET', key)
-    values = {v}
-    local start = now - (now % period)
-    local curr, prev, current = 0, 0, false
-    if v then
-      local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
-      if s then
-        s = s + 0
-        if s == start then
-          curr, prev, current = c + 0, p + 0, true
-        elseif s == start - period then
-          prev = c + 0
-        end
-      end
-    end
-    local elapsed = now - start
-    local budget = limit * period - prev * (period - elapsed)
-    if (curr + cost) * period <= budget then
-      local value = string.format('%d:%d:%d', start, curr + cost, prev)
-      if current and own_clock then
-        redis.call('SET', key, value, 'KEEPTTL')
-      else
-        redis.call('SET', key, value, 'PX', string.format('%d', 2 * period - elapsed))
-      end
-      return {1, 1, math.floor(budget / period) - curr - cost, 0, 2 * period - elapsed, 0}
-    end
-  elseif algo == 'fw' then
-    -- A fixed window of local days (tz=): fixed_window.lua's own check.
-    local v = redis.call('GET', key)
-    values = {v}
-    fw_check = fixed_window()
-    ok, before, retry, _, reset_hit, value, px =
-      fw_check(v, limit, period, cost, argv[12], now, own_clock)
     if ok then
       -- As in phase 2 below.
       if px then
@@ -170,7 +109,7 @@ if n == 1 and op == 'H' and argv[10] == '0' then
 end
 
 -- The common shape of several tiers: a hit on epoch-aligned fixed windows without a penalty
--- ("10/second;100/minute;1000/hour"). The one-tier path's inline check above, once per tier,
+-- ("10/second;100/minute;1000/hour"): fixed_window.lua's check, written out once per tier,
 -- every key read by one MGET, the writes made only once every tier admits. A refusal goes on
 -- to the loop below with what was read here.
 if n > 1 and op == 'H' then
@@ -190,28 +129,22 @@ if n > 1 and op == 'H' then
     for i = 1, n do
       local b = 7 * i - 2
       local limit, period, cost = argv[b + 2] + 0, argv[b + 3] + 0, argv[b + 4] + 0
-      local v, start = values[i], now - (now % period)
-      local count, keep = 0, false
-      if v then
-        local s, c = string.match(v, '^(%-?%d+):(%d+)$')
-        if s and s + 0 == start then count, keep = c + 0, own_clock end
-      end
-      if count + cost > limit then
+      local ok, before, retry, reset_now, reset_hit, value, px
+      --@inline fixed_window.check(values[i], limit, period, cost, '', now, own_clock) -> ok, before, retry, reset_now, reset_hit, value, px
+      if not ok then
         plain = false
         break
       end
-      local reset_hit = start + period - now
       local k, j = 5 * i - 4, 2 * i - 1
       reply[k + 1], reply[k + 2], reply[k + 3], reply[k + 4], reply[k + 5] =
-        1, limit - count - cost, 0, reset_hit, 0
-      writes[j] = string.format('%d:%d', start, count + cost)
-      writes[j + 1] = not keep and string.format('%d', reset_hit)
+        1, before - cost, retry, reset_hit, 0
+      writes[j], writes[j + 1] = value, px
     end
     if plain then
       for i = 1, n do
         local j = 2 * i - 1
         if writes[j + 1] then
-          redis.call('SET', keys[i], writes[j], 'PX', writes[j + 1])
+          redis.call('SET', keys[i], writes[j], 'PX', string.format('%d', writes[j + 1]))
         else
           redis.call('SET', keys[i], writes[j], 'KEEPTTL')
         end

@@ -8,33 +8,33 @@
 -- Reply (to main.lua): as fixed_window.lua: sliding_window() builds check and refund;
 --       check(value, ...) returns the value and PX to write (false: keep the TTL).
 
-local function sliding_window()
-  -- The window containing `now`, the counts that still weigh on it, from the key's value, and
-  -- whether the value already is this window's (then its TTL already ends two periods after
-  -- the window's start, where every write of this window puts it).
-  local function state(v, period, now)
-    local start = now - (now % period)
-    local curr, prev, current = 0, 0, false
-    if v then
-      -- The pattern admits only digits, so `+ 0` (one strtod; tonumber() runs two) is safe.
-      local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
-      if s then
-        s = s + 0
-        if s == start then
-          curr = c + 0
-          prev = p + 0
-          current = true
-        elseif s == start - period then
-          prev = c + 0
-        end
+-- The window containing `now`, the counts that still weigh on it, from the key's value, and
+-- whether the value already is this window's (then its TTL already ends two periods after
+-- the window's start, where every write of this window puts it).
+local function sliding_window_state(v, period, now)
+  local start = now - (now % period)
+  local curr, prev, current = 0, 0, false
+  if v then
+    -- The pattern admits only digits, so `+ 0` (one strtod; tonumber() runs two) is safe.
+    local s, c, p = string.match(v, '^(%d+):(%d+):(%d+)$')
+    if s then
+      s = s + 0
+      if s == start then
+        curr = c + 0
+        prev = p + 0
+        current = true
+      elseif s == start - period then
+        prev = c + 0
       end
     end
-    return start, now - start, curr, prev, current
   end
+  return start, now - start, curr, prev, current
+end
 
+local function sliding_window()
   -- own_clock: as in fixed_window.lua.
   local function check(v, limit, period, cost, now, own_clock)
-    local start, elapsed, curr, prev, current = state(v, period, now)
+    local start, elapsed, curr, prev, current = sliding_window_state(v, period, now)
     local budget = limit * period - prev * (period - elapsed)
     local before = math.floor(budget / period) - curr
     if before < 0 then before = 0 end
@@ -68,7 +68,7 @@ local function sliding_window()
   end
 
   local function refund(key, period, cost, now)
-    local start, elapsed, curr, prev = state(redis.call('GET', key), period, now)
+    local start, elapsed, curr, prev = sliding_window_state(redis.call('GET', key), period, now)
     if curr == 0 and prev == 0 then return end
     local back = cost
     if curr >= back then curr = curr - back; back = 0 else back = back - curr; curr = 0 end
@@ -81,7 +81,7 @@ local function sliding_window()
   -- as they are (retry and reset count down): to the window's end, or sooner to when the
   -- fading weight of the previous window lets the estimate's floor, the remaining, grow.
   local function stable(v, period, now)
-    local _, elapsed, _, prev = state(v, period, now)
+    local _, elapsed, _, prev = sliding_window_state(v, period, now)
     -- ceil(prev * (period - elapsed) / period): the whole hits the previous window still takes
     local weight = math.floor((prev * (period - elapsed) + period - 1) / period)
     if weight < 1 then return period - elapsed end

@@ -32,9 +32,28 @@ def test_a_checkout_loads_the_scripts_from_the_top_level_lua_folder() -> None:
     assert _scripts.lua_dir() == ROOT / "lua"
     assert {p.name for p in (ROOT / "lua").glob("*.lua")} >= LUA_FILES
     source = _scripts.source()
-    for name in LUA_FILES:
+    for name in LUA_FILES - {"main.lua"}:
         assert (ROOT / "lua" / name).read_text(encoding="utf-8") in source
-    assert source.rstrip().endswith((ROOT / "lua" / "main.lua").read_text().rstrip())
+    algorithms = {name.removesuffix(".lua"): (ROOT / "lua" / name).read_text(encoding="utf-8")
+                  for name in _scripts.ALGORITHM_FILES}
+    entry = (ROOT / "lua" / "main.lua").read_text(encoding="utf-8")
+    assert source.rstrip().endswith(_scripts.inline(entry, algorithms).rstrip())
+
+
+def test_main_lua_holds_no_copy_of_an_algorithm_its_checks_are_written_out_from_their_files(
+) -> None:
+    entry = (ROOT / "lua" / "main.lua").read_text(encoding="utf-8")
+    source = _scripts.source()
+    for check, line in [("fixed_window", "string.format('%d:%d', start, count + cost), px"),
+                        ("gcra", "string.format('%d', now_us + new_ahead), reset_hit + 1"),
+                        ("sliding_window", "string.format('%d:%d:%d', start, curr + cost, prev)")]:
+        assert f"--@inline {check}.check(" in entry
+        assert line not in entry  # no copy by hand...
+        assert source.count(line) >= 2  # ...the algorithm's own line, and its written-out one
+    with pytest.raises(ValueError, match="only return"):
+        _scripts.inline("--@inline a.f(x) -> y", {"a": "local function f(x)\n"
+                                                          "  if x then return 1 end\n"
+                                                          "  return 2\nend"})
 
 
 def test_every_lua_file_opens_with_its_keys_argv_and_reply() -> None:

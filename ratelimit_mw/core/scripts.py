@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import re
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,13 +39,78 @@ def lua_dir() -> Traversable:
     )
 
 
+# main.lua's ``--@inline file.function(args) -> targets`` lines: the algorithm's own function
+# written out in place (see `inline`).
+_INLINE = re.compile(r"^(?P<indent>[ ]*)--@inline (?P<file>\w+)\.(?P<name>\w+)"
+                     r"\((?P<args>[^)]*)\) -> (?P<targets>.+)$")
+
+
+def _function(text: str, file: str, name: str) -> tuple[list[str], list[str]]:
+    """The parameters and body lines of `local function name(...)` in an algorithm file."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        found = re.match(rf"^(?P<indent>[ ]*)local function {name}\((?P<params>[^)]*)\)$", line)
+        if found is None:
+            continue
+        end = found.group("indent") + "end"
+        for j in range(i + 1, len(lines)):
+            if lines[j] == end:
+                params = [p.strip() for p in found.group("params").split(",")]
+                return params, lines[i + 1:j]
+    raise ValueError(f"lua/{file}.lua has no `local function {name}(...)` ... `end` to inline")
+
+
+def inline(entry: str, algorithms: dict[str, str]) -> str:
+    """`entry` with each ``--@inline file.function(args) -> targets`` line replaced by that
+    function's body, from its algorithm file: its parameters bound to `args`, its one
+    ``return`` (its last statement) assigned to `targets`, inside a ``do`` block. The
+    specialised path is thus generated from the one source of each algorithm (a Lua call
+    and its returns cost more than these checks themselves: benchmarks/lua_ab.py)."""
+    out: list[str] = []
+    for line in entry.split("\n"):
+        marker = _INLINE.match(line)
+        if marker is None:
+            out.append(line)
+            continue
+        indent = marker.group("indent")
+        params, body = _function(algorithms[marker.group("file")], marker.group("file"),
+                                 marker.group("name"))
+        returns = [k for k, text in enumerate(body) if text.strip().startswith("return ")]
+        code = [text.split("--", 1)[0] for text in body]  # comments may say "return"
+        if len(returns) != 1 or sum(len(re.findall(r"\breturn\b", text)) for text in code) != 1:
+            raise ValueError(f"{marker.group('file')}.{marker.group('name')} must end with its "
+                             "only return to be inlined")
+        first = body[0]
+        depth = len(first) - len(first.lstrip(" "))  # the body's own indentation
+        targets = [t.strip() for t in marker.group("targets").split(",")]
+        # The body's locals may bear the targets' names: its results go through locals of
+        # their own, out of the body's scope, then to the targets.
+        results = [f"_inlined{k}" for k in range(len(targets))]
+        out.append(f"{indent}do")
+        out.append(f"{indent}  local {', '.join(results)}")
+        out.append(f"{indent}  do")
+        out.append(f"{indent}    local {', '.join(params)} = {marker.group('args')}")
+        tail = "\n".join(body[returns[0]:]).strip()[len("return "):]
+        out += [f"{indent}    {text[depth:]}" if text.strip() else ""
+                for text in body[:returns[0]]]
+        continuation = tail.split("\n")
+        out.append(f"{indent}    {', '.join(results)} = {continuation[0]}")
+        out += [f"{indent}      {text.strip()}" for text in continuation[1:]]
+        out.append(f"{indent}  end")
+        out.append(f"{indent}  {', '.join(targets)} = {', '.join(results)}")
+        out.append(f"{indent}end")
+    return "\n".join(out)
+
+
 @functools.cache
 def source() -> str:
     """The joined script, read on first use and kept."""
     folder = lua_dir()
-    parts = [folder.joinpath(name).read_text(encoding="utf-8") for name in ALGORITHM_FILES]
-    parts.append(folder.joinpath(ENTRY_FILE).read_text(encoding="utf-8"))
-    return "\n".join(parts)
+    texts = {name: folder.joinpath(name).read_text(encoding="utf-8")
+             for name in ALGORITHM_FILES}
+    entry = inline(folder.joinpath(ENTRY_FILE).read_text(encoding="utf-8"),
+                   {name.removesuffix(".lua"): text for name, text in texts.items()})
+    return "\n".join([*texts.values(), entry])
 
 
 @functools.cache
