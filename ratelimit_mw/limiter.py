@@ -427,7 +427,7 @@ class Limiter(_Shared):
             found, checks = self._held(compiled, identities)
             if isinstance(found, Decision):
                 return found
-        if self._backend.is_cluster and compiled.slots(identities) is not None:
+        if self._backend.is_cluster and compiled.spans_slots(identities):
             return self._drive(self._attempt(checks or compiled.checks(identities), cached))
         return self._ran(compiled, identities, checks, cached)
 
@@ -570,7 +570,7 @@ class AsyncLimiter(_Shared):
                 if leader is not None:
                     return await bounded(self._follow(leader, compiled, identities, checks),
                                          timeout)
-        if self._backend.is_cluster and compiled.slots(identities) is not None:
+        if self._backend.is_cluster and compiled.spans_slots(identities):
             return await bounded(
                 self._drive(self._attempt(checks or compiled.checks(identities), cached)),
                 timeout)

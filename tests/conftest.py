@@ -155,6 +155,16 @@ def keys_under(client: redis.Redis, prefix: str) -> list[bytes]:
     return list(client.scan_iter(match=f"{prefix}:*", count=1000))
 
 
+def forget_prefix(prefix: str) -> None:
+    """Delete every key under `prefix` in the shared Redis (what a served app wrote)."""
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        for key in keys_under(client, prefix):
+            client.delete(key)
+    finally:
+        client.close()
+
+
 class StepClock:
     """A FakeClock that counts whole microseconds.
 

@@ -173,12 +173,8 @@ class Compiled:
                               None)
         return decode_generic(self.layout(identities), reply, None)
 
-    def slots(self, identities: Sequence[str]) -> list[list[Check]] | None:
-        """The checks grouped by identity when they span several (on a cluster, a call per
-        slot: `plans.plan_hit`), else None: one call decides them all."""
-        if len(identities) == 1 or len(set(identities)) == 1:
-            return None
-        groups: dict[str, list[Check]] = {}
-        for check in self.checks(identities):
-            groups.setdefault(check.identity, []).append(check)
-        return list(groups.values())
+    @staticmethod
+    def spans_slots(identities: Sequence[str]) -> bool:
+        """Whether the checks belong to several identities: on a cluster, several slots and
+        a call each (`plans.plan_hit`); else one call decides them all."""
+        return len(identities) > 1 and len(set(identities)) > 1

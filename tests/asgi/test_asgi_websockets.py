@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from reliability._support import AppServer, free_port
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 import ratelimit_mw as rl
 from ratelimit_mw.asgi import RateLimitMiddleware
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, forget_prefix
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +32,7 @@ def server() -> Iterator[AppServer]:
         yield app
     finally:
         app.stop()
-        client = redis.Redis.from_url(REDIS_URL)
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
-        client.close()
+        forget_prefix(prefix)
 
 
 def handshake(server: AppServer, path: str) -> int | str:

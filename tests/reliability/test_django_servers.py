@@ -14,11 +14,10 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 
 from reliability._django_project import LIMIT
 from reliability._support import AppServer, Figures, free_port
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_URL, forget_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -43,10 +42,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, AppServer]]:
         yield request.param, server
     finally:
         server.stop()
-        client = redis.Redis.from_url(REDIS_URL)
-        for key in client.scan_iter(f"{prefix}:*"):
-            client.delete(key)
-        client.close()
+        forget_prefix(prefix)
 
 
 async def test_a_burst_of_200_admits_exactly_100_of_100_a_minute(
