@@ -60,19 +60,14 @@ if n == 1 and op == 'H' and argv[10] == '0' then
   local limit, period, cost = argv[7] + 0, argv[8] + 0, argv[9] + 0
   local ok, before, retry, reset_now, reset_hit, value, px, _
   if algo == 'sl' and cost == 1 then
-    -- sliding_log.lua's lazy check and its commit, inline, for the request's usual hit: one
-    -- entry at `now`, nothing booked ahead (the log's newest entry then does not matter, and
-    -- the log lives one period from now). Building sliding_log()'s closures and per-log
-    -- table costs more than these lines; anything else (a booking ahead, a refusal) goes on
-    -- to the loop below, whose sliding_log() reads the count again.
-    local seen = redis.call('ZCOUNT', key, string.format('(%d', now - period), '+inf')
-    local later = 0
-    if seen > 0 then later = redis.call('ZCOUNT', key, string.format('(%d', now), '+inf') end
+    -- The usual hit on a sliding log: one entry at `now`, nothing booked ahead (the log's
+    -- newest entry then does not matter, and the log lives one period from now). Building
+    -- sliding_log()'s closures and per-log table costs more than the two steps; anything else
+    -- (a booking ahead, a refusal) goes on to the loop below, which counts again.
+    local seen, later
+    --@inline sliding_log.sliding_log_count(key, period, now) -> seen, later
     if later == 0 and seen < limit then
-      local score = string.format('%d', now)
-      redis.call('ZADD', key, score, token .. ':1')
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - period))
-      redis.call('PEXPIRE', key, string.format('%d', period))
+      --@inline sliding_log.sliding_log_record(key, now, 1, token, period, now, now)
       return {1, 1, limit - seen - 1, 0, period, 0}
     end
   elseif algo == 'sl' then

@@ -12,6 +12,42 @@
 --       What only bookings ahead need, and refund and cancel, are built apart, on demand:
 --       a script run pays for every closure it creates.
 
+-- The two steps of the request's usual hit, top-level so that main.lua's one-tier path writes
+-- them out in place (`--@inline`) and sliding_log()'s check and commit call them: one source.
+
+-- The count of the window (at - period, at] and how many entries lie after `at` (bookings).
+-- One ZCOUNT of everything after the window's start answers an empty window alone; a second
+-- counts what lies ahead: cheaper than a ZREVRANGE WITHSCORES and a ZCOUNT.
+local function sliding_log_count(key, period, at)
+  local seen = redis.call('ZCOUNT', key, string.format('(%d', at - period), '+inf')
+  local later = 0
+  if seen > 0 then later = redis.call('ZCOUNT', key, string.format('(%d', at), '+inf') end
+  return seen, later
+end
+
+-- Record `cost` entries at `at`, trim what the longest window can no longer see, and keep the
+-- log alive until its newest entry (`newest`: this one, or a booking further ahead) has left
+-- that window. Numbers are formatted with "%d": Redis would format them with the slower "%.17g".
+local function sliding_log_record(key, at, cost, token, longest, newest, now)
+  local score = string.format('%d', at)
+  if cost == 1 then
+    redis.call('ZADD', key, score, token .. ':1')
+  else
+    local args = {}
+    for j = 1, cost do
+      args[#args + 1] = score
+      args[#args + 1] = token .. ':' .. j
+      if #args >= 200 then
+        redis.call('ZADD', key, unpack(args))
+        args = {}
+      end
+    end
+    if #args > 0 then redis.call('ZADD', key, unpack(args)) end
+  end
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - longest))
+  redis.call('PEXPIRE', key, string.format('%d', newest + longest - now))
+end
+
 -- What entries ahead of `at` (bookings) call for: built only when a call meets them.
 local function sliding_log_ahead()
   local function times(key, from)
@@ -190,8 +226,7 @@ local function sliding_log()
 
   -- lazy: the caller uses reset_now only if this tier refuses (main.lua's one-tier path).
   -- Then, with nothing ahead of `at`, the newest entry is not needed: the reset after the hit
-  -- is at + period. One ZCOUNT of everything after `floor` answers an empty window alone, and
-  -- a second one counts what lies ahead: cheaper than a ZREVRANGE WITHSCORES and a ZCOUNT.
+  -- is at + period, and sliding_log_count answers.
   local function check(key, limit, period, cost, at, now, lazy)
     local floor = at - period
     local log = logs[key]
@@ -200,8 +235,7 @@ local function sliding_log()
       -- `seen` is the window's count).
       local newest, later, known, seen = nil, 0, true, 0
       if lazy then
-        seen = redis.call('ZCOUNT', key, string.format('(%d', floor), '+inf')
-        if seen > 0 then later = redis.call('ZCOUNT', key, string.format('(%d', at), '+inf') end
+        seen, later = sliding_log_count(key, period, at)
         if later > 0 then newest = newest_of(key) else known = false end
       else
         newest = newest_of(key)
@@ -265,35 +299,14 @@ local function sliding_log()
     return ok, before, retry, reset_now, last + period - now, later > 0
   end
 
-  -- Record `cost` entries at `at` once per log (its other tiers call too), trim what no tier
-  -- can see any more, and keep the log alive until the last entry has left the longest window.
-  -- Numbers are formatted here with "%d": Redis would format them with the slower "%.17g".
+  -- Record this call's entries once per log (its other tiers call too).
   local function commit(key, at, cost, token, now)
     local log = logs[key]
     if log.done then return end
     log.done = true
-    local longest = log.longest
-    local score = string.format('%d', at)
-    if cost == 1 then
-      redis.call('ZADD', key, score, token .. ':1')
-    else
-      local args = {}
-      for j = 1, cost do
-        args[#args + 1] = score
-        args[#args + 1] = token .. ':' .. j
-        if #args >= 200 then
-          redis.call('ZADD', key, unpack(args))
-          args = {}
-        end
-      end
-      if #args > 0 then redis.call('ZADD', key, unpack(args)) end
-    end
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - longest))
-    -- The log lives until its newest entry has left the longest window: this one, unless a
-    -- booking lies further ahead.
     local newest = at
     if log.newest and log.newest > at then newest = log.newest end
-    redis.call('PEXPIRE', key, string.format('%d', newest + longest - now))
+    sliding_log_record(key, at, cost, token, log.longest, newest, now)
   end
 
   return check, commit

@@ -46,14 +46,24 @@ def test_main_lua_holds_no_copy_of_an_algorithm_its_checks_are_written_out_from_
     source = _scripts.source()
     for check, line in [("fixed_window", "string.format('%d:%d', start, count + cost), px"),
                         ("gcra", "string.format('%d', now_us + new_ahead), reset_hit + 1"),
-                        ("sliding_window", "string.format('%d:%d:%d', start, curr + cost, prev)")]:
-        assert f"--@inline {check}.check(" in entry
+                        ("sliding_window", "string.format('%d:%d:%d', start, curr + cost, prev)"),
+                        ("sliding_log.sliding_log_count",
+                         "if seen > 0 then later = redis.call('ZCOUNT'"),
+                        ("sliding_log.sliding_log_record",
+                         "redis.call('ZREMRANGEBYSCORE', key, '-inf'")]:
+        assert f"--@inline {check if '.' in check else check + '.check'}(" in entry
         assert line not in entry  # no copy by hand...
         assert source.count(line) >= 2  # ...the algorithm's own line, and its written-out one
     with pytest.raises(ValueError, match="only return"):
         _scripts.inline("--@inline a.f(x) -> y", {"a": "local function f(x)\n"
                                                           "  if x then return 1 end\n"
                                                           "  return 2\nend"})
+    with pytest.raises(ValueError, match="name the targets"):
+        _scripts.inline("--@inline a.f(x)", {"a": "local function f(x)\n  return x\nend"})
+    written = _scripts.inline("  --@inline a.f(x + 1)", {"a": "local function f(y)\n"
+                                                               "  redis.call('DEL', y)\nend"})
+    assert written.split("\n") == ["  do", "    do", "      local y = x + 1",
+                                    "      redis.call('DEL', y)", "    end", "  end"]
 
 
 def test_every_lua_file_opens_with_its_keys_argv_and_reply() -> None:

@@ -39,10 +39,10 @@ def lua_dir() -> Traversable:
     )
 
 
-# main.lua's ``--@inline file.function(args) -> targets`` lines: the algorithm's own function
-# written out in place (see `inline`).
+# main.lua's ``--@inline file.function(args) -> targets`` lines (``-> targets`` left out for a
+# function that returns nothing): the algorithm's own function written out in place.
 _INLINE = re.compile(r"^(?P<indent>[ ]*)--@inline (?P<file>\w+)\.(?P<name>\w+)"
-                     r"\((?P<args>[^)]*)\) -> (?P<targets>.+)$")
+                     r"\((?P<args>[^)]*)\)(?: -> (?P<targets>.+))?$")
 
 
 def _function(text: str, file: str, name: str) -> tuple[list[str], list[str]]:
@@ -62,42 +62,46 @@ def _function(text: str, file: str, name: str) -> tuple[list[str], list[str]]:
 
 def inline(entry: str, algorithms: dict[str, str]) -> str:
     """`entry` with each ``--@inline file.function(args) -> targets`` line replaced by that
-    function's body, from its algorithm file: its parameters bound to `args`, its one
-    ``return`` (its last statement) assigned to `targets`, inside a ``do`` block. The
-    specialised path is thus generated from the one source of each algorithm (a Lua call
-    and its returns cost more than these checks themselves: benchmarks/lua_ab.py)."""
+    function's body, from its algorithm file, inside a ``do`` block: its parameters bound to
+    `args`, its one ``return`` (its last statement) assigned to `targets`; without targets the
+    function must return nothing. The specialised path is thus generated from the one source
+    of each algorithm (a Lua call and its returns cost more than these checks themselves:
+    benchmarks/lua_ab.py)."""
     out: list[str] = []
     for line in entry.split("\n"):
         marker = _INLINE.match(line)
         if marker is None:
             out.append(line)
             continue
-        indent = marker.group("indent")
-        params, body = _function(algorithms[marker.group("file")], marker.group("file"),
-                                 marker.group("name"))
-        returns = [k for k, text in enumerate(body) if text.strip().startswith("return ")]
+        indent, file, name = marker.group("indent"), marker.group("file"), marker.group("name")
+        params, body = _function(algorithms[file], file, name)
         code = [text.split("--", 1)[0] for text in body]  # comments may say "return"
-        if len(returns) != 1 or sum(len(re.findall(r"\breturn\b", text)) for text in code) != 1:
-            raise ValueError(f"{marker.group('file')}.{marker.group('name')} must end with its "
-                             "only return to be inlined")
-        first = body[0]
-        depth = len(first) - len(first.lstrip(" "))  # the body's own indentation
-        targets = [t.strip() for t in marker.group("targets").split(",")]
+        returns = [k for k, text in enumerate(code) if text.strip().startswith("return ")]
+        written = sum(len(re.findall(r"\breturn\b", text)) for text in code)
+        targets = [t.strip() for t in (marker.group("targets") or "").split(",") if t.strip()]
+        if targets and (len(returns) != 1 or written != 1):
+            raise ValueError(f"{file}.{name} must end with its only return to be inlined")
+        if not targets and written:
+            raise ValueError(f"{file}.{name} returns values: name the targets they go to "
+                             "(`--@inline file.function(args) -> targets`)")
+        depth = len(body[0]) - len(body[0].lstrip(" "))  # the body's own indentation
+        cut = returns[0] if targets else len(body)
         # The body's locals may bear the targets' names: its results go through locals of
         # their own, out of the body's scope, then to the targets.
         results = [f"_inlined{k}" for k in range(len(targets))]
         out.append(f"{indent}do")
-        out.append(f"{indent}  local {', '.join(results)}")
+        if results:
+            out.append(f"{indent}  local {', '.join(results)}")
         out.append(f"{indent}  do")
         out.append(f"{indent}    local {', '.join(params)} = {marker.group('args')}")
-        tail = "\n".join(body[returns[0]:]).strip()[len("return "):]
-        out += [f"{indent}    {text[depth:]}" if text.strip() else ""
-                for text in body[:returns[0]]]
-        continuation = tail.split("\n")
-        out.append(f"{indent}    {', '.join(results)} = {continuation[0]}")
-        out += [f"{indent}      {text.strip()}" for text in continuation[1:]]
+        out += [f"{indent}    {text[depth:]}" if text.strip() else "" for text in body[:cut]]
+        if targets:
+            continuation = "\n".join(body[cut:]).strip()[len("return "):].split("\n")
+            out.append(f"{indent}    {', '.join(results)} = {continuation[0]}")
+            out += [f"{indent}      {text.strip()}" for text in continuation[1:]]
         out.append(f"{indent}  end")
-        out.append(f"{indent}  {', '.join(targets)} = {', '.join(results)}")
+        if targets:
+            out.append(f"{indent}  {', '.join(targets)} = {', '.join(results)}")
         out.append(f"{indent}end")
     return "\n".join(out)
 
