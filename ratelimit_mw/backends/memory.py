@@ -291,8 +291,44 @@ class MemoryBackend:
 
     # -- the I/O surface the limiters use -------------------------------------------------
     def run(self, call: ScriptCall) -> list[int]:
+        """One call, as lua/main.lua answers it."""
+        keys: Sequence[str] = call.keys
+        argv: Sequence[Any] = call.args  # ints from the core, text from a raw caller
         with self._lock:
-            return self._run(call.keys, call.args)
+            op = argv[0]
+            # The call's clock (µs and ms: ARGV[2], "" for this process's clock, as Redis's
+            # TIME), and the sweep every call makes before it reads anything.
+            now_us = argv[1]
+            if type(now_us) is not int:
+                now_us = time.time_ns() // 1000 if now_us == "" else int(now_us)
+            now = now_us // 1000
+            due_times = self._due_times
+            if due_times and due_times[0] <= now:  # O(1) when nothing is due
+                self._sweep(now, now - self._called_at)
+            self._called_at = now
+            token = argv[2]
+            if op == "H":  # the request's call, first
+                return self._hit(keys, argv, token, now, now_us)
+            n = argv[4]
+            if type(n) is not int:
+                n = int(n)
+            if op == "X":
+                for key in keys:
+                    self._delete(key)
+                return [1]
+            if op == "R" or op == "C":
+                self._give_back(op, _read_tiers(keys, argv, n), token, now, now_us)
+                return [1]
+            # P, B (and, as main.lua, anything else): decide.
+            at = max(int(argv[3]), now) if op == "B" else now
+            if n == 1:
+                # _read_tier inlined for the call the core sends most (ints, no penalty: nothing
+                # but this tier to read or write); any other form takes the general path.
+                algo, limit, period, cost, ban, ban_end, cal = argv[5:12]
+                if ban == 0 and type(limit) is int and type(period) is int and type(cost) is int:
+                    return self._decide_one(op, (algo, limit, period, cost, 0, ban_end, cal,
+                                                 keys[0]), token, at, now, now_us)
+            return self._decide(op, keys, _read_tiers(keys, argv, n), token, at, now, now_us)
 
     def _hit(self, keys: Sequence[str], argv: Sequence[Any], token: str, now: int,
              now_us: int) -> list[int]:
@@ -724,45 +760,6 @@ class MemoryBackend:
                     results[i] = (ok, before, retry, reset_now, reset_hit, state)
 
     # -- the entry point, as lua/main.lua ---------------------------------------------------
-    def _tick(self, now_us: Any) -> tuple[int, int]:
-        """A call's clock (µs and ms: ARGV[2], "" for this process's clock, as Redis's TIME),
-        and the sweep every call makes before it reads anything."""
-        if type(now_us) is not int:
-            now_us = time.time_ns() // 1000 if now_us == "" else int(now_us)
-        now = now_us // 1000
-        due_times = self._due_times
-        if due_times and due_times[0] <= now:  # O(1) when nothing is due
-            self._sweep(now, now - self._called_at)
-        self._called_at = now
-        return now_us, now
-
-    def _run(self, keys: Sequence[str], argv: Sequence[Any]) -> list[int]:
-        op = argv[0]
-        now_us, now = self._tick(argv[1])
-        token = argv[2]
-        if op == "H":  # the request's call, first
-            return self._hit(keys, argv, token, now, now_us)
-        n = argv[4]
-        if type(n) is not int:
-            n = int(n)
-        if op == "X":
-            for key in keys:
-                self._delete(key)
-            return [1]
-        if op == "R" or op == "C":
-            self._give_back(op, _read_tiers(keys, argv, n), token, now, now_us)
-            return [1]
-        # P, B (and, as main.lua, anything else): decide.
-        at = max(int(argv[3]), now) if op == "B" else now
-        if n == 1:
-            # _read_tier inlined for the call the core sends most (ints, no penalty: nothing
-            # but this tier to read or write); any other form takes the general path.
-            algo, limit, period, cost, ban, ban_end, cal = argv[5:12]
-            if ban == 0 and type(limit) is int and type(period) is int and type(cost) is int:
-                return self._decide_one(op, (algo, limit, period, cost, 0, ban_end, cal, keys[0]),
-                                        token, at, now, now_us)
-        return self._decide(op, keys, _read_tiers(keys, argv, n), token, at, now, now_us)
-
     def _give_back(self, op: str, tiers: list[_Tier], token: str, now: int,
                    now_us: int) -> None:
         """Refund (R) or cancel a booking (C): once per key, as main.lua."""

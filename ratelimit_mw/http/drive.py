@@ -27,15 +27,18 @@ def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: A
     """The verdict on one request that `selection` applies to; None: no limit applies to it
     (its keys said None, a preflight not charged, exempt_when)."""
     plan = guard.plan(selection, request, method, preflight)
-    if plan is None or not guard.may_call():  # the breaker skips the backend: the policy
-        return None if plan is None else guard.failed(request, plan, None)
+    if plan is None:
+        return None
+    breaker = guard.breaker  # closed (open_until 0.0) on nearly every request: no call
+    if breaker.open_until and not breaker.may_call():  # skips the backend: the policy
+        return guard.failed(request, plan, None)
     # Timed only where an event reports it (a shadow refusal); a clock read costs otherwise.
     start = perf_counter() if guard.shadow else 0.0
     try:
         # The breaker's probe (it is still open) must reach the store: the deny cache's
         # answer would close it on a store nobody asked.
         decision = limiter.decide(plan.compiled, plan.identities,
-                                  cached=not guard.breaker.is_open)
+                                  cached=not breaker.open_until)
     except Exception as exc:  # anything from the backend call: never a 500
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)
@@ -45,15 +48,20 @@ async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection
                        request: Any, method: str, preflight: bool) -> Verdict | None:
     """`decide_sync`, the async hooks awaited first and the store's answer bounded by the
     guard's deadline."""
-    hooks = guard.hooks(selection, preflight)
-    answers = await answer_all(hooks, request) if hooks else None
+    answers = None
+    if selection.hooks or guard.exempt_hooks:
+        hooks = guard.hooks(selection, preflight)
+        answers = await answer_all(hooks, request) if hooks else None
     plan = guard.plan(selection, request, method, preflight, answers)
-    if plan is None or not guard.may_call():
-        return None if plan is None else guard.failed(request, plan, None)
+    if plan is None:
+        return None
+    breaker = guard.breaker
+    if breaker.open_until and not breaker.may_call():
+        return guard.failed(request, plan, None)
     start = perf_counter() if guard.shadow else 0.0
     try:
         decision = await limiter.decide(plan.compiled, plan.identities, guard.timeout,
-                                        cached=not guard.breaker.is_open)
+                                        cached=not breaker.open_until)
     except Exception as exc:  # "never a 500" covers whatever a backend raises
         return guard.failed(request, plan, exc)
     return guard.decided(request, plan, decision, start)

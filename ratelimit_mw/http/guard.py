@@ -7,7 +7,7 @@ for sync and once for async limiters)::
     selection = guard.select(method, path, route)    # which limits apply (cached per shape)
     plan = guard.plan(selection, request, method, preflight)   # the compiled hit and its
                                                       # identities, or None
-    if guard.may_call():                              # the breaker: closed, or the one probe
+    if guard.breaker.may_call():                      # the breaker: closed, or the one probe
         try:    verdict = guard.decided(request, plan, limiter.decide(plan.compiled,
                                                                       plan.identities))
         except Exception as exc:  verdict = guard.failed(request, plan, exc)
@@ -225,7 +225,7 @@ class Guard:
         self.charge_405 = config.charge_method_not_allowed
         self.exempt_when = config.exempt_when
         exempt = config.exempt_when
-        self._exempt_hooks: tuple[Callable[[Any], Any], ...] = (
+        self.exempt_hooks: tuple[Callable[[Any], Any], ...] = (
             (exempt,) if exempt is not None and is_async(exempt) else ())
         policy = config.on_backend_error
         self.breaker = Breaker(config.backend_cooldown,
@@ -359,7 +359,7 @@ class Guard:
         preflight, which `plan` answers without them."""
         if preflight and not self.charge_preflight:
             return ()
-        return self._exempt_hooks + selection.hooks if self._exempt_hooks else selection.hooks
+        return self.exempt_hooks + selection.hooks if self.exempt_hooks else selection.hooks
 
     def plan(self, selection: Selection, request: Any, method: str,
              preflight: bool = False, answers: Answers | None = None) -> Plan | None:
@@ -481,9 +481,6 @@ class Guard:
             return False
 
     # -- the backend's answer --------------------------------------------------------------
-    def may_call(self) -> bool:
-        return self.breaker.may_call()
-
     def decided(self, request: Any, plan: Plan, decision: Decision,
                 started: float = 0.0) -> Admit | Refuse:
         """The backend's answer; `started` is when the call began (perf_counter), in shadow
@@ -615,7 +612,9 @@ class Guard:
             return plan.checks
         whens = plan.whens
         if whens is None:
-            return plan.checks if self._given_back(self.count_when, status) else ()
+            count_when = self.count_when  # None for most: nothing to ask
+            return (plan.checks if count_when is not None and self._given_back(count_when, status)
+                    else ())
         checks = plan.checks
         return tuple(check for check, when in zip(checks, whens, strict=True)
                      if self._given_back(when or self.count_when, status))

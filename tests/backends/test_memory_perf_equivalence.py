@@ -150,10 +150,13 @@ def test_a_tier_answers_alone_as_it_does_beside_a_tier_that_always_admits(
 def _decided(backend: rl.MemoryBackend, call: plans.ScriptCall) -> list[int]:
     """The hit `call`, decided by the general `_decide`, never by `run`'s inline checks."""
     keys, args = call.keys, call.args
+    # A reset of no key first: the sweep and clock every call starts with (the process's
+    # clock is frozen around this: read again below, it is the same instant).
+    backend.run(plans.ScriptCall([], [plans.RESET, args[1], "", "", 0], (), plans.RESET, None))
+    now_us = args[1] if type(args[1]) is int else memory_module.time.time_ns() // 1000
     with backend._lock:
-        now_us, now = backend._tick(args[1])
         return backend._decide(plans.HIT, keys, memory_module._read_tiers(keys, args, args[4]),
-                               args[2], now, now, now_us)
+                               args[2], now_us // 1000, now_us // 1000, now_us)
 
 
 def _stored(backend: rl.MemoryBackend) -> object:
