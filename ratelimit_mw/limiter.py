@@ -217,6 +217,14 @@ class _Shared:
             self._compiled[key] = found
         return found
 
+    def _compiled_hit(self, policy: Policy | str, identity: str, cost: int) -> Compiled:
+        """`hit`'s compiled call, its arguments checked as `_check` does: a Check is built
+        only to raise, or to parse a policy given as text."""
+        if (type(policy) is not Policy or type(identity) is not str or type(cost) is not int
+                or cost < 1):
+            policy = _check(policy, identity, cost).policy
+        return self.compile(((policy, cost),))
+
     def _compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
         """`checks` as the compiled hit and its identities (`check`'s way in)."""
         return (self.compile([(check.policy, check.cost) for check in checks]),
@@ -441,8 +449,7 @@ class Limiter(_Shared):
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        check = _check(policy, identity, cost)
-        return self.decide(self.compile(((check.policy, cost),)), (identity,))
+        return self.decide(self._compiled_hit(policy, identity, cost), (identity,))
 
     def uncheck(self, checks: Sequence[Check]) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when)."""
@@ -674,8 +681,7 @@ class AsyncLimiter(_Shared):
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        check = _check(policy, identity, cost)
-        return await self.decide(self.compile(((check.policy, cost),)), (identity,))
+        return await self.decide(self._compiled_hit(policy, identity, cost), (identity,))
 
     def messages(self, policy: Policy | str) -> Messages:
         """A budget for the messages of one connection (a WebSocket, a stream), counted

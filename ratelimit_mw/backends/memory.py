@@ -694,9 +694,14 @@ class MemoryBackend:
             log.add(at, token + ":1")
         else:
             log.add_many(at, [f"{token}:{j}" for j in range(1, cost + 1)])
-        if log.scores[0] <= now - longest:  # something has left the longest window
+        scores = log.scores
+        if scores[0] <= now - longest:  # something has left the longest window
             log.trim(now - longest)
-        self._set(key, log, now, log.scores[-1] + longest - now)
+        # _set, inline: a log is committed on every sliding-log hit.
+        self._data[key] = log
+        self._expires[key] = until = scores[-1] + longest
+        if key not in self._scheduled:
+            self._schedule(key, until)
 
     def _sl_stable(self, key: str, period: int, now: int) -> int:
         """As sl stable: ms until the oldest entry in (now - period, now] leaves (-1: none)."""
