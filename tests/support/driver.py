@@ -1,5 +1,5 @@
 """The adapter driver of the conformance suite: one app, six ways (ASGI, FastAPI, WSGI,
-Flask, Django under WSGI and under ASGI), on memory and Redis.
+Flask, Django under WSGI and under ASGI), on memory and on Redis over every transport.
 
 A test asks ``driver.build(config, ...)`` for the standard app (below) behind one adapter
 and calls ``driver.request(method, path, headers)``; the answer is a `Reply` (status,
@@ -51,9 +51,11 @@ def _methods_for(path: str) -> list[str] | None:
 class Driver:
     """Builds the standard app behind one adapter and sends it requests."""
 
-    def __init__(self, adapter: str, store: str, prefix: str, clock: Any) -> None:
+    def __init__(self, adapter: str, store: str, prefix: str, clock: Any,
+                 url: str | None = None) -> None:
         self.adapter = adapter
         self.store = store
+        self.url = url or REDIS_URL
         self.prefix = prefix
         self.clock = clock
         self.routes = adapter != "wsgi"
@@ -73,10 +75,13 @@ class Driver:
         if backend is None:
             if self.store == "memory":
                 backend = rl.MemoryBackend()
-            elif asynchronous:
-                backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS_URL))
+            elif self.store != "redis":  # TLS, unix, Sentinel, cluster: a URL, as configured
+                backend = (rl.AsyncRedisBackend if asynchronous else rl.RedisBackend).from_url(
+                    self.url)
+            elif asynchronous:  # the shared server over TCP: the app's own client
+                backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(self.url))
             else:
-                backend = rl.RedisBackend(redis.Redis.from_url(REDIS_URL))
+                backend = rl.RedisBackend(redis.Redis.from_url(self.url))
         self.backend = backend
         limiter_type = rl.AsyncLimiter if asynchronous else rl.Limiter
         limiter = limiter_type(backend, prefix=self.prefix, clock=self.clock)
