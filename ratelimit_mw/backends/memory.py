@@ -193,6 +193,16 @@ class _Log:
         self.remove_entries(0, bisect.bisect_right(scores, upto))
 
 
+def _longest_periods(writes: list[tuple[str, Any, int, int]]) -> dict[str, int]:
+    """The longest period of each sliding log among `_hit`'s writes (minus the period as
+    their ms to live)."""
+    longest: dict[str, int] = {}
+    for key, _, px, _ in writes:
+        if px < 0 and longest.get(key, 0) < -px:
+            longest[key] = -px
+    return longest
+
+
 def _sl_peak(ts: Sequence[int], period: int, at: int) -> int:
     """As sl_peak: the windows ending at `at` and at each entry in (at, at + period)."""
     n = len(ts)
@@ -339,11 +349,12 @@ class MemoryBackend:
         `_decide` from the same state. The differential test holds both to main.lua."""
         data, expires = self._data, self._expires
         reply = [1]
-        # What phase 2 stores if every tier admits: (key, value, ms to live, cost); -1 to
-        # live marks a sliding log, stored once, by the first of its tiers, to live for
-        # the longest of their periods (`spans`), as _commit.
+        # What phase 2 stores if every tier admits: (key, value, ms to live, cost); a
+        # sliding log's tier gives minus its period instead: the log is stored once, by the
+        # first of its tiers, to live for the longest of their periods, as _commit.
         writes: list[tuple[str, Any, int, int]] = []
-        spans: dict[str, int] | None = None
+        logs = 0  # sliding-log tiers among them
+        value: Any  # each algorithm's stored state
         b = 5
         for key in keys:  # ban keys follow the tiers: a tier with a ban breaks first
             algo, limit, period, cost, ban, _, cal = argv[b : b + 7]
@@ -355,7 +366,31 @@ class MemoryBackend:
             # or, on a refusal, read again (and dropped) by _decide, from the same state.
             # Each branch's arithmetic is its check's where `ok` holds, which makes the
             # check's clamps no-ops: remaining >= 0, retry 0, the cost within the limit.
-            if algo == "fw" and not cal:
+            if algo == "sl":
+                if cost == 1:
+                    # The usual hit: one entry at `now`. With nothing booked ahead the
+                    # window ending now is the fullest, and the hit's reset one period;
+                    # a booking ahead is weighed by _decide, as a refusal is.
+                    value = data[key] if expires.get(key, now) > now else None
+                    peak = 0
+                    if value is not None and (scores := value.scores):
+                        if scores[-1] > now:
+                            break
+                        floor = now - period
+                        peak = len(scores) if scores[0] > floor else value.count_above(floor)
+                    if peak >= limit:
+                        break
+                    reply += (1, limit - peak - 1, 0, period, 0)
+                else:
+                    ok, before, retry, _, reset, value = self._sl_check(
+                        key, limit, period, cost, cal, now, now, now_us)
+                    if not ok:
+                        break
+                    # As _decide's reply for a hit it records: remaining and reset after.
+                    reply += (1, before - cost, retry, reset, 0)
+                logs += 1
+                writes.append((key, value, -period, cost))
+            elif algo == "fw" and not cal:
                 start = now - now % period
                 count = 0
                 if expires.get(key, now) > now and (value := data[key])[0] == start:
@@ -393,38 +428,12 @@ class MemoryBackend:
                 reset = 2 * period - elapsed
                 reply += (1, budget // period - curr - cost, 0, reset, 0)
                 writes.append((key, (start, curr + cost, prev), reset, cost))
-            elif algo == "sl":
-                if cost == 1:
-                    # The usual hit: one entry at `now`. With nothing booked ahead the
-                    # window ending now is the fullest, and the hit's reset one period;
-                    # a booking ahead is weighed by _decide, as a refusal is.
-                    value = data[key] if expires.get(key, now) > now else None
-                    peak = 0
-                    if value is not None and (scores := value.scores):
-                        if scores[-1] > now:
-                            break
-                        floor = now - period
-                        peak = len(scores) if scores[0] > floor else value.count_above(floor)
-                    if peak >= limit:
-                        break
-                    reply += (1, limit - peak - 1, 0, period, 0)
-                else:
-                    ok, before, retry, _, reset, value = self._sl_check(
-                        key, limit, period, cost, cal, now, now, now_us)
-                    if not ok:
-                        break
-                    # As _decide's reply for a hit it records: remaining and reset after.
-                    reply += (1, before - cost, retry, reset, 0)
-                if spans is None:
-                    spans = {}
-                if spans.get(key, 0) < period:
-                    spans[key] = period
-                writes.append((key, value, -1, cost))
             else:  # a calendar, a code the core never sends: _decide's, as run's
                 break
         else:
             # Every tier admits: phase 2.
             scheduled = self._scheduled
+            spans: dict[str, int] | None = None  # several log tiers: each log's longest period
             for key, value, px, cost in writes:
                 if px >= 0:
                     # _set, inline (a frame per tier was a tenth of this call).
@@ -432,8 +441,13 @@ class MemoryBackend:
                     expires[key] = until = now + px
                     if key not in scheduled:
                         self._schedule(key, until)
-                elif spans is not None and (longest := spans.pop(key, None)) is not None:
-                    self._sl_commit(key, value, now, cost, token, longest, now)
+                elif logs == 1:
+                    self._sl_commit(key, value, now, cost, token, -px, now)
+                else:
+                    if spans is None:
+                        spans = _longest_periods(writes)
+                    if (longest := spans.pop(key, None)) is not None:
+                        self._sl_commit(key, value, now, cost, token, longest, now)
             return reply
         # A tier refuses (or is not one of the shapes above). Nothing was stored:
         # _decide decides again from the same state.
