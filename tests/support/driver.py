@@ -42,6 +42,12 @@ class Reply:
     body: bytes
 
 
+def _reply(response: Any, body: bytes) -> Reply:
+    """A framework's response (status_code, headers) as a Reply."""
+    return Reply(response.status_code,
+                 {k.lower(): v for k, v in response.headers.items()}, body)
+
+
 def _methods_for(path: str) -> list[str] | None:
     if path.startswith("/status/"):
         return ["GET"]
@@ -150,9 +156,7 @@ class Driver:
 
         def send(method: str, path: str, headers: dict[str, str]) -> Reply:
             response = client.request(method, path, headers=headers)
-            return Reply(response.status_code,
-                         {k.lower(): v for k, v in response.headers.items()},
-                         response.content)
+            return _reply(response, response.content)
 
         self._send = send
 
@@ -168,8 +172,7 @@ class Driver:
             response = client.open(path, method=method, headers=headers)
             body = response.get_data()
             response.close()  # runs the refunds a WSGI server runs on close()
-            return Reply(response.status_code,
-                         {k.lower(): v for k, v in response.headers.items()}, body)
+            return _reply(response, body)
 
         self._send = send
 
@@ -248,9 +251,7 @@ class Driver:
 
         def send(method: str, path: str, headers: dict[str, str]) -> Reply:
             response = site.request(method, path, headers)
-            return Reply(response.status_code,
-                         {k.lower(): v for k, v in response.headers.items()},
-                         response.content)
+            return _reply(response, response.content)
 
         self._send = send
 
