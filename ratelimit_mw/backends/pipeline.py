@@ -508,11 +508,16 @@ class PipelinedConnection:
 
     async def evalsha_within(self, keys: list[str], args: list[Any], seconds: float) -> Any:
         """`evalsha`, failing with TimeoutError after `seconds`: on an open connection by the
-        protocol's give-up timer, otherwise (connecting, a reconnect, an error that
-        `recovers`) by a deadline around the whole call for the time that is left."""
+        protocol's give-up timer, otherwise (a reconnect, an error that `recovers`) by a
+        deadline around the whole call for the time that is left. With no open connection
+        (a cold worker) the connection is opened first, within the connect timeout, and the
+        call's time starts then: a cold worker meeting a burst spends several long loop
+        turns setting up, which is not Redis answering late."""
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + seconds
         protocol = self.ready()
+        if protocol is None and self._protocol is None:
+            protocol = await self._connect(loop)
+        give_up = loop.time() + seconds
         if protocol is not None:
             packed = pack_evalsha(keys, args)
             try:

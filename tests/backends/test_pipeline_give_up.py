@@ -331,3 +331,39 @@ async def test_a_cold_connect_on_a_loop_busy_past_the_connect_timeout_still_conn
         assert reply[0] == 1
     finally:
         await backend.aclose()
+
+
+async def test_a_cold_call_gets_its_whole_deadline_once_the_connection_is_open(
+    prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Setting up takes 250 ms (a cold worker's long loop turns under a burst, stood in for by a
+    # slow set-up), within the connect timeout but past the call's 100 ms: the connect has its
+    # own timeout, and the call's time starts once the connection is open.
+    handshake = _pipeline.PipelinedConnection._handshake
+
+    async def slow(self: Any, protocol: Any) -> None:
+        await asyncio.sleep(0.25)
+        await handshake(self, protocol)
+
+    monkeypatch.setattr(_pipeline.PipelinedConnection, "_handshake", slow)
+    backend = rl.AsyncRedisBackend.from_url(REDIS_URL, socket_connect_timeout=1.0)
+    try:
+        reply = await backend.arun_within(_call(prefix, "cold-slow"), 0.1)
+        assert reply[0] == 1
+    finally:
+        await backend.aclose()
+
+
+async def test_a_connect_past_the_connect_timeout_is_a_backend_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def hung(self: Any, protocol: Any) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(_pipeline.PipelinedConnection, "_handshake", hung)
+    backend = rl.AsyncRedisBackend.from_url(REDIS_URL, socket_connect_timeout=0.05)
+    try:
+        with pytest.raises(rl.BackendError, match="Timeout connecting"):
+            await backend.arun_within(_call("unused", "never"), 0.1)
+    finally:
+        await backend.aclose()
