@@ -24,6 +24,8 @@ Under Sentinel every connect asks the sentinels for the primary, and a READONLY 
 server was demoted under us) drops the connection, so the one retry asks them again.
 
 Failure behaviour, which the middleware's failure policy builds on:
+- a call with a deadline that finds no open connection waits for one at most a few of its
+  deadlines (``CONNECT_DEADLINES``), whatever the client's connect timeout;
 - a call waits at most the client's ``socket_timeout``; a timed-out call drops the
   connection (a hung Redis should not collect a queue), and the next call reconnects;
 - a connection error reconnects and retries once (as the safe ``from_url`` defaults do),
@@ -406,6 +408,12 @@ class _Protocol(asyncio.Protocol):
 # (they all name it within a second or two of the announcement).
 ANNOUNCED_FOR = 10.0
 
+# How many of its deadlines a call that finds no open connection (a worker's first requests)
+# waits for one, at most: the set-up's round trips (connect, TLS, the handshake) take turns of
+# the loop that a cold worker meeting a burst makes long, which is not Redis answering late;
+# a hung Redis still costs the first request a few deadlines, never the client's 5 s.
+CONNECT_DEADLINES = 3
+
 
 def consume(task: asyncio.Task[Any]) -> None:
     """Retrieve a shared task's outcome, so that a failure nobody awaited is not logged."""
@@ -510,13 +518,12 @@ class PipelinedConnection:
         """`evalsha`, failing with TimeoutError after `seconds`: on an open connection by the
         protocol's give-up timer, otherwise (a reconnect, an error that `recovers`) by a
         deadline around the whole call for the time that is left. With no open connection
-        (a cold worker) the connection is opened first, within the connect timeout, and the
-        call's time starts then: a cold worker meeting a burst spends several long loop
-        turns setting up, which is not Redis answering late."""
+        (a cold worker) the call first waits for one (`_opened_within`), and its time starts
+        once it is open."""
         loop = asyncio.get_running_loop()
         protocol = self.ready()
         if protocol is None and self._protocol is None:
-            protocol = await self._connect(loop)
+            protocol = await self._opened_within(loop, seconds * CONNECT_DEADLINES)
         give_up = loop.time() + seconds
         if protocol is not None:
             packed = pack_evalsha(keys, args)
@@ -532,6 +539,16 @@ class PipelinedConnection:
         if left <= 0:
             raise asyncio.TimeoutError()
         return await bounded(self.evalsha(keys, args), left)
+
+    async def _opened_within(self, loop: asyncio.AbstractEventLoop, seconds: float) -> _Protocol:
+        """The connection, opened by this call or one before it, within `seconds` as well as
+        the connect timeout (the opening's own, which a client may leave at redis-py's 5 s):
+        past them, a timeout that names the server. The opening goes on for the calls
+        after it."""
+        try:
+            return await bounded(self._connect(loop), seconds)
+        except asyncio.TimeoutError as exc:  # `_open` turns its own timeout into Redis's
+            raise RedisTimeoutError(f"Timeout connecting to {self._dialled}") from exc
 
     async def _once(self, packed: bytes, skipped: int) -> Any:
         protocol = self._protocol

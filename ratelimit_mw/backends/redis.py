@@ -70,8 +70,8 @@ SAFE_DEFAULTS: dict[str, Any] = {
     "health_check_interval": 0,
 }
 # A TLS handshake is milliseconds of CPU on both ends; on a busy host it outlasts 100 ms. It
-# happens once per connection (per event loop on asyncio, per thread when sync), and each
-# request still waits no longer than its own deadline meanwhile.
+# happens once per connection (per event loop on asyncio, per thread when sync), and an async
+# request waits for it a few of its own deadlines at most (pipeline.CONNECT_DEADLINES).
 TLS_CONNECT_TIMEOUT = 1.0
 
 

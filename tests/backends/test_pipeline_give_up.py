@@ -336,13 +336,13 @@ async def test_a_cold_connect_on_a_loop_busy_past_the_connect_timeout_still_conn
 async def test_a_cold_call_gets_its_whole_deadline_once_the_connection_is_open(
     prefix: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Setting up takes 250 ms (a cold worker's long loop turns under a burst, stood in for by a
-    # slow set-up), within the connect timeout but past the call's 100 ms: the connect has its
-    # own timeout, and the call's time starts once the connection is open.
+    # Setting up takes 200 ms (a cold worker's long loop turns under a burst, stood in for by a
+    # slow set-up), past the call's 100 ms but within the connect timeout and three times the
+    # call's deadline: the call's own time starts once the connection is open.
     handshake = _pipeline.PipelinedConnection._handshake
 
     async def slow(self: Any, protocol: Any) -> None:
-        await asyncio.sleep(0.25)
+        await asyncio.sleep(0.2)
         await handshake(self, protocol)
 
     monkeypatch.setattr(_pipeline.PipelinedConnection, "_handshake", slow)
@@ -366,4 +366,35 @@ async def test_a_connect_past_the_connect_timeout_is_a_backend_error(
         with pytest.raises(rl.BackendError, match="Timeout connecting"):
             await backend.arun_within(_call("unused", "never"), 0.1)
     finally:
+        await backend.aclose()
+
+
+async def test_a_call_waits_for_an_opening_it_did_not_start_only_a_few_of_its_deadlines(
+    prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The start-up check opens the connection with the client's 5 s connect timeout, on a
+    # server whose handshake does not answer yet: a request meanwhile waits three times its
+    # own deadline for it, not the 5 s, and the opening goes on for the calls after it.
+    gate = asyncio.Event()
+    handshake = _pipeline.PipelinedConnection._handshake
+
+    async def held(self: Any, protocol: Any) -> None:
+        await gate.wait()
+        await handshake(self, protocol)
+
+    monkeypatch.setattr(_pipeline.PipelinedConnection, "_handshake", held)
+    backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(
+        REDIS_URL, socket_timeout=5, socket_connect_timeout=5))
+    opening = asyncio.ensure_future(backend.aping())
+    try:
+        await asyncio.sleep(0)
+        with pytest.raises(rl.BackendError, match="Timeout connecting"):
+            await backend.arun_within(_call(prefix, "joined"), 0.05)
+        assert not opening.done()
+        gate.set()
+        await opening
+        reply = await backend.arun_within(_call(prefix, "after"), 0.1)
+        assert reply[0] == 1
+    finally:
+        opening.cancel()
         await backend.aclose()

@@ -3,7 +3,9 @@
 Three faults, each on a PRIVATE server (or a port nobody listens on):
 
 - ``refused``: nothing listens (the kernel answers RST at once);
-- ``hung``: the server is alive but answers nothing (``CLIENT PAUSE 5000 ALL``);
+- ``hung``: the server is alive but answers nothing (``CLIENT PAUSE 5000 ALL``); and, for a
+  worker that has no connection yet, a server that accepts connections and never writes a
+  byte (TCP, TLS, a unix socket), whatever timeouts the client was built with;
 - ``oom``: ``--maxmemory 2mb --maxmemory-policy noeviction`` (1mb is less than an idle
   server with the script loaded already holds), then filled megabytes past the limit, so
   every write is refused with an OOM error.
@@ -18,15 +20,20 @@ the figures at the end of the run); only a generous bound of one second is asser
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import socket
 import statistics
+import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+import redis.asyncio
 from werkzeug.test import Client
 
 import ratelimit_mw as rl
@@ -273,3 +280,143 @@ async def test_out_of_memory_still_refuses_a_client_over_its_limit(
         await stack.close()
     assert refused.status == 429
     assert int(refused.headers["Retry-After"]) >= 1
+
+
+class HungServer:
+    """A server that accepts connections, on a loopback port and on a unix socket, and never
+    writes a byte: a hung Redis as a worker that has no connection yet meets it (the
+    handshake, or over TLS the TLS handshake, is never answered)."""
+
+    def __init__(self, directory: Any) -> None:
+        self.path = str(directory / "hung.sock")
+        self.listeners = [socket.create_server(("127.0.0.1", 0)),
+                          socket.create_server(self.path, family=socket.AF_UNIX)]
+        self.port = int(self.listeners[0].getsockname()[1])
+        self.accepted: list[socket.socket] = []
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._accept, args=(listener,), daemon=True)
+                        for listener in self.listeners]
+        for thread in self.threads:
+            thread.start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        listener.settimeout(0.05)  # to see `stopped`: closing a socket wakes no accept()
+        while not self.stopped.is_set():
+            with contextlib.suppress(TimeoutError):
+                self.accepted.append(listener.accept()[0])
+
+    def close(self) -> None:
+        self.stopped.set()
+        for thread in self.threads:
+            thread.join()
+        for sock in [*self.listeners, *self.accepted]:
+            sock.close()
+
+
+@pytest.fixture
+def hung_server(tmp_path: Any) -> Iterator[HungServer]:
+    server = HungServer(tmp_path)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _url(server: HungServer, transport: str) -> str:
+    if transport == "unix":
+        return f"unix://{server.path}?db=0"
+    return f"{'rediss' if transport == 'tls' else 'redis'}://127.0.0.1:{server.port}/0"
+
+
+# The ways an app builds its async backend: redis-py's own client (5 s socket and connect
+# timeouts), redis-py's from_url (no timeouts at all), and the library's from_url.
+ASYNC_BUILDS: dict[str, Callable[[HungServer, str], Any]] = {
+    "redis.asyncio.Redis": lambda server, transport: rl.AsyncRedisBackend(
+        redis.asyncio.Redis(unix_socket_path=server.path) if transport == "unix" else
+        redis.asyncio.Redis(host="127.0.0.1", port=server.port, ssl=transport == "tls")),
+    "redis.asyncio.from_url": lambda server, transport: rl.AsyncRedisBackend(
+        redis.asyncio.from_url(_url(server, transport))),
+    "AsyncRedisBackend.from_url": lambda server, transport: rl.AsyncRedisBackend.from_url(
+        _url(server, transport)),
+}
+
+
+def _counted(backend: Any) -> list[str]:
+    """The calls that reach `backend`, counted on its own way in (`arun_within`): a wrapping
+    backend would have the limiter put a deadline around it and hide the backend's own."""
+    calls: list[str] = []
+    within = backend.arun_within
+
+    async def counted(call: Any, seconds: float) -> Any:
+        calls.append(call.op)
+        return await within(call, seconds)
+
+    backend.arun_within = counted
+    return calls
+
+
+def _assert_failure_policy(result: Result, on_backend_error: str) -> None:
+    if on_backend_error == "allow":
+        _assert_admitted_undecided(result)
+    else:
+        _assert_unavailable(result)
+
+
+@pytest.mark.parametrize("on_backend_error", ["allow", "deny"])
+@pytest.mark.parametrize("transport", ["tcp", "tls", "unix"])
+@pytest.mark.parametrize("build", list(ASYNC_BUILDS))
+async def test_a_cold_asgi_worker_meeting_a_hung_redis_answers_within_a_few_deadlines(
+    build: str, transport: str, on_backend_error: str, hung_server: HungServer, prefix: str,
+    figures: Figures,
+) -> None:
+    """The first request of a worker with no connection yet waits for the connection at most
+    three times its deadline (300 ms), whatever the client's own timeouts (redis-py's
+    5 s, or none), then takes the failure policy, and the breaker keeps the next one off
+    Redis."""
+    backend = ASYNC_BUILDS[build](hung_server, transport)
+    calls = _counted(backend)
+    mw = asgi.RateLimitMiddleware(asgi_app(), rl.AsyncLimiter(backend, prefix=prefix),
+                                  default=POLICY, on_backend_error=on_backend_error)
+    install_clock(mw)  # the cool-down lasts until the test moves its clock
+    client = asgi_client(mw)
+    try:
+        results = []
+        for _ in range(2):
+            started = time.perf_counter()
+            # A failure, not a hung suite: a client without timeouts waited forever.
+            response = await asyncio.wait_for(client.get("/"), 30)
+            results.append(Result(response.status_code, response.headers, response.json(),
+                                  time.perf_counter() - started))
+    finally:
+        await client.aclose()
+        await backend.aclose()
+    first = results[0]
+    for result in results:
+        _assert_failure_policy(result, on_backend_error)
+    assert first.seconds < BOUND
+    assert len(calls) == 1  # the second request found the breaker open
+    figures.record(f"outage.hung_cold.asgi.{build}.{transport}.first_request_ms",
+                   ms(first.seconds))
+
+
+@pytest.mark.parametrize("on_backend_error", ["allow", "deny"])
+@pytest.mark.parametrize("transport", ["tcp", "unix"])
+async def test_a_cold_wsgi_worker_meeting_a_hung_redis_pays_the_from_url_timeouts(
+    transport: str, on_backend_error: str, hung_server: HungServer, prefix: str,
+    figures: Figures,
+) -> None:
+    """The sync backend cannot be interrupted: built from a URL, its 100 ms connect and read
+    timeouts bound the first request of a worker with no connection yet."""
+    stack = Stack("wsgi", _url(hung_server, transport), prefix, {},
+                  on_backend_error=on_backend_error)
+    try:
+        first, second = await stack.get(), await stack.get()
+        calls = stack.calls
+    finally:
+        await stack.close()
+    for result in (first, second):
+        _assert_failure_policy(result, on_backend_error)
+    assert first.seconds < BOUND
+    assert calls == 1
+    figures.record(f"outage.hung_cold.wsgi.from_url.{transport}.first_request_ms",
+                   ms(first.seconds))
