@@ -44,8 +44,24 @@ _PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 _MEMORY_ARUN = MemoryBackend.arun
 
 
-# Every limiter made in this process, for `ratelimit_mw.testing` (weak: never kept alive).
+# Every limiter made in this process, for `ratelimit_mw.testing` (weak: never kept alive),
+# and what each new one is handed to as its construction ends: the isolations active then,
+# so that a limiter an app builds during a test is isolated too.
 _LIVE: weakref.WeakSet[_Shared] = weakref.WeakSet()
+_ON_NEW: list[Callable[[Any], None]] = []
+
+
+class _Switch:
+    """Limiting on or off for every middleware, decorator and dependency of the process
+    (`Guard.plan` reads it per request); only `ratelimit_mw.testing` turns it off."""
+
+    __slots__ = ("off",)
+
+    def __init__(self) -> None:
+        self.off = False
+
+
+SWITCH = _Switch()
 
 
 def live_limiters() -> list[Limiter | AsyncLimiter]:
@@ -107,6 +123,7 @@ class _Shared:
         backend: Any,
         prefix: str,
         *,
+        sleep: Callable[[float], Any],
         clock: Callable[[], float] | None = None,
         deny_cache: int = 10_000,
         deny_cache_max_age: float = DEFAULT_MAX_AGE,
@@ -115,6 +132,7 @@ class _Shared:
         self._attach(backend)
         self.prefix = validate_prefix(prefix)
         self.clock = clock
+        self._sleep = sleep
         self.metrics = _metrics_hook(metrics)
         self._metrics_failed = ThrottledLog()
         # Sliding-log policies of one name share one log in the store: every policy
@@ -129,7 +147,10 @@ class _Shared:
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
         self._deny = deny if deny_cache else None
         self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
+        # Last: everything an isolation saves and replaces is set by now.
         _LIVE.add(self)
+        for isolate in list(_ON_NEW):  # noqa: PERF101 - a copy: one may end meanwhile
+            isolate(self)
 
     @property
     def backend(self) -> Any:
@@ -402,8 +423,7 @@ class Limiter(_Shared):
                 f"Limiter needs a sync backend (MemoryBackend or RedisBackend), got {backend!r}; "
                 "for redis.asyncio use AsyncLimiter(AsyncRedisBackend(...))"
             )
-        super().__init__(backend, prefix, **options)
-        self._sleep = sleep or time.sleep
+        super().__init__(backend, prefix, sleep=sleep or time.sleep, **options)
 
     def _drive(self, plan: plans.Plan) -> Decision:
         try:
@@ -515,8 +535,7 @@ class AsyncLimiter(_Shared):
                 f"got {backend!r}; a sync redis.Redis would block the event loop: use "
                 "AsyncRedisBackend(redis.asyncio.Redis(...))"
             )
-        super().__init__(backend, prefix, **options)
-        self._sleep = sleep or asyncio.sleep
+        super().__init__(backend, prefix, sleep=sleep or asyncio.sleep, **options)
         # The checks whose lapsed refusal one call is asking the store about again, and the
         # future that call's end resolves: True if it got no answer (see `_refresh`). Empty
         # but during such a call.

@@ -6,6 +6,7 @@
 - `failing_backend(error)` is a CountingBackend whose every call raises `error`.
 - `MonotonicClock` is the clock a test moves for the middleware's breaker.
 - `free_port()` is a loopback port free right now.
+- `HOUSEKEEPER` records the prefixes the run writes under, for the sweep at its end.
 """
 
 from __future__ import annotations
@@ -16,10 +17,14 @@ import socket
 import time
 from typing import Any
 
+from housekeeping import Housekeeper
+
 import ratelimit_mw as rl
 from ratelimit_mw.core.plans import ScriptCall
 
 REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
+#: The run's record of what its keys are named after, swept at the end (tests/conftest.py).
+HOUSEKEEPER = Housekeeper(REDIS_URL)
 
 
 def free_port() -> int:
