@@ -144,7 +144,7 @@ def test_decorated_route_names_are_stable_however_the_app_is_started() -> None:
     def view() -> None: ...
 
     view.__module__ = "examples.app"
-    assert stable_module(view) == "app"
+    assert stable_module(view) == "examples.app"  # the full name: two app.py count apart
     main = types.ModuleType("__main__")
     main.__file__ = "/srv/examples/app.py"
     saved = sys.modules["__main__"]

@@ -4,10 +4,12 @@ Decorators only attach metadata to the function; the middleware finds the endpoi
 routes to and enforces. Applying the decorator above or below the framework's route decorator
 both work, because the frameworks register the function object itself.
 
-Counter names are stable however the app is started: a decorated ``report`` in ``app.py`` is
-``route app.report 5/minute`` under ``python app.py``, ``python -m app`` and
-``uvicorn pkg.app:app`` alike (the module's last dotted part, never ``__main__``). Give
-``name=`` to share a quota between routes, or to tell apart two modules of one name.
+Counter names hold the endpoint's module by its full dotted name, so that two modules of one
+last name (two ``api.py``, every Django app's ``views.py``) count apart, and that name is the
+same however the app is started: a decorated ``report`` in ``pkg/app.py`` is
+``route pkg.app.report 5/minute`` under ``uvicorn pkg.app:app``, ``python -m pkg.app`` and
+``python pkg/app.py`` alike (never ``__main__``). Give ``name=`` to share a quota between
+routes.
 """
 
 from __future__ import annotations
@@ -158,17 +160,30 @@ class DynamicLimit:
 
 
 def stable_module(func: object) -> str:
-    """The module part of a counter name: the same under ``python app.py`` and uvicorn."""
-    module = getattr(func, "__module__", None) or "?"
-    if module == "__main__":
-        main = sys.modules.get("__main__")
-        spec = getattr(main, "__spec__", None)
-        if spec is not None and getattr(spec, "name", None):
-            module = spec.name
-        else:
-            path = getattr(main, "__file__", None) or "__main__"
-            module = os.path.splitext(os.path.basename(path))[0]
-    return str(module).rsplit(".", 1)[-1]
+    """The module part of a counter name: the module's full dotted name, also when it runs
+    as ``__main__``."""
+    module = str(getattr(func, "__module__", None) or "?")
+    return _main_module_name() if module == "__main__" else module
+
+
+def _main_module_name() -> str:
+    """The name an import would give the ``__main__`` module (e.g. ``uvicorn pkg.app:app``)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and getattr(spec, "name", None):  # python -m pkg.app
+        return str(spec.name)
+    path = getattr(main, "__file__", None)
+    if not path:
+        return "__main__"
+    # python pkg/app.py: the script's dotted name, up through the packages that hold it.
+    directory, filename = os.path.split(os.path.abspath(path))
+    parts = [os.path.splitext(filename)[0]]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        directory, package = os.path.split(directory)
+        if not package:
+            break
+        parts.append(package)
+    return ".".join(reversed(parts))
 
 
 @dataclass(frozen=True, slots=True)
