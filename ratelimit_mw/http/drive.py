@@ -23,29 +23,32 @@ Verdict = Admit | Refuse | Unavailable
 
 
 def decide_sync(guard: Guard, limiter: Limiter, selection: Selection, request: Any,
-                method: str, preflight: bool) -> Verdict | None:
+                method: str, preflight: bool, *, peek: bool = False) -> Verdict | None:
     """The verdict on one request that `selection` applies to; None: no limit applies to it
-    (its keys said None, a preflight not charged, exempt_when)."""
+    (its keys said None, a preflight not charged, exempt_when). `peek`: ask about the plan's
+    first check without counting (Django's ``is_ratelimited(increment=False)``)."""
     plan = guard.plan(selection, request, method, preflight)
     if plan is None:
         return None
     breaker = guard.breaker  # closed (open_until 0.0) on nearly every request: no call
     if breaker.open_until and not breaker.may_call():  # skips the backend: the policy
-        return guard.failed(request, plan, None)
+        return guard.failed(request, plan, None, peek=peek)
     # Timed only where an event reports it (a shadow refusal); a clock read costs otherwise.
     start = perf_counter() if guard.shadow else 0.0
     try:
         # The breaker's probe (it is still open) must reach the store: the deny cache's
         # answer would close it on a store nobody asked.
-        decision = limiter.decide(plan.compiled, plan.identities,
-                                  cached=not breaker.open_until)
+        decision = (limiter.peek(*plan.checks[0][:2]) if peek
+                    else limiter.decide(plan.compiled, plan.identities,
+                                        cached=not breaker.open_until))
     except Exception as exc:  # anything from the backend call: never a 500
-        return guard.failed(request, plan, exc)
+        return guard.failed(request, plan, exc, peek=peek)
     return guard.decided(request, plan, decision, start)
 
 
 async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
-                       request: Any, method: str, preflight: bool) -> Verdict | None:
+                       request: Any, method: str, preflight: bool, *,
+                       peek: bool = False) -> Verdict | None:
     """`decide_sync`, the async hooks awaited first and the store's answer bounded by the
     guard's deadline."""
     answers = None
@@ -57,13 +60,14 @@ async def decide_async(guard: Guard, limiter: AsyncLimiter, selection: Selection
         return None
     breaker = guard.breaker
     if breaker.open_until and not breaker.may_call():
-        return guard.failed(request, plan, None)
+        return guard.failed(request, plan, None, peek=peek)
     start = perf_counter() if guard.shadow else 0.0
     try:
-        decision = await limiter.decide(plan.compiled, plan.identities, guard.timeout,
-                                        cached=not breaker.open_until)
+        decision = await (bounded(limiter.peek(*plan.checks[0][:2]), guard.timeout) if peek
+                          else limiter.decide(plan.compiled, plan.identities, guard.timeout,
+                                              cached=not breaker.open_until))
     except Exception as exc:  # "never a 500" covers whatever a backend raises
-        return guard.failed(request, plan, exc)
+        return guard.failed(request, plan, exc, peek=peek)
     return guard.decided(request, plan, decision, start)
 
 

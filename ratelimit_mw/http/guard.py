@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from time import perf_counter
+from time import perf_counter, time
 from typing import Any, NamedTuple
 
 from ratelimit_mw import keys as _keys
@@ -58,6 +58,7 @@ from ratelimit_mw.http.routing import (
 )
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import KeyFunc
+from ratelimit_mw.limiter import SWITCH
 from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
 
 #: Where the adapters leave the `Decision` in a WSGI ``environ`` (ASGI: ``scope["state"]``).
@@ -231,8 +232,8 @@ class Guard:
         self.breaker = Breaker(config.backend_cooldown,
                                repr(policy) if isinstance(policy, str) else "<callable>")
         self.log_failure = ThrottledLog()
-        # on_backend_error="memory": the store's stand-in while it is out, empty at each
-        # outage (see `_decide_in_memory`).
+        # on_backend_error="memory": the store's stand-in while it is out, counting on
+        # across outages (see `_decide_in_memory`).
         self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
         key = config.key_func
         self.defaults = tuple(
@@ -366,6 +367,8 @@ class Guard:
         """Run the key functions and costs (`answers`: the async ones' answers, awaited
         already); None when nothing applies to this request. A route's limits whose keys
         all say None give way to its fallback (the defaults and rules)."""
+        if SWITCH.off:  # `ratelimit_mw.testing` switched limiting off (read per request)
+            return None
         if preflight and not self.charge_preflight:
             return None
         if self.exempt_when is not None and self._exempt(self.exempt_when, request, answers):
@@ -485,8 +488,10 @@ class Guard:
                 started: float = 0.0) -> Admit | Refuse:
         """The backend's answer; `started` is when the call began (perf_counter), in shadow
         mode, for the latency a shadow refusal reports."""
-        if self.breaker.open_until and self.breaker.succeeded() and self._fallback is not None:
-            self._fallback = self._fresh_fallback()  # what the outage counted is dropped
+        if self.breaker.open_until:
+            # The memory keeps its counts until their windows end: a store that fails again
+            # within them is not a fresh quota for this worker.
+            self.breaker.succeeded()
         watch = self.watch_status or plan.whens is not None
         if decision.allowed:
             return self._admit(decision, plan.selection, plan if watch else None)
@@ -531,9 +536,10 @@ class Guard:
             return _new(Admit, (decision, None, refund, encode_raw(headers)))
         return _new(Admit, (decision, headers, refund, None))
 
-    def failed(self, request: Any, plan: Plan, exc: BaseException | None
-               ) -> Admit | Refuse | Unavailable:
-        """The failure policy; `exc` None: the breaker skipped the backend."""
+    def failed(self, request: Any, plan: Plan, exc: BaseException | None, *,
+               peek: bool = False) -> Admit | Refuse | Unavailable:
+        """The failure policy; `exc` None: the breaker skipped the backend; `peek`: the
+        plan was only asked about, so the memory stand-in asks too."""
         names = [policy.name for policy in plan.compiled.policies]
         if exc is None:
             self._observe(BREAKER_OPEN if self._fallback is None else FALLBACK, names, 0.0)
@@ -548,21 +554,27 @@ class Guard:
             self.breaker.failed(describe(exc, self.timeout))
             error = exc
         if self._fallback is not None:
-            return self._decide_in_memory(request, plan)
+            return self._decide_in_memory(request, plan, peek)
         return PASS if self._admit_on_error(request, error) else self.unavailable
 
     def _fresh_fallback(self) -> Any:
         from ratelimit_mw.limiter import Limiter  # the limiter imports the http helpers
 
+        # The limiter's clock as it is at each call (a test's, else this process's) stands in
+        # for the store's.
         return Limiter(MemoryBackend(), prefix=getattr(self.limiter, "prefix", "rl"),
-                       deny_cache=0)
+                       deny_cache=0,
+                       clock=lambda: (getattr(self.limiter, "clock", None) or time)())
 
-    def _decide_in_memory(self, request: Any, plan: Plan) -> Admit | Refuse:
-        """on_backend_error="memory": the same checks, decided in this process's memory
-        (per worker, so a fleet of N workers admits up to N x the limit). What it admits
-        is never given back (count_when): the store never recorded it."""
+    def _decide_in_memory(self, request: Any, plan: Plan, peek: bool) -> Admit | Refuse:
+        """on_backend_error="memory": the same checks, decided in this process's memory,
+        which keeps what every outage counted until its windows end (per worker: in one
+        window the store admits up to the limit and each of N workers up to the limit, so
+        (N + 1) x the limit however often the store fails). What it admits is never given
+        back (count_when): the store never recorded it."""
         try:
-            decision = self._fallback.check(plan.checks)
+            decision = (self._fallback.peek(*plan.checks[0][:2]) if peek
+                        else self._fallback.check(plan.checks))
         except Exception as exc:  # the memory backend's own failure: admit, as "allow"
             self.log_failure("ratelimit_mw in-memory fallback failed; admitting", exc)
             return PASS

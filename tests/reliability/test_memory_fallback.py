@@ -2,8 +2,10 @@
 
 With Redis stopped or frozen (SIGSTOP), a 5/minute login rule still admits 5 of 8 requests
 from one client and answers the other 3 with 429 (never 500, never all 8): the same policies
-decided by an in-process MemoryBackend, empty at the outage. When the store answers again,
-the store decides, and what the outage counted is dropped. Metrics say `fallback` for the
+decided by an in-process MemoryBackend. When the store answers again, the store decides; the
+memory keeps what the outages counted until their windows end, so a store that fails again
+and again within one window is not a fresh quota each time: per window, the store admits at
+most the limit and each worker's memory at most the limit. Metrics say `fallback` for the
 requests the cool-down sends there. ASGI and WSGI alike (one guard).
 """
 
@@ -11,18 +13,25 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
+import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from starlette.responses import PlainTextResponse
+from support import CountingBackend, MonotonicClock, free_port
 
 import ratelimit_mw as rl
 from ratelimit_mw import asgi, keys, wsgi
+from ratelimit_mw.http.breaker import Breaker
 from reliability._apps import install_clock
-from reliability._support import PrivateRedis
+from reliability._support import AppServer, Figures, PrivateRedis
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +59,7 @@ def _fault(server: PrivateRedis, how: str) -> Callable[[], None]:
 
 
 @pytest.mark.parametrize("how", ["stopped", "sigstop"])
-async def test_asgi_limits_in_memory_through_an_outage_and_drops_it_after(
+async def test_asgi_limits_in_memory_through_an_outage_and_the_store_decides_after(
     private_redis: Callable[..., PrivateRedis], prefix: str, how: str,
 ) -> None:
     server = private_redis()
@@ -78,9 +87,9 @@ async def test_asgi_limits_in_memory_through_an_outage_and_drops_it_after(
         clock.advance(1.0)  # past the cool-down: the next request probes the store
         after = [await login("a") for _ in range(6)]
     await backend.aclose()
-    # The store decides again, from its own count: the outage's 5 are dropped with the
-    # memory. A frozen server runs, when it thaws, the call the deadline gave up on (it was
-    # in its socket): that one hit is the store's.
+    # The store decides again, from its own count: the outage's 5 were the memory's. A
+    # frozen server runs, when it thaws, the call the deadline gave up on (it was in its
+    # socket): that one hit is the store's.
     kept = 5 if how == "stopped" else 4
     assert after == [200] * kept + [429] * (6 - kept)
 
@@ -140,3 +149,97 @@ def test_a_probe_answered_by_the_deny_cache_neither_closes_the_breaker_nor_drops
             assert middleware.guard.breaker.is_open
             assert [login("a") for _ in range(2)] == [429, 429]  # the memory kept its count
     backend.close()
+
+
+def test_outages_within_one_window_draw_on_one_memory_count() -> None:
+    """The memory keeps its counts when the store comes back: outage after outage within one
+    minute, a 5/minute rule admits 5 from memory in all, not 5 per outage (each outage began
+    with an empty memory: 12 of 12 here, and ~3x the documented N x the limit for a fleet
+    under a flapping Redis). Once the window has passed, the memory admits again."""
+    clock = MonotonicClock()
+    store = CountingBackend()  # the store; fails while `failure` is set
+    middleware = wsgi.RateLimitMiddleware(
+        _wsgi_ok, rl.Limiter(store, clock=clock), key=keys.header("x-client"),
+        rules=[wsgi.Rule("/login", "5/minute")], on_backend_error="memory")
+    breaker = middleware.guard.breaker
+    middleware.guard.breaker = Breaker(breaker.cooldown, breaker.policy, clock)
+    transport = httpx.WSGITransport(app=middleware)
+    with httpx.Client(transport=transport, base_url="http://t") as client:
+        def login() -> int:
+            return client.get("/login", headers={"x-client": "a"}).status_code
+
+        from_memory: list[int] = []
+        for _ in range(4):
+            store.failure = rl.BackendError("down")
+            from_memory += [login() for _ in range(3)]  # the failed call, then the cool-down
+            store.failure = None
+            clock.advance(1.1)  # the cool-down is over: the next request probes the store
+            assert login() == 200  # the store answers (its own count: one a round)
+            assert not middleware.guard.breaker.is_open
+        assert from_memory == [200] * 5 + [429] * 7
+        clock.advance(60.0)  # the minute is over: the memory's entries have expired
+        store.failure = rl.BackendError("down")
+        assert [login() for _ in range(6)] == [200] * 5 + [429]
+
+
+# -- a flapping store under uvicorn's workers ----------------------------------------------
+FLAP_LIMIT = 10
+FLAP_WORKERS = 4
+
+
+def make_flapping_app() -> Any:
+    """What uvicorn serves in the flapping test (``--factory``): FLAP_LIMIT a minute per
+    X-Client in the Redis at RL_REDIS_URL, in memory while it is out (probed every 0.2 s)."""
+    backend = rl.AsyncRedisBackend.from_url(os.environ["RL_REDIS_URL"])
+    limiter = rl.AsyncLimiter(backend, prefix=os.environ["RL_PREFIX"])
+    return asgi.RateLimitMiddleware(
+        PlainTextResponse("ok"), limiter, key=keys.header("x-client"),
+        default=f"{FLAP_LIMIT}/minute", on_backend_error="memory", backend_cooldown=0.2)
+
+
+def test_a_flapping_store_admits_at_most_a_limit_per_worker_and_one_for_the_store(
+    private_redis: Callable[..., PrivateRedis], tmp_path: Path, figures: Figures,
+) -> None:
+    """4 uvicorn workers, 10/minute, one client hammering while Redis is stopped and started
+    every 0.6 s for 7 s (all within one minute): at most (4 + 1) x 10 admitted. The server
+    keeps its data through the restarts (append-only file), as a restarted production Redis
+    does: one that comes back empty starts its own count again."""
+    server = private_redis("--appendonly", "yes", "--appendfsync", "always",
+                           "--dir", str(tmp_path))
+    port = free_port()
+    app = AppServer(
+        [sys.executable, "-m", "uvicorn", "reliability.test_memory_fallback:make_flapping_app",
+         "--factory", "--host", "127.0.0.1", "--port", str(port), "--workers",
+         str(FLAP_WORKERS), "--log-level", "warning", "--no-access-log"],
+        {"RL_REDIS_URL": server.url, "RL_PREFIX": "tmf" + uuid.uuid4().hex[:10]}, port)
+    statuses: list[int] = []  # appends from several threads (atomic)
+    done = threading.Event()
+
+    def hammer() -> None:
+        # A connection per request, so that every worker gets some.
+        with httpx.Client(base_url=app.base_url, timeout=10,
+                          limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            while not done.is_set():
+                statuses.append(client.get("/", headers={"x-client": "flap"}).status_code)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in range(6):
+            time.sleep(0.6)  # up: the store counts (and refuses once its 10 are spent)
+            server.stop()
+            time.sleep(0.6)  # down: each worker's memory decides
+            server.start()
+        time.sleep(0.6)
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+        log = app.stop()
+    seen = Counter(statuses)
+    figures.record("memory_fallback.flapping.admitted",
+                   f"{seen[200]} of {len(statuses)} (bound {(FLAP_WORKERS + 1) * FLAP_LIMIT}: "
+                   f"{FLAP_WORKERS} workers, {FLAP_LIMIT}/minute, 6 outages)")
+    assert set(seen) <= {200, 429}, (seen, log[-2000:])
+    assert FLAP_LIMIT < seen[200] <= (FLAP_WORKERS + 1) * FLAP_LIMIT, seen
