@@ -20,6 +20,8 @@ scope, awaits the one backend call (bounded by ``backend_timeout``) and sends th
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import sys
 from collections.abc import Awaitable
@@ -244,6 +246,13 @@ def _document_fastapi(app: object, guard: Guard) -> None:
         from ratelimit_mw.fastapi import document_rate_limits
 
         document_rate_limits(app, guard)
+
+
+# ratelimit_mw.fastapi, once imported, has FastAPI's openapi() document the 429s: loaded with
+# this adapter, so that a schema exported before any request (when Starlette builds the
+# middleware) has them too.
+if importlib.util.find_spec("fastapi") is not None:
+    importlib.import_module("ratelimit_mw.fastapi")
 
 
 def _raw_headers(headers: Headers, body: bytes) -> RawHeaders:

@@ -32,6 +32,7 @@ on a whole router. With ``name=`` (or a ``Policy``) every endpoint using it shar
 
 import json
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any, TypedDict
 
@@ -59,7 +60,7 @@ else:  # pragma: no cover - Python 3.10 (FastAPI depends on typing_extensions)
     from typing_extensions import Unpack
 
 require("fastapi", "fastapi", "ratelimit_mw.fastapi")
-from fastapi import HTTPException, Request, Response  # noqa: E402
+from fastapi import FastAPI, HTTPException, Request, Response  # noqa: E402
 
 __all__ = ["TOO_MANY_REQUESTS", "Config", "RateLimitDependency", "RateLimitHTTPException",
            "document_rate_limits", "rate_limit_exception_handler"]
@@ -262,40 +263,79 @@ def _uses_dependency(dependant: Any, seen: int = 0) -> bool:
     return False
 
 
-def _limited(route: Any, path: str, method: str, guard: Guard | None) -> bool:
+def _limited(route: Any, path: str, method: str, guards: list[Guard]) -> bool:
     """Whether a limit applies to this operation: the route's decorator, the dependency
-    among its dependencies, or (with the middleware's guard) its default and rules."""
+    among its dependencies, or the default and rules of a middleware on the app."""
     meta = endpoint_meta(getattr(route, "endpoint", None), method)
     if isinstance(meta, tuple) and any(limit.applies_to(method) for limit in meta):
         return True
     if _uses_dependency(getattr(route, "dependant", None)):
         return True
-    return guard is not None and guard.select(method, path, meta) is not None
+    return any(guard.select(method, path, meta) is not None for guard in guards)
+
+
+# The guards of middleware instances around an app (not in its `user_middleware`).
+_GUARDS: weakref.WeakKeyDictionary[Any, list[Guard]] = weakref.WeakKeyDictionary()
+
+
+def _guards(app: Any) -> list[Guard]:
+    """The guards of every RateLimitMiddleware on `app`: those that wrap it, and those added
+    with ``app.add_middleware``, which Starlette builds only on the first request."""
+    from ratelimit_mw.asgi import RateLimitMiddleware  # the ASGI adapter imports this module
+
+    added = [entry.cls(app.router, *entry.args, **entry.kwargs).guard
+             for entry in getattr(app, "user_middleware", ())
+             if isinstance(entry.cls, type) and issubclass(entry.cls, RateLimitMiddleware)]
+    return [*_GUARDS.get(app, ()), *added]
+
+
+def _documented(app: Any, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The schema `build` answers, documented when this call built it."""
+    before = app.openapi_schema
+    schema = build()
+    if schema is not before:
+        _document(app, schema, _guards(app))
+    return schema
+
+
+def _hook_openapi() -> None:
+    """Every FastAPI app's schema documents its 429s whenever it is built: served, or
+    exported by a script before any request (``json.dump(app.openapi(), f)``)."""
+    original = FastAPI.openapi
+    if getattr(original, "_ratelimit_mw", False):
+        return
+
+    def openapi(self: FastAPI) -> dict[str, Any]:
+        return _documented(self, lambda: original(self))
+
+    openapi._ratelimit_mw = True  # type: ignore[attr-defined]
+    FastAPI.openapi = openapi  # type: ignore[method-assign]
+
+
+_hook_openapi()
 
 
 def document_rate_limits(app: Any, guard: Guard | None = None) -> Any:
     """Add the 429 (with ``Retry-After``, ``RateLimit`` and ``RateLimit-Policy``) to every
     operation of `app`'s OpenAPI schema that a limit applies to: a route decorated with
-    ``limiter.limit``, or one that depends on a `RateLimitDependency`. The middleware does
-    this itself for the app it serves (its default and rules included); an app that uses
-    only the dependency calls it once: ``document_rate_limits(app)``. Returns `app`."""
-    original = app.openapi
-    if getattr(original, "_ratelimit_mw", False):
-        return app
+    ``limiter.limit``, one that depends on a `RateLimitDependency`, or one that a
+    middleware's default or rules limit. FastAPI's own ``openapi()`` does so once this
+    module is imported (``ratelimit_mw.asgi`` imports it); an app that replaces
+    ``app.openapi`` with its own function calls this afterwards. `guard`: the guard of a
+    middleware that wraps `app`. Returns `app`."""
+    if guard is not None and guard not in _GUARDS.setdefault(app, []):
+        _GUARDS[app].append(guard)
+    own = vars(app).get("openapi")
+    if own is not None and not getattr(own, "_ratelimit_mw", False):
+        def openapi() -> dict[str, Any]:
+            return _documented(app, own)
 
-    def openapi() -> dict[str, Any]:
-        fresh = app.openapi_schema is None
-        schema: dict[str, Any] = original()
-        if fresh:
-            _document(app, schema, guard)
-        return schema
-
-    openapi._ratelimit_mw = True  # type: ignore[attr-defined]
-    app.openapi = openapi
+        openapi._ratelimit_mw = True  # type: ignore[attr-defined]
+        app.openapi = openapi
     return app
 
 
-def _document(app: Any, schema: dict[str, Any], guard: Guard | None) -> None:
+def _document(app: Any, schema: dict[str, Any], guards: list[Guard]) -> None:
     limited: set[tuple[str, str]] = set()
     for entry in flatten_routes(list(app.routes)):
         route = getattr(entry, "route", entry)
@@ -304,7 +344,7 @@ def _document(app: Any, schema: dict[str, Any], guard: Guard | None) -> None:
         if unique_id is None or not isinstance(path, str):
             continue
         for method in getattr(route, "methods", None) or ():
-            if _limited(route, path, method, guard):
+            if _limited(route, path, method, guards):
                 limited.add((unique_id, method.lower()))
     for operations in schema.get("paths", {}).values():
         for method, operation in operations.items():

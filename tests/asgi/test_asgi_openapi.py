@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, FastAPI
 from starlette.testclient import TestClient
 
 import ratelimit_mw as rl
+from ratelimit_mw import asgi
 from ratelimit_mw.asgi import RateLimitMiddleware
 from ratelimit_mw.fastapi import RateLimitDependency, document_rate_limits
 
@@ -85,3 +86,58 @@ def test_an_app_with_the_dependency_alone_documents_with_one_call() -> None:
         "type": "integer"}
     assert "429" not in schema["paths"]["/plain"]["get"]["responses"]
     assert document_rate_limits(app) is app  # once is enough
+
+
+def limited_operations(schema: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(path, method) for path, operations in schema["paths"].items()
+            for method, operation in operations.items() if "429" in operation["responses"]}
+
+
+def test_a_schema_exported_before_any_request_documents_the_429() -> None:
+    """A script generating clients calls app.openapi() on an app that never served: the
+    middleware added with add_middleware is not built yet (Starlette builds it on the
+    first request), and its default and rules count all the same."""
+    limiter = rl.AsyncLimiter()
+    app = build(limiter)
+    app.add_middleware(RateLimitMiddleware, limiter=limiter,
+                       rules=[asgi.Rule("/plain", "10/minute")])
+    assert limited_operations(app.openapi()) == {
+        ("/decorated", "get"), ("/posts", "post"), ("/plain", "get"),
+        ("/v1/depends/{id}", "get")}  # not /health (exempt) nor GET /posts (POST only)
+    assert app.middleware_stack is None  # nothing served, nothing built
+
+
+def test_a_schema_rebuilt_for_routes_added_later_documents_them_too() -> None:
+    limiter = rl.AsyncLimiter()
+    app = build(limiter)
+    app.add_middleware(RateLimitMiddleware, limiter=limiter)
+    with TestClient(app) as client:
+        assert ("/decorated", "get") in limited_operations(client.get("/openapi.json").json())
+
+        @app.get("/later")
+        @limiter.limit("5/minute")
+        async def later() -> dict[str, Any]:
+            return {}
+
+        assert ("/later", "get") in limited_operations(client.get("/openapi.json").json())
+
+
+def test_an_app_s_own_openapi_function_is_documented_once_it_says_so() -> None:
+    """FastAPI's recipe for a customised schema replaces app.openapi; document_rate_limits
+    then wraps that function, and the middleware's default counts before any request."""
+    from fastapi.openapi.utils import get_openapi
+
+    limiter = rl.AsyncLimiter()
+    app = build(limiter)
+    app.add_middleware(RateLimitMiddleware, limiter=limiter, default="100/minute")
+
+    def custom_openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = get_openapi(title="custom", version="1", routes=app.routes)
+        return app.openapi_schema
+
+    app.openapi = custom_openapi  # type: ignore[method-assign]
+    document_rate_limits(app)
+    assert limited_operations(app.openapi()) == {
+        ("/decorated", "get"), ("/posts", "get"), ("/posts", "post"), ("/plain", "get"),
+        ("/v1/depends/{id}", "get")}
