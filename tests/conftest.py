@@ -23,8 +23,11 @@ from housekeeping import Housekeeper, SweepOutcome
 import ratelimit_mw as rl
 from ratelimit_mw.limiter import _Shared
 
-REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
-HOUSEKEEPER = Housekeeper(REDIS_URL)
+# The Django tests' fixtures (mode, open_site, site): a plugin, not a conftest of their own,
+# whose module name would shadow this one for `from conftest import ...`.
+pytest_plugins = ["support.django_site"]
+
+from support import HOUSEKEEPER, REDIS_URL  # noqa: E402
 
 
 def other_db_url() -> str:

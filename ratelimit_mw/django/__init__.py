@@ -15,7 +15,8 @@
 ``settings.RATELIMIT`` takes every keyword of ``Config`` plus ``backend`` (a URL;
 ``memory://`` when absent) and ``prefix`` (`ratelimit_mw.django.conf`). Keys read Django's
 request: ``keys.client_ip()`` (the same trusted-proxy model), ``keys.user()``
-(``request.user.pk``), `user_or_ip` and ``keys.route()`` (the URL pattern, not the path).
+(``request.user.pk``), `user_or_ip`, `form_field` / `query_param` (django-ratelimit's
+``post:`` / ``get:`` keys) and ``keys.route()`` (the URL pattern, not the path).
 """
 
 from __future__ import annotations
@@ -26,13 +27,14 @@ require("django", "django", "ratelimit_mw.django")
 
 from ratelimit_mw import keys as _keys  # noqa: E402
 from ratelimit_mw.django.decorators import exempt, limit  # noqa: E402
+from ratelimit_mw.django.fields import form_field, query_param  # noqa: E402
 from ratelimit_mw.django.middleware import RateLimitMiddleware  # noqa: E402
 from ratelimit_mw.django.views import ais_ratelimited, is_ratelimited  # noqa: E402
 from ratelimit_mw.http.rules import Rule  # noqa: E402
 from ratelimit_mw.keys import KeyFunc  # noqa: E402
 
-__all__ = ["RateLimitMiddleware", "Rule", "ais_ratelimited", "exempt", "is_ratelimited",
-           "limit", "user_or_ip"]
+__all__ = ["RateLimitMiddleware", "Rule", "ais_ratelimited", "exempt", "form_field",
+           "is_ratelimited", "limit", "query_param", "user_or_ip"]
 
 
 def user_or_ip(trusted_proxies: list[str] | int | None = None) -> KeyFunc:

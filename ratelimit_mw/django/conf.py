@@ -10,7 +10,9 @@
 ``limiter`` (a `Limiter`) and ``async_limiter`` (an `AsyncLimiter`) may be given instead of
 ``backend`` and ``prefix``: a limiter of the app's own (a metrics hook, a test clock, its own
 Redis client). The sync one serves WSGI Django and `is_ratelimited`, the async one ASGI
-Django and `ais_ratelimited`. Pure reading: no I/O until a limiter is first asked.
+Django and `ais_ratelimited`, each through one `Guard` (breaker, deadline, failure policy)
+that the middleware and the view functions share. Pure reading: no I/O until a limiter is
+first asked.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from ratelimit_mw.backends.redis import AsyncRedisBackend, RedisBackend
 from ratelimit_mw.backends.urls import parse as parse_url
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import SharedLogs
+from ratelimit_mw.django.legacy import check_key
 from ratelimit_mw.http.config import OPTION_NAMES, Config
+from ratelimit_mw.http.drive import async_timeout
+from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.limiter import AsyncLimiter, Limiter, validate_prefix
 
 #: The keys of ``RATELIMIT`` beside Config's keywords.
@@ -68,6 +73,7 @@ def read(raw: object) -> Settings:
             f"settings.RATELIMIT has unknown key {', '.join(hints)}; the keys are "
             f"{', '.join(NAMES)}"
         )
+    check_key(raw.get("key"), 'settings.RATELIMIT["key"]')
     options = {name: value for name, value in raw.items() if name in OPTION_NAMES}
     config = Config(**options)
     backend = raw.get("backend", DEFAULT_BACKEND)
@@ -98,14 +104,17 @@ def read(raw: object) -> Settings:
 
 
 class Limiters:
-    """The limiters ``settings.RATELIMIT`` names, built on first use and kept: one store
-    connection per process whatever asks (the middleware, `is_ratelimited`)."""
+    """The limiters ``settings.RATELIMIT`` names and their guards, built on first use and
+    kept: one store connection, one breaker and one failure policy per process and side,
+    whatever asks (the middleware, `is_ratelimited`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._sync: Limiter | None = settings.limiter
         self._async: AsyncLimiter | None = settings.async_limiter
         self._memory: MemoryBackend | None = None
+        self._sync_guard: Guard | None = None
+        self._async_guard: Guard | None = None
 
     def _adopt(self, limiter: Any) -> Any:
         # Decorators and the settings record their sliding logs in one place.
@@ -132,6 +141,24 @@ class Limiters:
                        or AsyncRedisBackend.from_url(self.settings.backend))
             self._async = self._adopt(AsyncLimiter(backend, prefix=self.settings.prefix))
         return self._async
+
+    def sync_guard(self) -> Guard:
+        """The sync side's guard (WSGI Django's middleware, `is_ratelimited`): no deadline,
+        nothing awaited (an async hook in the settings is a ConfigurationError)."""
+        if self._sync_guard is None:
+            self._sync_guard = Guard(self.settings.config, self.sync(), timeout=None,
+                                     awaits="Django under WSGI (or is_ratelimited)")
+        return self._sync_guard
+
+    def async_guard(self) -> Guard:
+        """The async side's guard (ASGI Django's middleware, `ais_ratelimited`): every store
+        call within ``backend_timeout``."""
+        if self._async_guard is None:
+            limiter = self.asynchronous()
+            self._async_guard = Guard(
+                self.settings.config, limiter,
+                timeout=async_timeout(limiter, self.settings.config.backend_timeout))
+        return self._async_guard
 
 
 _current: tuple[object, Limiters] | None = None

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.django.conf import SHARED_LOGS
+from ratelimit_mw.django.legacy import check_key, check_rates
 from ratelimit_mw.http.routing import EXEMPT, Cost, RouteLimit, limit_decorator, route_limits
 from ratelimit_mw.http.routing import exempt as _exempt
 from ratelimit_mw.keys import KeyFunc
@@ -28,7 +29,10 @@ def limit(rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | N
     """Limit one view: ``@limit("5/minute")``; ``key``, ``cost``, ``methods``,
     ``exempt_when``, ``count_when`` and a callable ``rates`` (a dynamic limit) as on the
     other adapters. Under ASGI Django the key, cost, condition and dynamic limit may be
-    coroutines."""
+    coroutines. django-ratelimit's string keys and ``(group, request)`` callables are
+    refused here, saying what to write (`legacy`): they would only fail on a request."""
+    check_key(key)
+    check_rates(rates)
     written = RouteLimit.make(rates, key=key, cost=cost, name=name, methods=methods,
                               exempt_when=exempt_when, count_when=count_when)
     bind = limit_decorator(written, SHARED_LOGS)
@@ -54,6 +58,24 @@ class _Named:
         self.__qualname__ = f"{cls.__qualname__}.{method}"
 
 
+def _handler(cls: type, method: str) -> str | None:
+    """The name of the class's handler for `method` (HEAD falls back to ``get``, as in
+    Django's View); None: Django answers 405."""
+    verb = method.lower()
+    if verb not in getattr(cls, "http_method_names", ()):
+        return None
+    if hasattr(cls, verb):
+        return verb
+    return "get" if verb == "head" and hasattr(cls, "get") else None
+
+
+def handles(view: Any, method: str) -> bool:
+    """Whether `view` is a class-based view with a handler for `method`: what makes its
+    `view_limits` for that method differ from an unhandled method's."""
+    cls = getattr(view, "view_class", None)
+    return isinstance(cls, type) and _handler(cls, method) is not None
+
+
 def view_limits(view: Any, method: str) -> object:
     """What a resolved view carries: its limits, EXEMPT or None. A class-based view's are on
     the class, on ``dispatch``, on the method's handler (``get``, ``post``) or on the
@@ -63,9 +85,8 @@ def view_limits(view: Any, method: str) -> object:
     cls = getattr(view, "view_class", None)
     if not isinstance(cls, type):
         return route_limits(view)
-    verb = method.lower()
-    if verb not in getattr(cls, "http_method_names", ()) or not (
-            hasattr(cls, verb) or (verb == "head" and hasattr(cls, "get"))):
+    handler = _handler(cls, method)
+    if handler is None:
         return None
     # as_view() copies what decorators set on dispatch onto the view function: those are
     # read from dispatch, where the class and method name them; the rest was put on the
@@ -80,7 +101,6 @@ def view_limits(view: Any, method: str) -> object:
     # dispatch and on the method's handler (named after the class and method), and those on
     # the function as_view() made. @exempt on the handler exempts that method; anywhere
     # else it only drops the default where no limit is written.
-    handler = verb if hasattr(cls, verb) else "get"
     if route_limits(getattr(cls, handler, None)) == EXEMPT:
         return EXEMPT
     parts = [route_limits(cls), own]

@@ -22,10 +22,9 @@ from django.http.response import HttpResponseBase
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.django import conf
-from ratelimit_mw.django.decorators import view_limits
+from ratelimit_mw.django.decorators import handles, view_limits
 from ratelimit_mw.http.drive import (
     Verdict,
-    async_timeout,
     decide_async,
     decide_sync,
     refund_async,
@@ -75,24 +74,23 @@ class RateLimitMiddleware:
             limiters = conf.current()
         except ConfigurationError as exc:
             raise ImproperlyConfigured(str(exc)) from exc
-        config = limiters.settings.config
         self.asynchronous = iscoroutinefunction(get_response)
+        # The guards are the settings' (conf.Limiters): is_ratelimited shares their breaker.
         if self.asynchronous:
             markcoroutinefunction(self)
             self.limiter: Any = limiters.asynchronous()
-            self.guard = Guard(config, self.limiter,
-                               timeout=async_timeout(self.limiter, config.backend_timeout))
+            self.guard: Guard = limiters.async_guard()
             # A coroutine function: Django awaits it as is, with no thread in between.
             self.process_view: Any = self._process_view_async
         else:
             self.limiter = limiters.sync()
             try:
-                self.guard = Guard(config, self.limiter, timeout=None,
-                                   awaits="Django under WSGI")
+                self.guard = limiters.sync_guard()
             except ConfigurationError as exc:
                 raise ImproperlyConfigured(str(exc)) from exc
             self.process_view = self._process_view_sync
-        # (view, method) -> what it carries; bounded by the URLconf's views and the methods.
+        # (view, method) -> what it carries; bounded by the URLconf's views and the methods
+        # their classes handle.
         self._views: dict[tuple[Any, str], object] = {}
         # id(selection) -> whether a key of it reads the user (selections live as long as
         # the guard's cache keeps them: bounded the same way).
@@ -104,7 +102,9 @@ class RateLimitMiddleware:
     # -- which limits apply ----------------------------------------------------------------
     def _selection(self, request: HttpRequest, view: Any) -> Selection | None:
         method = request.method or "GET"
-        cache_key = (view, method if method in _METHODS else "OTHER")
+        # A method a class-based view has a handler for (PURGE) is its own entry; any other
+        # method a client invents shares "OTHER": bounded by the code, not by the clients.
+        cache_key = (view, method if method in _METHODS or handles(view, method) else "OTHER")
         try:
             route = self._views[cache_key]
         except KeyError:

@@ -3,15 +3,21 @@
     from ratelimit_mw.django import is_ratelimited
 
     def login(request):
-        if is_ratelimited(request, "5/minute", key=keys.client_ip(), name="login"):
+        if is_ratelimited(request, "5/minute", key=keys.client_ip(), name="login",
+                          increment=True):
             return HttpResponse("slow down", status=429)
 
-The limiters are those of ``settings.RATELIMIT``. ``name`` names the counter: calls with the
-same name (and algorithm) count together, so give each use its own. ``increment=False``
-asks without counting. The Decision is left on ``request.ratelimit``; with the settings'
-``enabled`` off nothing is limited. A store that fails
-applies ``on_backend_error`` from the settings: ``"allow"`` (and ``"memory"``) say "not
-limited", ``"deny"`` says "limited", a callable decides.
+``name`` names the counter: calls with the same name (and algorithm) count together, so give
+each use its own. ``key`` is by default the settings' key, as for a decorator. By default
+they only ask (``increment=False``, as django-ratelimit's): limited when a hit now would be
+refused; ``increment=True`` counts the request.
+
+They take the middleware's way (`ratelimit_mw.http.drive`) through the guard the settings
+make (`conf.Limiters`), shared with the middleware: its breaker, its deadline under ASGI
+(``backend_timeout``), ``on_backend_error`` (``"allow"`` says not limited, ``"deny"``
+limited, ``"memory"`` decides in memory, a callable decides), ``mode="shadow"`` (never
+limited), ``on_refusal`` and the metrics. The Decision is left on ``request.ratelimit``
+(None when nothing was decided); with the settings' ``enabled`` off nothing is limited.
 """
 
 from __future__ import annotations
@@ -19,77 +25,77 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from ratelimit_mw.core.decision import Decision
-from ratelimit_mw.core.errors import BackendError
 from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.django import conf
-from ratelimit_mw.http.log import ThrottledLog
-from ratelimit_mw.keys import KeyFunc, client_ip, reads
-
-_DEFAULT_KEY = client_ip()
-_log = ThrottledLog()
+from ratelimit_mw.django.legacy import check_key, check_rates
+from ratelimit_mw.http.drive import Verdict, decide_async, decide_sync
+from ratelimit_mw.http.guard import Applied, Guard, Refuse, Selection, Unavailable
+from ratelimit_mw.http.hooks import refuse_async
+from ratelimit_mw.http.routing import Cost, validate_cost
+from ratelimit_mw.keys import KeyFunc, reads
 
 
 @functools.lru_cache(maxsize=256)
 def _policy(rates: str, name: str | None) -> Policy:
+    check_rates(rates)
     return as_policy(rates) if name is None else Policy(rates, name=name)
 
 
-def _asked(request: Any, rates: Policy | str, key: KeyFunc | None, name: str | None
-           ) -> tuple[Policy, str] | None:
-    """The policy and the identity to count, or None: nothing to limit (the key said None,
-    or the settings turned limiting off)."""
+def _make_selection(policy: Policy, key: KeyFunc, cost: Cost) -> Selection:
+    """What one call applies, checked: the middleware's `Selection` of one limit."""
+    check_key(key)
+    validate_cost(cost, policy)
+    return Selection((Applied(policy, key, cost, policy.name),))
+
+
+_cached_selection = functools.lru_cache(maxsize=1024, typed=True)(_make_selection)
+
+
+def _selection(guard: Guard, rates: Policy | str, key: KeyFunc | None, cost: Cost,
+               name: str | None) -> Selection:
+    """What the call applies; its key by default the settings' (as a decorator's)."""
     policy = rates if isinstance(rates, Policy) else _policy(rates, name)
-    identity = (key or _DEFAULT_KEY)(request)
-    if identity is None or not conf.current().settings.config.enabled:
-        return None
-    return policy, identity
+    key = key or guard.config.key_func
+    try:
+        return _cached_selection(policy, key, cost)
+    except TypeError:  # an unhashable key (a callable dataclass): checked on every call
+        return _make_selection(policy, key, cost)
 
 
-def _limited(request: Any, decision: Decision | None, error: BaseException | None) -> bool:
-    if error is None:
-        request.ratelimit = decision
-        return decision is not None and not decision.allowed
-    request.ratelimit = None
-    policy = conf.current().settings.config.on_backend_error
-    _log("ratelimit_mw is_ratelimited: the store failed", error)
-    if policy == "deny":
-        return True
-    if callable(policy):
-        try:
-            return not policy(request, error)
-        except Exception as exc:
-            _log("ratelimit_mw on_backend_error callable raised; not limiting", exc)
-    return False
+def _limited(request: Any, verdict: Verdict | None) -> bool:
+    """The verdict as the answer: a refusal, or the store down under "deny", is limited."""
+    request.ratelimit = None if verdict is None else getattr(verdict, "decision", None)
+    return isinstance(verdict, (Refuse, Unavailable))
 
 
 def is_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = None,
-                   cost: int = 1, name: str | None = None, increment: bool = True) -> bool:
-    """Whether this request is over `rates` for its key (default: the client IP); a key
-    that says None is never limited. ``increment=False`` peeks."""
-    asked = _asked(request, rates, key, name)
-    if asked is None:
-        return _limited(request, None, None)
-    limiter = conf.current().sync()
-    try:
-        decision = limiter.hit(*asked, cost) if increment else limiter.peek(*asked)
-    except BackendError as exc:
-        return _limited(request, None, exc)
-    return _limited(request, decision, None)
+                   cost: Cost = 1, name: str | None = None, increment: bool = False) -> bool:
+    """Whether this request is over `rates` for its key (default: the settings' key, the
+    client IP unless it says otherwise); a key that says None is never limited. Counts
+    only with ``increment=True``."""
+    limiters = conf.current()
+    guard = limiters.sync_guard()
+    selection = _selection(guard, rates, key, cost, name)
+    if selection.hooks:  # nothing here could await them
+        refuse_async("is_ratelimited", [("key", key), ("cost", cost)])
+    if not guard.enabled:
+        return _limited(request, None)
+    return _limited(request, decide_sync(guard, limiters.sync(), selection, request,
+                                         request.method or "GET", False, peek=not increment))
 
 
 async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = None,
-                          cost: int = 1, name: str | None = None,
-                          increment: bool = True) -> bool:
-    """`is_ratelimited` for async views, on the settings' AsyncLimiter."""
-    if hasattr(request, "auser") and "user" in reads(key or _DEFAULT_KEY):
+                          cost: Cost = 1, name: str | None = None,
+                          increment: bool = False) -> bool:
+    """`is_ratelimited` for async views, on the settings' AsyncLimiter: its key and cost
+    may be coroutines."""
+    limiters = conf.current()
+    guard = limiters.async_guard()
+    selection = _selection(guard, rates, key, cost, name)
+    if not guard.enabled:
+        return _limited(request, None)
+    if hasattr(request, "auser") and "user" in reads(selection.applied[0].key):
         request.user = await request.auser()  # the lazy user cannot load on the loop
-    asked = _asked(request, rates, key, name)
-    if asked is None:
-        return _limited(request, None, None)
-    limiter = conf.current().asynchronous()
-    try:
-        return _limited(request, await (limiter.hit(*asked, cost) if increment
-                                        else limiter.peek(*asked)), None)
-    except BackendError as exc:
-        return _limited(request, None, exc)
+    return _limited(request, await decide_async(guard, limiters.asynchronous(), selection,
+                                                request, request.method or "GET", False,
+                                                peek=not increment))

@@ -11,7 +11,6 @@ import asyncio
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -43,26 +42,6 @@ def fresh() -> Any:
 
     ok.__qualname__ = f"view{next(_views)}"
     return ok
-
-
-@pytest.fixture(params=["wsgi", "asgi"])
-def mode(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def open_site(mode: str) -> Iterator[Any]:
-    """`open_site(patterns, **ratelimit)`: a Site under the test's mode, closed after it."""
-    opened: list[Site] = []
-
-    def make(patterns: list[Any], **ratelimit: Any) -> Site:
-        site = Site(patterns, ratelimit, asynchronous=mode == "asgi")
-        opened.append(site)
-        return site
-
-    yield make
-    for site in opened:
-        site.close()
 
 
 def statuses(site: Site, count: int, path: str, method: str = "GET", **headers: str) -> list[int]:
@@ -206,6 +185,48 @@ def test_a_method_the_view_has_no_handler_for_counts_under_the_default(open_site
     assert statuses(site, 3, "/get-only", "DELETE") == [405, 405, 429]
 
 
+class Purge(View):
+    """An extension method with a handler: PURGE; PROPFIND has none (Django answers 405)."""
+
+    http_method_names = (*View.http_method_names, "purge")
+
+    def purge(self, request: Any) -> HttpResponse:
+        return HttpResponse(b"purged")
+
+
+@pytest.mark.parametrize("first", ["PROPFIND", "PURGE"])
+def test_an_invented_method_never_changes_the_limits_of_the_views_own_methods(
+        open_site: Any, first: str) -> None:
+    # Whichever method comes first, PURGE gets the class's limit and PROPFIND the default.
+    purge = limit("5/minute")(type("PurgeFirst" + first, (Purge,), {}))
+    site = open_site([path("purge", purge.as_view())], default="100/minute")
+    if first == "PURGE":
+        assert statuses(site, 1, "/purge", "PURGE") == [200]
+    assert statuses(site, 1, "/purge", "PROPFIND") == [405]
+    done = 1 if first == "PURGE" else 0
+    assert statuses(site, 20 - done, "/purge", "PURGE") == [200] * (5 - done) + [429] * 15
+    propfind = site.request("PROPFIND", "/purge")
+    assert propfind.status_code == 405
+    assert propfind.headers["RateLimit-Policy"].endswith(";q=100;w=60")  # the default
+
+
+def test_the_view_cache_stays_bounded_whatever_methods_clients_invent() -> None:
+    from django.test import RequestFactory
+
+    from ratelimit_mw.django.middleware import RateLimitMiddleware
+
+    purge = limit("5/minute")(type("PurgeBounded", (Purge,), {})).as_view()
+    with override_settings(RATELIMIT={"default": "100/minute"}):
+        middleware = RateLimitMiddleware(lambda request: HttpResponse())
+        factory = RequestFactory()
+        for n in range(2000):
+            middleware._selection(factory.generic(f"INVENTED{n}", "/purge"), purge)
+        found = middleware._selection(factory.generic("PURGE", "/purge"), purge)
+    # The invented methods share one entry; PURGE, which the class handles, has its own.
+    assert len(middleware._views) == 2
+    assert found is not None and found.applied[0].policy.rates[0].limit == 5
+
+
 # -- keys -------------------------------------------------------------------------------------
 def test_the_route_key_is_the_url_pattern_not_the_path(open_site: Any) -> None:
     site = open_site([path("items/<int:pk>", limit("2/minute", key=keys.route())(fresh()))])
@@ -233,11 +254,13 @@ def test_a_lazily_loaded_user_is_read_under_asgi_too(open_site: Any, mode: str) 
     name = uuid.uuid4().hex[:8]
 
     async def aview(request: Any) -> HttpResponse:
-        limited = await ais_ratelimited(request, "1/minute", key=keys.user(), name=name)
+        limited = await ais_ratelimited(request, "1/minute", key=keys.user(), name=name,
+                                        increment=True)
         return HttpResponse(b"limited" if limited else b"ok")
 
     def view(request: Any) -> HttpResponse:
-        limited = is_ratelimited(request, "1/minute", key=keys.user(), name=name)
+        limited = is_ratelimited(request, "1/minute", key=keys.user(), name=name,
+                                 increment=True)
         return HttpResponse(b"limited" if limited else b"ok")
 
     site = open_site([path("u", limit("1/minute", key=keys.user())(fresh())),

@@ -4,7 +4,9 @@ uvicorn: ``--factory make_asgi``), configured by the environment: RL_REDIS_URL, 
 ``/burst`` is limited by the settings' default, ``100/minute`` per ``X-Client``, at the
 library's defaults otherwise; it answers whether a Decision was made
 (``{"decided": true}``), so that a request the failure policy let through unchecked shows.
-``/view`` has a per-view limit (3 a minute, an async view); ``/healthz`` is exempt.
+``/view`` has a per-view limit (3 a minute, an async view); ``/purge`` is a class-based
+view limited on the class (`PURGE_LIMIT` a minute) with a handler for the extension method
+PURGE only; ``/healthz`` is exempt.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 from ratelimit_mw import keys
 
 LIMIT = 100
+PURGE_LIMIT = 5
 
 SECRET_KEY = "ratelimit_mw served tests"
 DEBUG = False
@@ -35,6 +38,7 @@ RATELIMIT: dict[str, Any] = {
 def _urls() -> list[Any]:
     from django.http import JsonResponse
     from django.urls import path
+    from django.views import View
 
     from ratelimit_mw.django import exempt, limit
 
@@ -49,7 +53,15 @@ def _urls() -> list[Any]:
     def healthz(request: Any) -> JsonResponse:
         return JsonResponse({"ok": True})
 
-    return [path("burst", burst), path("view", view), path("healthz", healthz)]
+    @limit(f"{PURGE_LIMIT}/minute")
+    class Purge(View):  # an extension method with a handler; PROPFIND has none (405)
+        http_method_names = (*View.http_method_names, "purge")
+
+        def purge(self, request: Any) -> JsonResponse:
+            return JsonResponse({"decided": request.ratelimit is not None})
+
+    return [path("burst", burst), path("view", view), path("purge", Purge.as_view()),
+            path("healthz", healthz)]
 
 
 urlpatterns: list[Any] = []

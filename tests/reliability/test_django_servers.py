@@ -1,7 +1,8 @@
 """Django as deployed: gunicorn (WSGI Django) and uvicorn (ASGI Django), 4 workers each, the
 settings' default at ``100/minute`` on the real Redis. One client sends 200 requests at once:
 exactly 100 are admitted, each with a Decision, the rest answered 429 with Retry-After. A
-view's own limit (3 a minute) holds under both servers too."""
+view's own limit (3 a minute) holds under both servers too, and a class-based view's limit
+holds for its extension method (PURGE) after every worker has seen an invented one."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from reliability._django_project import LIMIT
+from reliability._django_project import LIMIT, PURGE_LIMIT
 from reliability._support import AppServer, Figures, free_port
 from tests.conftest import REDIS_URL, forget_prefix
 
@@ -69,3 +70,26 @@ async def test_a_burst_of_200_admits_exactly_100_of_100_a_minute(
                  for _ in range(5)]
     assert [r.status_code for r in views] == [200, 200, 200, 429, 429]
     assert views[0].headers["ratelimit-policy"].endswith(";q=3;w=60")
+
+
+async def test_an_invented_method_never_frees_a_class_based_views_own_method(
+    served: tuple[str, AppServer],
+) -> None:
+    _, server = served
+    headers = {"x-client": uuid.uuid4().hex}
+    fresh = httpx.Limits(max_keepalive_connections=0)  # every request on a new connection
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=30, limits=fresh) as client:
+        # PROPFIND has no handler (405): at once, so that every worker sees one first.
+        first = await asyncio.gather(*(client.request("PROPFIND", "/purge", headers=headers)
+                                       for _ in range(4 * WORKERS)))
+        assert {r.status_code for r in first} == {405}
+    purges = []
+    for _ in range(20):
+        # One connection for both: under keep-alive the PURGE meets the worker that has just
+        # answered a PROPFIND.
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
+            assert (await client.request("PROPFIND", "/purge", headers=headers)
+                    ).status_code == 405
+            purges.append(await client.request("PURGE", "/purge", headers=headers))
+    assert [r.status_code for r in purges] == [200] * PURGE_LIMIT + [429] * (20 - PURGE_LIMIT)
+    assert purges[0].headers["ratelimit-policy"].endswith(f";q={PURGE_LIMIT};w=60")

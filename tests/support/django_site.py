@@ -13,7 +13,10 @@ import asyncio
 import itertools
 import sys
 import types
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import pytest
 
 MIDDLEWARE = ["support.django_site.HeaderUser", "ratelimit_mw.django.RateLimitMiddleware"]
 _names = itertools.count()
@@ -128,3 +131,48 @@ class Site:
         sys.modules.pop(self.module.__name__, None)
         if self.loop is not None:
             self.loop.close()
+
+
+_views = itertools.count()
+
+
+def fresh_view() -> Callable[[Any], Any]:
+    """A view answering "ok", named apart from every other (its own counter)."""
+    from django.http import HttpResponse
+
+    def ok(request: Any) -> HttpResponse:
+        return HttpResponse(b"ok")
+
+    ok.__qualname__ = f"fresh{next(_views)}"
+    return ok
+
+
+# -- fixtures (imported by the Django test modules) ------------------------------------------
+def _sites(asynchronous: bool) -> Iterator[Callable[..., Site]]:
+    opened: list[Site] = []
+
+    def make(patterns: list[Any], **ratelimit: Any) -> Site:
+        made = Site(patterns, ratelimit, asynchronous=asynchronous)
+        opened.append(made)
+        return made
+
+    yield make
+    for made in reversed(opened):  # overrides nest: the last opened closes first
+        made.close()
+
+
+@pytest.fixture(params=["wsgi", "asgi"])
+def mode(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def open_site(mode: str) -> Iterator[Callable[..., Site]]:
+    """`open_site(patterns, **ratelimit)`: a Site under the test's mode, closed after it."""
+    yield from _sites(mode == "asgi")
+
+
+@pytest.fixture
+def site() -> Iterator[Callable[..., Site]]:
+    """`site(patterns, **ratelimit)`: a WSGI Site, closed after the test."""
+    yield from _sites(False)
