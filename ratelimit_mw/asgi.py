@@ -20,10 +20,7 @@ scope, awaits the one backend call (bounded by ``backend_timeout``) and sends th
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +50,11 @@ from starlette.requests import Request  # noqa: E402
 from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 from starlette.websockets import WebSocket  # noqa: E402
 
+try:  # where FastAPI is installed, its schema documents the 429s whenever it is built
+    from ratelimit_mw.http import openapi as _openapi
+except ImportError:
+    _openapi = None  # type: ignore[assignment]
+
 __all__ = ["Config", "RateLimitMiddleware", "Rule"]
 
 
@@ -79,11 +81,9 @@ class RateLimitMiddleware:
     def __init__(self, app: ASGIApp, limiter: AsyncLimiter, *, config: Config | None = None,
                  **options: Unpack[ConfigOptions]) -> None:
         self.app = app
-        self.limiter = require_async_limiter(limiter, "the ASGI middleware")
-        self.config = build_config(config, options)
-        self.guard = Guard(self.config, self.limiter,
-                           timeout=async_timeout(self.limiter, self.config.backend_timeout),
-                           raw=True)
+        self.guard = self.guard_of(app, limiter, config=config, **options)
+        self.limiter: AsyncLimiter = self.guard.limiter
+        self.config = self.guard.config
         # Route resolution: keyed on the app this middleware wraps when its route tree can be
         # reached from here (through .app of the middleware below it); otherwise on
         # scope["app"], which Starlette sets before running its middleware stack.
@@ -98,6 +98,16 @@ class RateLimitMiddleware:
         for _ in range(8):
             _document_fastapi(inner, self.guard)
             inner = getattr(inner, "app", None)
+
+    @classmethod
+    def guard_of(cls, app: ASGIApp, limiter: AsyncLimiter, *, config: Config | None = None,
+                 **options: Unpack[ConfigOptions]) -> Guard:
+        """The guard ``RateLimitMiddleware(app, limiter, ...)`` decides with (the OpenAPI
+        documentation asks it before Starlette has built the middleware)."""
+        limiter = require_async_limiter(limiter, "the ASGI middleware")
+        config = build_config(config, options)
+        return Guard(config, limiter, timeout=async_timeout(limiter, config.backend_timeout),
+                     raw=True)
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, {self.limiter!r})"
@@ -241,18 +251,8 @@ class _Handshake(WebSocket):
 
 
 def _document_fastapi(app: object, guard: Guard) -> None:
-    fastapi = sys.modules.get("fastapi")
-    if fastapi is not None and isinstance(app, fastapi.FastAPI):
-        from ratelimit_mw.fastapi import document_rate_limits
-
-        document_rate_limits(app, guard)
-
-
-# ratelimit_mw.fastapi, once imported, has FastAPI's openapi() document the 429s: loaded with
-# this adapter, so that a schema exported before any request (when Starlette builds the
-# middleware) has them too.
-if importlib.util.find_spec("fastapi") is not None:
-    importlib.import_module("ratelimit_mw.fastapi")
+    if _openapi is not None and _openapi.is_fastapi(app):
+        _openapi.document_rate_limits(app, guard)
 
 
 def _raw_headers(headers: Headers, body: bytes) -> RawHeaders:

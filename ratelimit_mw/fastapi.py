@@ -32,27 +32,20 @@ on a whole router. With ``name=`` (or a ``Policy``) every endpoint using it shar
 
 import json
 import sys
-import weakref
 from collections.abc import Callable
 from typing import Any, TypedDict
 
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.http.asgi_routes import (
-    RouteResolver,
-    endpoint_meta,
-    flatten_routes,
-    needs_route,
-    route_path,
-)
+from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path
 from ratelimit_mw.http.config import Config, ErrorPolicy, build_config
 from ratelimit_mw.http.drive import async_timeout, decide_async, require_async_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Applied, Guard, Refuse, Selection
-from ratelimit_mw.http.routing import Cost, Predicate, stable_module, validate_cost
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import AsyncLimiter
+from ratelimit_mw.routing import Cost, Predicate, stable_module, validate_cost
 
 if sys.version_info >= (3, 11):  # read at run time: this module's annotations are evaluated
     from typing import Unpack
@@ -60,7 +53,9 @@ else:  # pragma: no cover - Python 3.10 (FastAPI depends on typing_extensions)
     from typing_extensions import Unpack
 
 require("fastapi", "fastapi", "ratelimit_mw.fastapi")
-from fastapi import FastAPI, HTTPException, Request, Response  # noqa: E402
+from fastapi import HTTPException, Request, Response  # noqa: E402
+
+from ratelimit_mw.http.openapi import TOO_MANY_REQUESTS, document_rate_limits  # noqa: E402
 
 __all__ = ["TOO_MANY_REQUESTS", "Config", "RateLimitDependency", "RateLimitHTTPException",
            "document_rate_limits", "rate_limit_exception_handler"]
@@ -141,6 +136,9 @@ class RateLimitDependency:
     returns the Decision (or None when the backend failed and the request was admitted) and
     leaves it in ``request.state.ratelimit``.
     """
+
+    # http.openapi.DEPENDENCY_MARK: the schema documents the 429 of operations that use one.
+    __ratelimit_mw_dependency__ = True
 
     def __init__(self, limiter: AsyncLimiter, rates: Policy | str, *,
                  key: KeyFunc | None = None, cost: Cost = 1, name: str | None = None,
@@ -229,125 +227,3 @@ class RateLimitDependency:
         raise RateLimitHTTPException(verdict.status, verdict.body,
                                      {k: v for k, v in verdict.headers if k != "Content-Type"},
                                      decision)
-
-
-# -- OpenAPI -------------------------------------------------------------------------------
-_HEADERS = {
-    "Retry-After": ("Seconds until a retry can be admitted (whole seconds, at least 1)",
-                    "integer"),
-    "RateLimit": ('The governing limit: "<name>";r=<remaining>;t=<seconds> (IETF draft)',
-                  "string"),
-    "RateLimit-Policy": ('Every limit that applies: "<name>";q=<quota>;w=<window seconds>',
-                         "string"),
-}
-TOO_MANY_REQUESTS: dict[str, Any] = {
-    "description": "Too Many Requests: a rate limit is exhausted; retry after Retry-After "
-                   "seconds",
-    "headers": {name: {"description": text, "schema": {"type": kind}}
-                for name, (text, kind) in _HEADERS.items()},
-    "content": {"application/json": {"schema": {
-        "type": "object",
-        "properties": {"detail": {"type": "string"}, "retry_after": {"type": "integer"}},
-    }}},
-}
-
-
-def _uses_dependency(dependant: Any, seen: int = 0) -> bool:
-    if seen > 32:
-        return False
-    for sub in getattr(dependant, "dependencies", ()):
-        if isinstance(getattr(sub, "call", None), RateLimitDependency):
-            return True
-        if _uses_dependency(sub, seen + 1):
-            return True
-    return False
-
-
-def _limited(route: Any, path: str, method: str, guards: list[Guard]) -> bool:
-    """Whether a limit applies to this operation: the route's decorator, the dependency
-    among its dependencies, or the default and rules of a middleware on the app."""
-    meta = endpoint_meta(getattr(route, "endpoint", None), method)
-    if isinstance(meta, tuple) and any(limit.applies_to(method) for limit in meta):
-        return True
-    if _uses_dependency(getattr(route, "dependant", None)):
-        return True
-    return any(guard.select(method, path, meta) is not None for guard in guards)
-
-
-# The guards of middleware instances around an app (not in its `user_middleware`).
-_GUARDS: weakref.WeakKeyDictionary[Any, list[Guard]] = weakref.WeakKeyDictionary()
-
-
-def _guards(app: Any) -> list[Guard]:
-    """The guards of every RateLimitMiddleware on `app`: those that wrap it, and those added
-    with ``app.add_middleware``, which Starlette builds only on the first request."""
-    from ratelimit_mw.asgi import RateLimitMiddleware  # the ASGI adapter imports this module
-
-    added = [entry.cls(app.router, *entry.args, **entry.kwargs).guard
-             for entry in getattr(app, "user_middleware", ())
-             if isinstance(entry.cls, type) and issubclass(entry.cls, RateLimitMiddleware)]
-    return [*_GUARDS.get(app, ()), *added]
-
-
-def _documented(app: Any, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The schema `build` answers, documented when this call built it."""
-    before = app.openapi_schema
-    schema = build()
-    if schema is not before:
-        _document(app, schema, _guards(app))
-    return schema
-
-
-def _hook_openapi() -> None:
-    """Every FastAPI app's schema documents its 429s whenever it is built: served, or
-    exported by a script before any request (``json.dump(app.openapi(), f)``)."""
-    original = FastAPI.openapi
-    if getattr(original, "_ratelimit_mw", False):
-        return
-
-    def openapi(self: FastAPI) -> dict[str, Any]:
-        return _documented(self, lambda: original(self))
-
-    openapi._ratelimit_mw = True  # type: ignore[attr-defined]
-    FastAPI.openapi = openapi  # type: ignore[method-assign]
-
-
-_hook_openapi()
-
-
-def document_rate_limits(app: Any, guard: Guard | None = None) -> Any:
-    """Add the 429 (with ``Retry-After``, ``RateLimit`` and ``RateLimit-Policy``) to every
-    operation of `app`'s OpenAPI schema that a limit applies to: a route decorated with
-    ``limiter.limit``, one that depends on a `RateLimitDependency`, or one that a
-    middleware's default or rules limit. FastAPI's own ``openapi()`` does so once this
-    module is imported (``ratelimit_mw.asgi`` imports it); an app that replaces
-    ``app.openapi`` with its own function calls this afterwards. `guard`: the guard of a
-    middleware that wraps `app`. Returns `app`."""
-    if guard is not None and guard not in _GUARDS.setdefault(app, []):
-        _GUARDS[app].append(guard)
-    own = vars(app).get("openapi")
-    if own is not None and not getattr(own, "_ratelimit_mw", False):
-        def openapi() -> dict[str, Any]:
-            return _documented(app, own)
-
-        openapi._ratelimit_mw = True  # type: ignore[attr-defined]
-        app.openapi = openapi
-    return app
-
-
-def _document(app: Any, schema: dict[str, Any], guards: list[Guard]) -> None:
-    limited: set[tuple[str, str]] = set()
-    for entry in flatten_routes(list(app.routes)):
-        route = getattr(entry, "route", entry)
-        unique_id = getattr(route, "unique_id", None)
-        path = getattr(entry, "path_format", None) or getattr(route, "path_format", None)
-        if unique_id is None or not isinstance(path, str):
-            continue
-        for method in getattr(route, "methods", None) or ():
-            if _limited(route, path, method, guards):
-                limited.add((unique_id, method.lower()))
-    for operations in schema.get("paths", {}).values():
-        for method, operation in operations.items():
-            # (A route of several methods gives each of them the same operationId.)
-            if (operation.get("operationId"), method) in limited:
-                operation.setdefault("responses", {}).setdefault("429", TOO_MANY_REQUESTS)

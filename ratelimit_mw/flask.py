@@ -37,13 +37,16 @@ if TYPE_CHECKING:  # annotations only (strings at run time)
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
 from ratelimit_mw.http.headers import Headers, retry_after_seconds
-from ratelimit_mw.http.hooks import refuse_async
-from ratelimit_mw.http.routing import (
+from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
+from ratelimit_mw.limiter import Limiter
+from ratelimit_mw.routing import (
     ATTRIBUTE,
     EXEMPT,
     Cost,
@@ -51,10 +54,7 @@ from ratelimit_mw.http.routing import (
     limit_decorator,
     route_limits,
 )
-from ratelimit_mw.http.routing import exempt as _exempt
-from ratelimit_mw.http.rules import Rule
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
-from ratelimit_mw.limiter import Limiter
+from ratelimit_mw.routing import exempt as _exempt
 
 require("flask", "flask", "ratelimit_mw.flask")
 from flask import Blueprint, Flask, Response  # noqa: E402

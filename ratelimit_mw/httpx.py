@@ -25,8 +25,8 @@ from ratelimit_mw.core import plans
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.log import ThrottledLog
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
+from ratelimit_mw.log import ThrottledLog
 
 require("httpx", "httpx", "ratelimit_mw.httpx")
 import httpx  # noqa: E402

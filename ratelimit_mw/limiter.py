@@ -27,10 +27,10 @@ from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache, Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
-from ratelimit_mw.http.hooks import refuse_async
-from ratelimit_mw.http.log import ThrottledLog
-from ratelimit_mw.http.routing import RouteLimit, exempt, limit_decorator
+from ratelimit_mw.hooks import refuse_async
+from ratelimit_mw.log import ThrottledLog
 from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
+from ratelimit_mw.routing import RouteLimit, exempt, limit_decorator
 
 if TYPE_CHECKING:  # annotations only (they are strings at run time): no dependency on 3.10
     from typing_extensions import Unpack
@@ -306,11 +306,11 @@ class _Shared:
         if self.metrics is not None:
             self._report(compiled.checks(identities), BACKEND_ERROR, time.perf_counter() - started)
 
-    def _check_plan(self, checks: Sequence[Check], cached: bool = True) -> plans.Plan:
+    def _check_plan(self, checks: Sequence[Check], cached: bool = True) -> plans.Steps:
         return plans.plan_check(checks, lambda: self._calls(plans.HIT, checks),
                                 self._deny if cached else None, self._cache_now)
 
-    def _attempt(self, checks: Sequence[Check], cached: bool = True) -> plans.Plan:
+    def _attempt(self, checks: Sequence[Check], cached: bool = True) -> plans.Steps:
         """`_check_plan`, reporting to the metrics hook when one is set (`acquire`, and a
         cluster's hit of several slots); `cached` False: the store answers, the deny cache
         is neither asked nor told (`probe`)."""
@@ -351,7 +351,7 @@ class _Shared:
             self._metrics_failed("ratelimit_mw metrics hook raised", exc)
 
     def _acquire_plan(self, policy: Policy | str, identity: str, cost: int,
-                      timeout: float | None) -> plans.Plan:
+                      timeout: float | None) -> plans.Steps:
         checks = (_check(policy, identity, cost),)
         return plans.plan_acquire(lambda: self._attempt(checks), self._monotonic,
                                  timeout, self._rng)
@@ -425,7 +425,7 @@ class Limiter(_Shared):
             )
         super().__init__(backend, prefix, sleep=sleep or time.sleep, **options)
 
-    def _drive(self, plan: plans.Plan) -> Decision:
+    def _drive(self, plan: plans.Steps) -> Decision:
         try:
             step = next(plan)
             while True:
@@ -555,7 +555,7 @@ class AsyncLimiter(_Shared):
         self._post: Callable[[bytes, float], asyncio.Future[Any] | None] | None = (
             post if self._within is not None and callable(post) and callable(settle) else None)
 
-    async def _drive(self, plan: plans.Plan) -> Decision:
+    async def _drive(self, plan: plans.Steps) -> Decision:
         try:
             step = next(plan)
             while True:

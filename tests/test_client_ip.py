@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.http.client_ip import (
+from ratelimit_mw.keys.client_ip import (
     MAX_ELEMENTS,
     MAX_HEADER_CHARS,
     TrustedProxies,

@@ -186,7 +186,7 @@ def test_refund_of_a_call_keeps_its_keys_costs_and_token() -> None:
     assert refund.keys == call.keys and refund.args[1:] == call.args[1:]
 
 
-def _drive(plan: plans.Plan, replies: Sequence[list[int]]) -> tuple[rl.Decision, list[str]]:
+def _drive(plan: plans.Steps, replies: Sequence[list[int]]) -> tuple[rl.Decision, list[str]]:
     """Feed replies to a plan; returns its decision and the ops it asked for."""
     asked: list[str] = []
     feed = iter(replies)

@@ -10,7 +10,7 @@ import pytest
 import ratelimit_mw as rl
 from ratelimit_mw.http.config import Config, Rule, build_config
 from ratelimit_mw.http.guard import Guard
-from ratelimit_mw.http.routing import EXEMPT
+from ratelimit_mw.routing import EXEMPT
 
 
 def make_core(**options: Any) -> Guard:
@@ -139,7 +139,7 @@ def test_decorated_route_names_are_stable_however_the_app_is_started() -> None:
     import sys
     import types
 
-    from ratelimit_mw.http.routing import stable_module
+    from ratelimit_mw.routing import stable_module
 
     def view() -> None: ...
 

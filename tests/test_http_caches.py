@@ -18,7 +18,7 @@ import ratelimit_mw as rl
 from ratelimit_mw.asgi import RateLimitMiddleware, Rule
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.guard import Guard
-from ratelimit_mw.http.routing import RouteLimit
+from ratelimit_mw.routing import RouteLimit
 from tests.conftest import StepClock
 
 

@@ -1,4 +1,4 @@
-"""Per-route limits (`ratelimit_mw.http.routing`): what a decorator accepts, and which
+"""Per-route limits (`ratelimit_mw.routing`): what a decorator accepts, and which
 methods its limit applies to."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 import ratelimit_mw as rl
 from ratelimit_mw.asgi import Config, RateLimitMiddleware
-from ratelimit_mw.http.routing import validate_methods
+from ratelimit_mw.routing import validate_methods
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from starlette.testclient import TestClient
 
 from ratelimit_mw.asgi import RateLimitMiddleware
-from ratelimit_mw.http.routing import route_limits
+from ratelimit_mw.routing import route_limits
 
 _PACKAGES = ("rlnames_pkga", "rlnames_pkgb", "rlnames_limits")
 
@@ -109,7 +109,7 @@ def test_django_views_of_one_name_in_two_apps_count_apart() -> None:
 
 _APP = """
     from ratelimit_mw import AsyncLimiter
-    from ratelimit_mw.http.routing import route_limits
+    from ratelimit_mw.routing import route_limits
 
     limiter = AsyncLimiter()
 

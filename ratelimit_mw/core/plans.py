@@ -353,9 +353,9 @@ def merge(decisions: Sequence[Decision]) -> Decision:
     )
 
 
-# A plan yields what the shell must do — a ScriptCall to run (it sends back the reply) or a
+# Steps: what the shell must do, yielded — a ScriptCall to run (it sends back the reply) or a
 # float of seconds to sleep — and returns the Decision. The shells hold no logic beyond that.
-Plan = Generator["ScriptCall | float", Any, Decision]
+Steps = Generator["ScriptCall | float", Any, Decision]
 
 
 class DenyCacheLike(Protocol):
@@ -367,7 +367,7 @@ class DenyCacheLike(Protocol):
     def forget(self, checks: Sequence[Check]) -> None: ...
 
 
-def plan_hit(calls: Sequence[ScriptCall]) -> Plan:
+def plan_hit(calls: Sequence[ScriptCall]) -> Steps:
     """Run the calls in order; if one refuses, give back what the earlier ones admitted.
 
     One call is the normal case (one atomic script). Several happen only on a Redis Cluster
@@ -417,7 +417,7 @@ def plan_check(
     calls: Callable[[], list[ScriptCall]],
     deny: DenyCacheLike | None,
     now_us: Callable[[], int],
-) -> Plan:
+) -> Steps:
     """A hit of several checks: answered from the deny cache when it holds this very refusal,
     otherwise by the backend. Only a refusal that one call decided is remembered: when a
     request needs a call per cluster slot, a refusal may come from state that compensation is
@@ -477,11 +477,11 @@ def backoff_wait(failures: int, left: float | None, rng: random.Random) -> float
 
 
 def plan_acquire(
-    hit: Callable[[], Plan],
+    hit: Callable[[], Steps],
     now: Callable[[], float],
     timeout: float | None,
     rng: random.Random,
-) -> Plan:
+) -> Steps:
     """Hit until admitted, sleeping retry_after (with jitter) between tries.
 
     A backend error (the shell throws it into the plan) is retried with `backoff_wait` while

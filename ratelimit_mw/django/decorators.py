@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.django.conf import SHARED_LOGS
 from ratelimit_mw.django.legacy import check_key, check_rates
-from ratelimit_mw.http.routing import EXEMPT, Cost, RouteLimit, limit_decorator, route_limits
-from ratelimit_mw.http.routing import exempt as _exempt
 from ratelimit_mw.keys import KeyFunc
+from ratelimit_mw.routing import EXEMPT, Cost, RouteLimit, limit_decorator, route_limits
+from ratelimit_mw.routing import exempt as _exempt
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -28,11 +28,11 @@ from typing import Any
 from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.legacy import check_key, check_rates
+from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.http.drive import Verdict, decide_async, decide_sync
 from ratelimit_mw.http.guard import Applied, Guard, Refuse, Selection, Unavailable
-from ratelimit_mw.http.hooks import refuse_async
-from ratelimit_mw.http.routing import Cost, validate_cost
 from ratelimit_mw.keys import KeyFunc, reads
+from ratelimit_mw.routing import Cost, validate_cost
 
 
 @functools.lru_cache(maxsize=256)

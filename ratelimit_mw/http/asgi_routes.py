@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ratelimit_mw import keys as _keys
-from ratelimit_mw.http.routing import ATTRIBUTE, EXEMPT
+from ratelimit_mw.routing import ATTRIBUTE, EXEMPT
 
 RouteMeta = Any  # tuple[RouteLimit, ...] | EXEMPT | None, as routing.route_limits gives it
 Resolved = tuple["str | None", RouteMeta]  # (template, metadata)

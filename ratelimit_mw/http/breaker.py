@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ratelimit_mw.http.log import ThrottledLog, logger
+from ratelimit_mw.log import ThrottledLog, logger
 
 
 class Breaker:

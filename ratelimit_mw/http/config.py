@@ -26,9 +26,9 @@ from typing import Any, TypeAlias, TypedDict
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy, as_policy, check_shared_logs
-from ratelimit_mw.http.routing import Predicate, validate_key, validate_predicate
 from ratelimit_mw.http.rules import Rule, as_rules
 from ratelimit_mw.keys import KeyFunc, client_ip
+from ratelimit_mw.routing import Predicate, validate_key, validate_predicate
 
 ErrorPolicy: TypeAlias = str | Callable[[Any, BaseException], bool]
 RateText: TypeAlias = Policy | str | Sequence[Policy | str] | None

@@ -15,8 +15,8 @@ from typing import Any
 from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.plans import Check
+from ratelimit_mw.hooks import answer_all
 from ratelimit_mw.http.guard import Admit, Guard, Refuse, Selection, Unavailable
-from ratelimit_mw.http.hooks import answer_all
 from ratelimit_mw.limiter import AsyncLimiter, Limiter
 
 Verdict = Admit | Refuse | Unavailable

@@ -34,6 +34,7 @@ from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy, SharedLogs
+from ratelimit_mw.hooks import Answers, ask, is_async, refuse_async
 from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
@@ -46,9 +47,12 @@ from ratelimit_mw.http.headers import (
     too_many_requests_body,
     unavailable_body,
 )
-from ratelimit_mw.http.hooks import Answers, ask, is_async, refuse_async
-from ratelimit_mw.http.log import ThrottledLog, describe, logger
-from ratelimit_mw.http.routing import (
+from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.keys import KeyFunc
+from ratelimit_mw.limiter import SWITCH, Limiter
+from ratelimit_mw.log import ThrottledLog, describe, logger
+from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
+from ratelimit_mw.routing import (
     EXEMPT,
     Cost,
     DynamicLimit,
@@ -56,10 +60,6 @@ from ratelimit_mw.http.routing import (
     RouteLimit,
     checked_cost,
 )
-from ratelimit_mw.http.rules import Rule
-from ratelimit_mw.keys import KeyFunc
-from ratelimit_mw.limiter import SWITCH
-from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
 
 #: Where the adapters leave the `Decision` in a WSGI ``environ`` (ASGI: ``scope["state"]``).
 DECISION_KEY = "ratelimit_mw.decision"
@@ -558,8 +558,6 @@ class Guard:
         return PASS if self._admit_on_error(request, error) else self.unavailable
 
     def _fresh_fallback(self) -> Any:
-        from ratelimit_mw.limiter import Limiter  # the limiter imports the http helpers
-
         # The limiter's clock as it is at each call (a test's, else this process's) stands in
         # for the store's.
         return Limiter(MemoryBackend(), prefix=getattr(self.limiter, "prefix", "rl"),

@@ -17,7 +17,8 @@ from typing import Any, cast
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.http.routing import (
+from ratelimit_mw.keys import KeyFunc
+from ratelimit_mw.routing import (
     Cost,
     DynamicLimit,
     validate_cost,
@@ -25,7 +26,6 @@ from ratelimit_mw.http.routing import (
     validate_key,
     validate_methods,
 )
-from ratelimit_mw.keys import KeyFunc
 
 
 def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:

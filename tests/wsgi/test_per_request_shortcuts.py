@@ -20,7 +20,7 @@ from wsgi_support import Environ, ServerClient, echo_app
 import ratelimit_mw as rl
 from ratelimit_mw import keys
 from ratelimit_mw.flask import RateLimit
-from ratelimit_mw.http.client_ip import ip_key, resolve_client
+from ratelimit_mw.keys.client_ip import ip_key, resolve_client
 from ratelimit_mw.wsgi import DECISION_KEY, RateLimitMiddleware, Rule
 
 PARSED = ("method", "scheme", "server", "root_path", "path", "query_string", "remote_addr",

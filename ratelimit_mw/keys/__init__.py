@@ -28,7 +28,7 @@ Which one to use:
   bucket for every request.
 * ``route()`` combined with another key (``compose``) to give each endpoint its own quota.
 
-Client-IP security model (details in ``ratelimit_mw.http.client_ip``): the socket peer is the
+Client-IP security model (details in ``ratelimit_mw.keys.client_ip``): the socket peer is the
 client. ``Forwarded`` / ``X-Forwarded-For`` are read only when ``trusted_proxies`` is given,
 either as the proxies' networks or as the number of proxies in front of the app; the header is
 walked from the right, where trusted proxies append, and garbage falls back to the last
@@ -49,7 +49,7 @@ from contextvars import ContextVar
 from typing import Any, TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.http.client_ip import (
+from ratelimit_mw.keys.client_ip import (
     IPAddress,
     TrustedProxies,
     check_ipv6_prefix,
