@@ -1,13 +1,10 @@
 """Redis Sentinel: a client on the primary that the sentinels name, followed through failovers.
 
-redis-py's sentinel-managed connection asks the sentinels for the primary in ``connect()``,
-and turns a READONLY reply (the server it reached has been demoted) into a dropped
-connection. But redis-py 8 reconnects inside a command's retry through
-``connect_check_health``, which goes straight to the address the connection last had: the
-one retry meant to survive the failover reached the demoted primary again and failed, and
-one failed call opens the middleware's breaker for a whole cool-down. The connections here
-ask the sentinels on every connect, however it is reached, so that retry lands on the new
-primary.
+redis-py 8 reconnects inside a command's retry through ``connect_check_health``, which goes
+straight to the address the connection last had, not through the sentinels: the one retry
+meant to survive a failover reaches the demoted primary again, and one failed call opens the
+middleware's breaker for a whole cool-down. The connections here ask the sentinels on every
+connect, however it is reached, so that retry lands on the new primary.
 """
 
 from __future__ import annotations
@@ -61,9 +58,8 @@ def following(connection_class: type) -> type:
     """The class that makes a sync connection like `connection_class` but follows the
     sentinels on every connect (for a client built outside ``from_url`` too: a subclass
     of the user's keeps its own methods); any other class as it is."""
-    if not issubclass(connection_class, redis.sentinel.SentinelManagedConnection):
-        return connection_class
-    if issubclass(connection_class, _Following):
+    if (not issubclass(connection_class, redis.sentinel.SentinelManagedConnection)
+            or issubclass(connection_class, _Following)):
         return connection_class
     return type(f"Following{connection_class.__name__}", (_Following, connection_class), {})
 
@@ -81,35 +77,24 @@ def client(spec: BackendURL, kwargs: dict[str, Any], *, asyncio: bool) -> Any:
         if option in spec.options:
             sentinel_kwargs[option.removeprefix("sentinel_")] = spec.options[option]
     module: Any = redis.asyncio.sentinel if asyncio else redis.sentinel
-    connection_class: type
-    if asyncio:
-        connection_class = _AsyncFollowingTLS if spec.tls else _AsyncFollowing
-    else:
-        connection_class = _FollowingTLS if spec.tls else _Following
+    classes = (_AsyncFollowing, _AsyncFollowingTLS) if asyncio else (_Following, _FollowingTLS)
     credentials = {k: v for k, v in (("username", spec.username), ("password", spec.password))
                    if v is not None}
     sentinel = module.Sentinel(list(spec.sentinels), sentinel_kwargs=sentinel_kwargs)
-    return sentinel.master_for(spec.service, db=spec.db, connection_class=connection_class,
+    return sentinel.master_for(spec.service, db=spec.db, connection_class=classes[spec.tls],
                                **{**credentials, **kwargs})
 
 
 async def listen(sentinel: Any, service: str, switched: Callable[[str, int], None]) -> None:
-    """Follow one sentinel's announcements until cancelled: call `switched(host, port)` with
-    each new primary of `service` the moment the sentinel names it (as the Jedis and Lettuce
-    sentinel clients do, one step earlier).
+    """Follow one sentinel (a redis.asyncio client) until cancelled: call `switched(host,
+    port)` with each new primary of `service` the moment it names one, subscribing again
+    `RESUBSCRIBE` seconds after a failure.
 
-    redis-py's clients find a new primary only when the old one fails or is demoted,
-    seconds after a ``SENTINEL FAILOVER``, and every count written to the old one meanwhile
-    is thrown away when it becomes a replica. ``+switch-master`` comes about a second after
-    the promotion (the sentinels confirm it from the replica's ``INFO``), and the counts of
-    that second would be lost too. ``+failover-state-wait-promotion`` comes as the sentinel
-    has sent the chosen replica ``REPLICAOF NO ONE``: the switch is made then
-    (docs/backends.md has the figures). Should that failover be aborted, the replica
-    answers READONLY and the connection asks the sentinels again (pipeline.py).
-
-    `sentinel` is a redis.asyncio client of one sentinel (its credentials and TLS apply); a
-    sentinel that fails is subscribed to again, one second later, for as long as the
-    listener runs.
+    redis-py's clients find a new primary only when the old one fails or is demoted, and the
+    counts written to the old one meanwhile are lost when it becomes a replica; even
+    ``+switch-master`` comes a second after the promotion. The switch is made at
+    ``+failover-state-wait-promotion`` (docs/backends.md); should that failover be aborted,
+    the replica answers READONLY and the connection asks the sentinels again (pipeline.py).
     """
     while True:
         connection = _connection(sentinel)
@@ -121,8 +106,6 @@ async def listen(sentinel: Any, service: str, switched: Callable[[str, int], Non
                 primary = announced(message, service)
                 if primary is not None:
                     switched(*primary)
-        except asyncio.CancelledError:
-            raise
         except Exception as exc:  # the sentinel is down or went away: subscribe again
             _log.debug("ratelimit_mw: sentinel %s: %s", connection, exc)
         finally:
@@ -152,26 +135,22 @@ def announced(message: Any, service: str) -> tuple[str, int] | None:
         name, host, port = parts[5], parts[2], parts[3]
     else:
         return None
-    if name != service or not port.isdigit():
-        return None
-    return host, int(port)
+    return (host, int(port)) if name == service and port.isdigit() else None
 
 
 def _connection(sentinel: Any) -> Any:
-    """A new connection to one sentinel, made with its client's settings on the running
-    loop (a redis.asyncio client's pool belongs to the loop it first ran on). RESP2: under
-    RESP3 (redis-py 8's default) redis-py hands published messages to a push handler
-    instead of returning them."""
+    """A new connection to one sentinel with its client's settings, on the running loop (a
+    client's pool belongs to the loop it first ran on). RESP2: under RESP3 redis-py hands
+    published messages to a push handler instead of returning them."""
     pool = sentinel.connection_pool
     return pool.connection_class(**{**pool.connection_kwargs, "protocol": 2})
 
 
 async def primary_of(manager: Any, service: str) -> tuple[str, int]:
     """The primary of `service` as redis-py's ``Sentinel.discover_master`` finds it (the
-    first sentinel whose view passes `manager.check_master_state`: a primary not flagged
-    down, seen with enough other sentinels; ``force_master_ip`` applied; that sentinel
-    asked first next time), but asked on connections of the running loop: redis-py's
-    sentinel clients belong to the loop they first ran on. MasterNotFoundError (a
+    first sentinel whose view passes `manager.check_master_state`; ``force_master_ip``
+    applied; that sentinel asked first next time), but on connections of the running loop:
+    redis-py's sentinel clients belong to the loop they first ran on. MasterNotFoundError (a
     ConnectionError) when none names one."""
     failures: list[str] = []
     sentinels = manager.sentinels
@@ -205,18 +184,12 @@ def _master_state(reply: Any) -> dict[str, Any] | None:
     ``check_master_state`` reads)."""
     if not isinstance(reply, (list, tuple)) or len(reply) % 2:
         return None
-    fields = {(k.decode() if isinstance(k, bytes) else str(k)):
-              (v.decode() if isinstance(v, bytes) else str(v))
-              for k, v in zip(reply[::2], reply[1::2], strict=True)}
+    text = [item.decode() if isinstance(item, bytes) else str(item) for item in reply]
+    fields = dict(zip(text[::2], text[1::2], strict=True))
     try:
         flags = set(fields["flags"].split(","))
-        return {
-            "ip": fields["ip"],
-            "port": int(fields["port"]),
-            "is_master": "master" in flags,
-            "is_sdown": "s_down" in flags,
-            "is_odown": "o_down" in flags,
-            "num-other-sentinels": int(fields.get("num-other-sentinels", 0)),
-        }
+        return {"ip": fields["ip"], "port": int(fields["port"]), "is_master": "master" in flags,
+                "is_sdown": "s_down" in flags, "is_odown": "o_down" in flags,
+                "num-other-sentinels": int(fields.get("num-other-sentinels", 0))}
     except (KeyError, ValueError):
         return None

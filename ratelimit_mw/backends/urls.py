@@ -1,30 +1,14 @@
 """Backend URLs, read and checked once, at configuration time (pure: no I/O, no redis-py).
 
 A mistake in a URL must stop the app at start-up with a message that shows what to write,
-never reach redis-py (whose ValueError names no fix) or be dropped silently (an unknown
-option such as ``?sockettimeout=1`` used to be ignored, leaving the default in force).
-
-- ``redis://[[user]:password@]host[:6379][/db]``: one Redis over TCP;
-- ``rediss://...``: the same over TLS;
-- ``unix://[[user]:password@]/path/to/redis.sock[?db=N]``: one Redis on a Unix socket;
-- ``redis+cluster://host:port`` (``rediss+cluster://``): a Redis Cluster, found from one node;
-- ``redis+sentinel://[[user]:password@]host:26379[,host:26379...]/service[/db]``
-  (``rediss+sentinel://``): the primary that Redis Sentinel names for ``service``, followed
-  through failovers;
-- ``memory://``: this process's memory (no Redis).
-
-Query options (all schemes but ``memory://``): ``socket_timeout``, ``socket_connect_timeout``
-(seconds), ``max_connections``, ``health_check_interval``, ``socket_keepalive``,
-``retry_on_timeout``, ``client_name``, ``protocol`` and, over TLS, ``ssl_cert_reqs``,
-``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``. Single node
-also ``timeout`` and ``db`` (``max_connections`` and ``timeout`` size the redis-py client's
-own pool, which the checks do not use: see redis.py);
-Sentinel also ``sentinel_username`` / ``sentinel_password`` (the sentinels' own
-credentials; the ones in the URL are the primary's).
+never reach redis-py (whose ValueError names no fix) or be dropped silently. The schemes are
+`SCHEMES`, the query options `_CONVERT` (which scheme takes which: `_ALLOWED`, `_TLS`), as
+docs/backends.md lists them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,102 +16,42 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 from ratelimit_mw.core.errors import ConfigurationError
 
-KINDS = {
-    "redis": "redis",
-    "rediss": "redis",
-    "unix": "redis",
-    "redis+cluster": "cluster",
-    "rediss+cluster": "cluster",
-    "redis+sentinel": "sentinel",
-    "rediss+sentinel": "sentinel",
-    "memory": "memory",
+# Scheme → (kind, an example of it).
+SCHEMES = {
+    "redis": ("redis", "redis://127.0.0.1:6379/0"),
+    "rediss": ("redis", "rediss://:password@redis.example.com:6380/0"),
+    "unix": ("redis", "unix:///var/run/redis/redis.sock?db=0"),
+    "redis+cluster": ("cluster", "redis+cluster://10.0.0.1:7000"),
+    "rediss+cluster": ("cluster", "rediss+cluster://10.0.0.1:7000"),
+    "redis+sentinel": ("sentinel", "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"),
+    "rediss+sentinel": ("sentinel", "rediss+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"),
+    "memory": ("memory", "memory://"),
 }
-
-EXAMPLES = {
-    "redis": "redis://127.0.0.1:6379/0",
-    "rediss": "rediss://:password@redis.example.com:6380/0",
-    "unix": "unix:///var/run/redis/redis.sock?db=0",
-    "redis+cluster": "redis+cluster://10.0.0.1:7000",
-    "rediss+cluster": "rediss+cluster://10.0.0.1:7000",
-    "redis+sentinel": "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0",
-    "rediss+sentinel": "rediss+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0",
-    "memory": "memory://",
-}
-
 SENTINEL_PORT = 26379
 
 
-def _bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(text)
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
 
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0 or value == float("inf"):  # also rejects NaN
-        raise ValueError(text)
-    return value
-
-
-def _timeout(text: str) -> float:
-    # 0 would make the socket non-blocking: every call would fail at once.
-    value = _seconds(text)
-    if value == 0:
-        raise ValueError(text)
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise ValueError(text)
-    return value
-
-
-def _protocol(text: str) -> int:
-    value = int(text)
-    if value not in (2, 3):
-        raise ValueError(text)
-    return value
-
-
-def _cert_reqs(text: str) -> str:
-    value = text.lower()
-    if value not in ("none", "optional", "required"):
-        raise ValueError(text)
-    return value
-
-
-def _client_name(text: str) -> str:
+# Option → (converter, the check its value must pass, what a valid value looks like).
+_CONVERT: dict[str, tuple[Callable[[str], Any], Callable[[Any], bool], str]] = {
+    # 0 would make a socket non-blocking: every call would fail at once.
+    **dict.fromkeys(("socket_timeout", "socket_connect_timeout"), (
+        float, lambda value: 0 < value < math.inf, "a number of seconds above 0, e.g. 0.1")),
+    **dict.fromkeys(("socket_keepalive", "retry_on_timeout", "ssl_check_hostname"), (
+        lambda text: _BOOLS[text.lower()], lambda value: True, "true or false")),
+    **dict.fromkeys(("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "sentinel_username",
+                     "sentinel_password"), (str, lambda value: True, "text")),
+    "timeout": (float, lambda value: 0 <= value < math.inf, "a number of seconds, e.g. 0.1"),
+    "health_check_interval": (int, lambda value: value >= 0, "a whole number of seconds, e.g. 0"),
+    "max_connections": (int, lambda value: value >= 0, "a whole number, e.g. 100"),
+    "db": (int, lambda value: value >= 0, "a database number, e.g. 0"),
+    "protocol": (int, lambda value: value in (2, 3), "2 or 3"),
     # CLIENT SETNAME refuses spaces, newlines and other special characters.
-    if not text.isascii() or not all(33 <= ord(c) <= 126 for c in text):
-        raise ValueError(text)
-    return text
-
-
-# Option → (converter, what a valid value looks like).
-_CONVERT: dict[str, tuple[Callable[[str], Any], str]] = {
-    "socket_timeout": (_timeout, "a number of seconds above 0, e.g. 0.1"),
-    "socket_connect_timeout": (_timeout, "a number of seconds above 0, e.g. 0.1"),
-    "timeout": (_seconds, "a number of seconds, e.g. 0.1"),
-    "health_check_interval": (_count, "a whole number of seconds, e.g. 0"),
-    "max_connections": (_count, "a whole number, e.g. 100"),
-    "db": (_count, "a database number, e.g. 0"),
-    "protocol": (_protocol, "2 or 3"),
-    "socket_keepalive": (_bool, "true or false"),
-    "retry_on_timeout": (_bool, "true or false"),
-    "ssl_check_hostname": (_bool, "true or false"),
-    "client_name": (_client_name, "a name without spaces, e.g. api-worker"),
-    "ssl_cert_reqs": (_cert_reqs, "none, optional or required"),
-    "ssl_ca_certs": (str, "a file path"),
-    "ssl_certfile": (str, "a file path"),
-    "ssl_keyfile": (str, "a file path"),
-    "sentinel_username": (str, "a user name"),
-    "sentinel_password": (str, "a password"),
+    "client_name": (str, lambda value: value.isascii() and all(33 <= ord(c) <= 126 for c in value),
+                    "a name without spaces, e.g. api-worker"),
+    "ssl_cert_reqs": (str.lower, lambda value: value in ("none", "optional", "required"),
+                      "none, optional or required"),
 }
 _COMMON = frozenset({"socket_timeout", "socket_connect_timeout", "health_check_interval",
                      "max_connections", "socket_keepalive", "retry_on_timeout",
@@ -143,13 +67,10 @@ _ALLOWED = {
 
 @dataclass(frozen=True)
 class BackendURL:
-    """A checked backend URL.
-
-    ``client_url`` is what redis-py's ``from_url`` reads for the single-node and cluster
-    kinds (the ``+cluster`` and the query taken out); ``options`` are the query's options,
-    typed. Sentinel URLs are read here whole: ``sentinels``, ``service``, ``db`` and the
-    primary's credentials.
-    """
+    """A checked backend URL. ``client_url`` is what redis-py's ``from_url`` reads for the
+    single-node and cluster kinds (without ``+cluster`` and the query); ``options`` are the
+    query's, typed. Sentinel URLs are read here whole (``sentinels``, ``service``, ``db``, the
+    primary's credentials)."""
 
     kind: str  # "redis" | "cluster" | "sentinel" | "memory"
     scheme: str
@@ -167,17 +88,15 @@ class BackendURL:
 
 
 def _fail(url: str, problem: str, scheme: str = "redis") -> ConfigurationError:
-    example = EXAMPLES.get(scheme, EXAMPLES["redis"])
+    example = SCHEMES.get(scheme, SCHEMES["redis"])[1]
     return ConfigurationError(f"bad backend URL {redact(url)!r}: {problem}; e.g. {example!r}")
 
 
 def redact(url: str) -> str:
-    """The URL with every password hidden, for messages (they end up in logs).
-
-    Text-based, so that it holds for URLs the parser refuses: the user information is
-    everything before the LAST '@' ahead of the query (a password may hold '@' or '/'), and
-    a query option whose name holds "password" (``sentinel_password=``) loses its value.
-    """
+    """The URL with every password hidden, for messages (they end up in logs); text-based,
+    so that it holds for URLs the parser refuses. The user information is everything before
+    the LAST '@' ahead of the query (a password may hold '@' or '/'); a query option whose
+    name holds "password" loses its value."""
     head, sep, rest = url.partition("://")
     if not sep:
         head, rest = "", url
@@ -197,16 +116,16 @@ def parse(url: str) -> BackendURL:
     """Check `url` and read it; ConfigurationError (with an example) when it is wrong."""
     if not isinstance(url, str):
         raise ConfigurationError(f"a backend URL is a string, got {type(url).__name__}; "
-                                 f"e.g. {EXAMPLES['redis']!r}")
+                                 f"e.g. {SCHEMES['redis'][1]!r}")
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise _fail(url, "no scheme (redis://, rediss://, unix://, redis+cluster://, "
                          "redis+sentinel:// or memory://)")
     scheme = scheme.lower()
-    kind = KINDS.get(scheme)
-    if kind is None:
+    if scheme not in SCHEMES:
         raise _fail(url, f"unknown scheme {scheme + '://'!r}; one of "
-                         + ", ".join(f"{s}://" for s in KINDS))
+                         + ", ".join(f"{s}://" for s in SCHEMES))
+    kind = SCHEMES[scheme][0]
     if kind == "memory":
         if rest:
             raise _fail(url, "memory:// takes no host, path or options", "memory")
@@ -235,11 +154,13 @@ def _options(url: str, query: str, kind: str, scheme: str) -> dict[str, Any]:
             raise _fail(url, f"unknown option {name!r}{hint}; known: {known}", scheme)
         if name in options:
             raise _fail(url, f"option {name!r} is given twice", scheme)
-        convert, looks_like = _CONVERT[name]
+        convert, valid, looks_like = _CONVERT[name]
         try:
-            options[name] = convert(text)
-        except ValueError as exc:
-            raise _fail(url, f"{name} must be {looks_like}, got {text!r}", scheme) from exc
+            options[name] = value = convert(text)
+        except (ValueError, KeyError):
+            value = None
+        if value is None or not valid(value):
+            raise _fail(url, f"{name} must be {looks_like}, got {text!r}", scheme)
     return options
 
 
@@ -252,15 +173,6 @@ def _split(url: str, text: str, scheme: str) -> SplitResult:
                     scheme) from exc
 
 
-def _db_from_path(url: str, path: str, scheme: str) -> int | None:
-    text = path.strip("/")
-    if not text:
-        return None
-    if not text.isdigit():
-        raise _fail(url, f"the path is the database number, got {text!r}", scheme)
-    return int(text)
-
-
 def _single_or_cluster(url: str, scheme: str, kind: str, body: str,
                        options: dict[str, Any]) -> BackendURL:
     plain = scheme.replace("+cluster", "")
@@ -268,9 +180,8 @@ def _single_or_cluster(url: str, scheme: str, kind: str, body: str,
         path = body.rpartition("@")[2]
         if not path.startswith("/") or path == "/":
             raise _fail(url, "unix:// needs the socket's absolute path", scheme)
-        client_url = f"{plain}://{body}"
-        return BackendURL(kind=kind, scheme=scheme, client_url=client_url, options=options,
-                          db=options.get("db", 0))
+        return BackendURL(kind=kind, scheme=scheme, client_url=f"{plain}://{body}",
+                          options=options, db=options.get("db", 0))
     parts = _split(url, f"{plain}://{body}", scheme)
     if not parts.hostname:
         raise _fail(url, "no host", scheme)
@@ -281,12 +192,16 @@ def _single_or_cluster(url: str, scheme: str, kind: str, body: str,
         parts.port  # noqa: B018 - urlsplit checks the port only when it is read
     except ValueError as exc:
         raise _fail(url, "the port must be a number from 1 to 65535", scheme) from exc
-    db = _db_from_path(url, parts.path, scheme)
-    if db is not None and "db" in options:
-        raise _fail(url, "the database is given twice (path and ?db=)", scheme)
+    db = options.get("db", 0)
+    path = parts.path.strip("/")
+    if path:
+        if not path.isdigit():
+            raise _fail(url, f"the path is the database number, got {path!r}", scheme)
+        if "db" in options:
+            raise _fail(url, "the database is given twice (path and ?db=)", scheme)
+        db = int(path)
     if kind == "cluster" and db:
         raise _fail(url, "a Redis Cluster has database 0 only", scheme)
-    db = db if db is not None else options.get("db", 0)
     return BackendURL(kind=kind, scheme=scheme,
                       client_url=f"{plain}://{parts.netloc}/{db}", options=options, db=db)
 
@@ -320,12 +235,9 @@ def _sentinel(url: str, scheme: str, body: str, options: dict[str, Any]) -> Back
                          "'sentinel monitor')", scheme)
     if len(segments) > 2:
         raise _fail(url, "the path is /service or /service/db", scheme)
-    db = 0
-    if len(segments) == 2:
-        if not segments[1].isdigit():
-            raise _fail(url, f"the database after the service must be a number, got "
-                             f"{segments[1]!r}", scheme)
-        db = int(segments[1])
+    db = segments[1] if len(segments) == 2 else "0"
+    if not db.isdigit():
+        raise _fail(url, f"the database after the service must be a number, got {db!r}", scheme)
     return BackendURL(kind="sentinel", scheme=scheme, options=options, sentinels=sentinels,
-                      service=unquote(segments[0]), db=db, username=username,
+                      service=unquote(segments[0]), db=int(db), username=username,
                       password=password)

@@ -34,26 +34,23 @@ EXIT_OK, EXIT_STORE_DOWN, EXIT_BAD_INPUT = 0, 1, 2
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_STORE_DOWN", "main"]
 
 
-def _ban_key(prefix: str, policy: Policy, identity: str) -> str:
-    # Read and cleared even when POLICY carries no penalty: the app's policy may, and a ban
-    # left in place would go on refusing after a reset.
-    return f"{identity_head(prefix, identity)}{wire.wire(policy).segment}:ban"
-
-
-def _identity(text: str) -> str:
-    if not text:
+def _target(args: argparse.Namespace, operation: Any) -> tuple[Policy, str, str, list[str]]:
+    """POLICY, IDENTITY, the ban key and the keys `operation` touches, ban included."""
+    policy = resolve_policy(args.policy, args.algorithm, args.name, args.tz)
+    if not args.identity:
         raise ConfigurationError('IDENTITY must not be empty; e.g. "user:42"')
-    return text
+    # The ban is read and cleared even when POLICY carries no penalty: the app's policy may,
+    # and a ban left in place would go on refusing after a reset.
+    ban = f"{identity_head(args.prefix, args.identity)}{wire.wire(policy).segment}:ban"
+    call = plans.build(operation, (plans.Check(policy, args.identity),), args.prefix)
+    return policy, args.identity, ban, list(dict.fromkeys([*call.keys, ban]))
 
 
 def _inspect(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
-    policy = resolve_policy(args.policy, args.algorithm, args.name, args.tz)
-    identity = _identity(args.identity)
-    ban = _ban_key(args.prefix, policy, identity)
-    call = plans.build(plans.PEEK, (plans.Check(policy, identity),), args.prefix)
+    policy, identity, ban, keys = _target(args, plans.PEEK)
     # Nothing stored: a fresh quota, or a name that is not the one the app counts under
     # (a decorator's is "route <module>.<function> <rates>"): say which names are there.
-    stored = bool(store.existing(list(dict.fromkeys([*call.keys, ban]))))
+    stored = bool(store.existing(keys))
     others: list[str] = []
     if not stored:
         head = f"{identity_head(args.prefix, identity)}*"
@@ -69,20 +66,15 @@ def _inspect(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output
 
 
 def _reset(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
-    policy = resolve_policy(args.policy, args.algorithm, args.name, args.tz)
-    identity = _identity(args.identity)
-    call = plans.build(plans.RESET, (plans.Check(policy, identity),), args.prefix)
-    ban = _ban_key(args.prefix, policy, identity)
-    keys = list(dict.fromkeys([*call.keys, ban]))  # tiers of a sliding log share one key
+    policy, identity, ban, keys = _target(args, plans.RESET)
     removed = store.existing(keys)
     limiter.reset(policy, identity)
-    if ban not in call.keys:
-        store.delete([ban])
+    store.delete([ban])  # gone already when the reset cleared it
     data = report.reset_report(policy, identity, removed)
     return data, report.render_reset(data)
 
 
-def _list(store: Store, args: argparse.Namespace) -> Output:
+def _list(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
     limit = positive_limit(args.limit)
     policy = None
     if args.policy is not None:
@@ -92,28 +84,25 @@ def _list(store: Store, args: argparse.Namespace) -> Output:
             "--algorithm, --name and --tz shape --policy; give it too, e.g. "
             'list --policy "5/minute" --algorithm gcra'
         )
-    keys = store.scan(report.scan_pattern(args.prefix, policy))
-    data = report.list_report(args.prefix, keys, limit, policy)
+    data = report.list_report(args.prefix, store.scan(report.scan_pattern(args.prefix, policy)),
+                              limit, policy)
     return data, report.render_list(data)
 
 
-def _ping(store: Store) -> Output:
-    data = store.ping()
+def _ping(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
+    data = store.backend.ping()
     return data, report.render_ping(redact(store.url), data)
+
+
+_COMMANDS = {"inspect": _inspect, "reset": _reset, "list": _list, "ping": _ping}
 
 
 def _run(args: argparse.Namespace) -> Output:
     store = Store(args.url, args.timeout)
     try:
         # No deny cache: every answer comes from the store, as it stands now.
-        limiter = Limiter(store.backend, prefix=args.prefix, deny_cache=0)
-        if args.command == "inspect":
-            return _inspect(store, limiter, args)
-        if args.command == "reset":
-            return _reset(store, limiter, args)
-        if args.command == "list":
-            return _list(store, args)
-        return _ping(store)
+        return _COMMANDS[args.command](store, Limiter(store.backend, prefix=args.prefix,
+                                                      deny_cache=0), args)
     finally:
         store.close()
 
@@ -121,11 +110,9 @@ def _run(args: argparse.Namespace) -> Output:
 def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
          stderr: TextIO | None = None) -> int:
     """Run one command; returns the exit code (the console script exits with it)."""
-    out = stdout or sys.stdout
     err = stderr or sys.stderr
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # argparse has printed its usage message already
         return exit_.code if isinstance(exit_.code, int) else EXIT_BAD_INPUT
     try:
@@ -134,11 +121,10 @@ def main(argv: Sequence[str] | None = None, *, stdout: TextIO | None = None,
         print(f"ratelimit-mw: error: {exc}", file=err)
         return EXIT_BAD_INPUT
     except BackendError as exc:
-        # The underlying error says why in one line; the BackendError may also carry the
-        # client's long repr.
+        # The underlying error says why in one line (the BackendError may carry a long repr).
         cause = exc.__cause__
         reason = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
         print(f"ratelimit-mw: cannot reach the store at {redact(args.url)}: {reason}", file=err)
         return EXIT_STORE_DOWN
-    print(json.dumps(data, indent=2) if args.json else text, file=out)
+    print(json.dumps(data, indent=2) if args.json else text, file=stdout or sys.stdout)
     return EXIT_OK

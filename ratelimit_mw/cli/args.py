@@ -1,15 +1,12 @@
-"""The command line's grammar, and the POLICY argument turned into a Policy.
-
-POLICY is either rate text (``"5/minute;100/day"``, shaped by ``--algorithm``, ``--name`` and
-``--tz`` exactly as ``Policy(...)`` would be) or ``module:attribute`` naming a Policy in the
-user's code, so that the CLI sees the same name, algorithm and calendar the app uses — and
-therefore the same keys.
-"""
+"""The command line's grammar, and the POLICY argument turned into a Policy: rate text
+(shaped by ``--algorithm``, ``--name`` and ``--tz`` as ``Policy(...)`` would be) or
+``module:attribute`` naming the app's own Policy, so that the CLI sees the same keys."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import operator
 import os
 import re
 import sys
@@ -28,29 +25,20 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     """Options accepted before and after the command. After it they default to SUPPRESS, so a
     value given before the command is not overwritten by the command's default."""
     common = argparse.ArgumentParser(add_help=False)
-
-    def default(value: object) -> object:
-        return value if defaults else argparse.SUPPRESS
-
-    common.add_argument(
-        "--url", default=default(os.environ.get(URL_VARIABLE) or DEFAULT_URL),
-        help=f"the store: redis://, rediss://, unix://, redis+cluster:// or "
-             f"redis+sentinel:// (default: "
-             f"${URL_VARIABLE}, else {DEFAULT_URL})")
-    common.add_argument("--prefix", default=default("rl"),
-                        help="the key prefix the limiter was built with (default: rl)")
-    common.add_argument("--timeout", type=float, default=default(2.0),
-                        help="socket and connect timeout in seconds (default: 2)")
-    common.add_argument("--json", action="store_true", default=default(False),
-                        help="print one JSON object (for scripts)")
+    url = os.environ.get(URL_VARIABLE) or DEFAULT_URL
+    for flag, value, options in (
+        ("--url", url, {"help": "the store: redis://, rediss://, unix://, redis+cluster:// or "
+                        f"redis+sentinel:// (default: ${URL_VARIABLE}, else {DEFAULT_URL})"}),
+        ("--prefix", "rl", {"help": "the key prefix the limiter was built with (default: rl)"}),
+        ("--timeout", 2.0, {"type": float,
+                            "help": "socket and connect timeout in seconds (default: 2)"}),
+        ("--json", False, {"action": "store_true", "help": "print one JSON object (for scripts)"}),
+    ):
+        common.add_argument(flag, default=value if defaults else argparse.SUPPRESS, **options)
     return common
 
 
-def _policy_options(parser: argparse.ArgumentParser, *, positional: bool) -> None:
-    if positional:
-        parser.add_argument("policy", metavar="POLICY",
-                            help='rate text such as "5/minute;100/day", or module:attribute '
-                                 "naming a Policy (the current directory is importable)")
+def _policy_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--algorithm", choices=sorted(ALGORITHMS),
                         help=f"with rate text: the algorithm (default: {DEFAULT_ALGORITHM})")
     parser.add_argument("--name", help="with rate text: the policy's name (default: the text)")
@@ -65,25 +53,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub = _common(defaults=False)
-
-    inspect = commands.add_parser(
-        "inspect", parents=[sub], help="each tier's state for one identity, recording nothing")
-    _policy_options(inspect, positional=True)
-    inspect.add_argument("identity", metavar="IDENTITY", help='as the key function returns it, '
-                         'e.g. "ip:203.0.113.7" or "user:42"')
-
-    reset = commands.add_parser(
-        "reset", parents=[sub], help="forget one identity's counters and any ban")
-    _policy_options(reset, positional=True)
-    reset.add_argument("identity", metavar="IDENTITY")
-
+    for command, about in (("inspect", "each tier's state for one identity, recording nothing"),
+                           ("reset", "forget one identity's counters and any ban")):
+        parsed = commands.add_parser(command, parents=[sub], help=about)
+        parsed.add_argument("policy", metavar="POLICY",
+                            help='rate text such as "5/minute;100/day", or module:attribute '
+                                 "naming a Policy (the current directory is importable)")
+        _policy_options(parsed)
+        parsed.add_argument("identity", metavar="IDENTITY", help='as the key function returns '
+                            'it, e.g. "ip:203.0.113.7" or "user:42"')
     listing = commands.add_parser(
         "list", parents=[sub], help="identities that hold state now (SCAN, bounded)")
     listing.add_argument("--policy", help="only this policy (rate text or module:attribute)")
-    _policy_options(listing, positional=False)
+    _policy_options(listing)
     listing.add_argument("--limit", type=int, default=DEFAULT_LIST_LIMIT,
                          help=f"at most this many identities (default: {DEFAULT_LIST_LIMIT})")
-
     commands.add_parser("ping", parents=[sub],
                         help="connect, load the script, report the version and a round trip")
     return parser
@@ -101,8 +85,8 @@ def resolve_policy(text: str, algorithm: str | None, name: str | None,
             )
         return _import_policy(text)
     # argparse's choices= already limited the text to the four names; Policy checks again.
-    chosen = cast("Algorithm", algorithm or DEFAULT_ALGORITHM)
-    return Policy(text, algorithm=chosen, name=name, tz=tz)
+    return Policy(text, algorithm=cast("Algorithm", algorithm or DEFAULT_ALGORITHM), name=name,
+                  tz=tz)
 
 
 def _import_policy(reference: str) -> Policy:
@@ -117,14 +101,13 @@ def _import_policy(reference: str) -> Policy:
             f"cannot import {module_name!r} for POLICY {reference!r} ({exc}); run from the "
             f"directory that holds it, or give rate text such as \"5/minute\" instead"
         ) from exc
-    missing = object()
-    for part in attribute.split("."):
-        found = getattr(found, part, missing)
-        if found is missing:
-            raise ConfigurationError(
-                f"{module_name!r} has no {attribute!r} (POLICY {reference!r}); name a Policy "
-                f"defined there, e.g. {module_name}:LOGIN for LOGIN = Policy(\"5/minute\")"
-            )
+    try:
+        found = operator.attrgetter(attribute)(found)
+    except AttributeError:
+        raise ConfigurationError(
+            f"{module_name!r} has no {attribute!r} (POLICY {reference!r}); name a Policy "
+            f"defined there, e.g. {module_name}:LOGIN for LOGIN = Policy(\"5/minute\")"
+        ) from None
     if not isinstance(found, Policy):
         raise ConfigurationError(
             f"POLICY {reference!r} is a {type(found).__name__}, not a Policy; point it at "

@@ -1,8 +1,5 @@
-"""What the commands print: plain data built from Decisions and key names, then text.
-
-Pure functions only: the commands gather the facts (a peek, Redis's clock, the keys found),
-these shape them into one dict per command (the ``--json`` output) and render that as text.
-"""
+"""What the commands print: the facts they gathered (a peek, Redis's clock, the keys found)
+shaped into one dict per command (the ``--json`` output), and that dict rendered as text."""
 
 from __future__ import annotations
 
@@ -22,8 +19,8 @@ HASHED_NOTE = ("identities starting with '#' are stored hashed (unsafe or long v
 
 
 def iso(ms: int) -> str:
-    return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).isoformat(
-        timespec="milliseconds")
+    utc = _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc)
+    return utc.isoformat(timespec="milliseconds")
 
 
 def _seconds(value: float) -> float | None:
@@ -43,33 +40,19 @@ def policy_summary(policy: Policy) -> dict[str, Any]:
 def inspect_report(policy: Policy, identity: str, decision: Decision, ban_end_ms: int | None,
                    now_ms: int) -> dict[str, Any]:
     """The state of every tier as a peek saw it, and the ban as its key holds it."""
-    tiers = []
-    for tier in decision.tiers:
-        waiting = not tier.allowed
-        tiers.append({
-            "rate": str(tier.rate),
-            "limit": tier.rate.limit,
-            "used": tier.rate.limit - tier.remaining,
-            "remaining": tier.remaining,
-            "allowed": tier.allowed,
-            "banned": tier.banned,
-            "retry_after": _seconds(tier.retry_after) if waiting else 0.0,
-            "retry_at": _at(now_ms, tier.retry_after) if waiting else None,
-            "reset_after": _seconds(tier.reset_after),
-            "reset_at": _at(now_ms, tier.reset_after),
-        })
+    tiers = [{
+        "rate": str(tier.rate), "limit": tier.rate.limit, "used": tier.rate.limit - tier.remaining,
+        "remaining": tier.remaining, "allowed": tier.allowed, "banned": tier.banned,
+        "retry_after": 0.0 if tier.allowed else _seconds(tier.retry_after),
+        "retry_at": None if tier.allowed else _at(now_ms, tier.retry_after),
+        "reset_after": _seconds(tier.reset_after), "reset_at": _at(now_ms, tier.reset_after),
+    } for tier in decision.tiers]
     ban = None
     if ban_end_ms is not None and ban_end_ms > now_ms:
         ban = {"ends_at": iso(ban_end_ms), "left": round((ban_end_ms - now_ms) / 1000, 3)}
-    return {
-        "policy": policy_summary(policy),
-        "identity": identity,
-        "stored_as": encode_identity(identity),
-        "now": iso(now_ms),
-        "allowed": decision.allowed and ban is None,
-        "tiers": tiers,
-        "ban": ban,
-    }
+    return {"policy": policy_summary(policy), "identity": identity,
+            "stored_as": encode_identity(identity), "now": iso(now_ms),
+            "allowed": decision.allowed and ban is None, "tiers": tiers, "ban": ban}
 
 
 def _duration(seconds: float | None) -> str:
@@ -141,12 +124,9 @@ class StoredKey(NamedTuple):
 
 
 def parse_key(prefix: str, key: str) -> StoredKey | None:
-    """The parts of a limiter key, or None for a key this prefix's limiter never writes.
-
-    The identity cannot hold braces (see core.identity) and the tier is the last
-    ``:``-separated field; the policy name may hold ``:`` and ``.``, so it is read from the
-    right.
-    """
+    """The parts of a limiter key, or None for a key this prefix's limiter never writes. The
+    identity holds no braces (core.identity); the policy name may hold ``:`` and ``.``, so it
+    is read from the right."""
     head = prefix + ":{"
     if not key.startswith(head):
         return None
@@ -164,9 +144,7 @@ def parse_key(prefix: str, key: str) -> StoredKey | None:
 def scan_pattern(prefix: str, policy: Policy | None) -> str:
     """The SCAN MATCH pattern. Prefixes, encoded identities and policy segments hold no glob
     characters (``*?[]\\``), so they can be written into the pattern as they are."""
-    if policy is None:
-        return f"{prefix}:{{*"
-    return f"{prefix}:{{*}}:{wire.wire(policy).segment}:*"
+    return f"{prefix}:{{*" if policy is None else f"{prefix}:{{*}}:{wire.wire(policy).segment}:*"
 
 
 def list_report(prefix: str, keys: Iterable[str], limit: int,
@@ -194,22 +172,16 @@ def list_report(prefix: str, keys: Iterable[str], limit: int,
     identities = sorted(found.values(), key=lambda e: e["identity"])
     for entry in identities:
         entry["policies"].sort()
-    return {
-        "prefix": prefix,
-        "policy": None if policy is None else policy_summary(policy),
-        "identities": identities,
-        "truncated": truncated,
-        "note": HASHED_NOTE if any(e["hashed"] for e in identities) else None,
-    }
+    return {"prefix": prefix, "policy": None if policy is None else policy_summary(policy),
+            "identities": identities, "truncated": truncated,
+            "note": HASHED_NOTE if any(e["hashed"] for e in identities) else None}
 
 
 def render_list(report: dict[str, Any]) -> str:
     identities = report["identities"]
     if not identities:
-        where = f"prefix {report['prefix']!r}"
-        if report["policy"] is not None:
-            where += f", policy {report['policy']['name']!r}"
-        return f"no identity holds state ({where})"
+        policy = "" if report["policy"] is None else f", policy {report['policy']['name']!r}"
+        return f"no identity holds state (prefix {report['prefix']!r}{policy})"
     rows = [[e["identity"], str(e["keys"]), "banned" if e["banned"] else "",
              ", ".join(e["policies"])] for e in identities]
     lines = _table(["identity (as stored)", "keys", "ban", "policies"], rows)

@@ -1,7 +1,5 @@
 """The command line's only I/O: a Redis (or Redis Cluster) reached through the backend.
-
-Every store failure leaves this module as `BackendError`, which the CLI turns into exit 1.
-"""
+Every store failure leaves this module as `BackendError`, which the CLI turns into exit 1."""
 
 from __future__ import annotations
 
@@ -55,10 +53,6 @@ class Store:
             raise BackendError(f"cannot reach the Redis Cluster at {redact(self.url)}")
         return client
 
-    @property
-    def is_cluster(self) -> bool:
-        return self.backend.is_cluster
-
     def time_ms(self) -> int:
         """Redis's clock: the one every decision is made with."""
         with store_errors():
@@ -83,13 +77,10 @@ class Store:
         with store_errors():
             client = self.client
             nodes = ([client.get_redis_connection(node) for node in client.get_primaries()]
-                     if self.is_cluster else [client])
+                     if self.backend.is_cluster else [client])
             for node in nodes:
                 for key in node.scan_iter(match=match, count=SCAN_COUNT):
                     yield key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-
-    def ping(self) -> dict[str, Any]:
-        return self.backend.ping()
 
     def close(self) -> None:
         with contextlib.suppress(*STORE_ERRORS, AttributeError):

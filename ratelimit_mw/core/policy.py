@@ -19,25 +19,20 @@ Algorithm: TypeAlias = Literal["fixed-window", "sliding-log", "sliding-window", 
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
 DEFAULT_ALGORITHM: Algorithm = "sliding-log"
 
-PenaltyEnd = Callable[[], _dt.datetime]
-Penalty: TypeAlias = int | float | str | _dt.timedelta | PenaltyEnd | None
+Penalty: TypeAlias = int | float | str | _dt.timedelta | Callable[[], _dt.datetime] | None
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
 def _penalty_ms(penalty: int | float | str | _dt.timedelta) -> int:
     example = 'write penalty=3600, penalty="1 hour" or penalty=timedelta(hours=1)'
-    if isinstance(penalty, bool):
-        raise ConfigurationError(f"penalty must be a duration, not {penalty!r}; {example}")
+    match = _DURATION_RE.match(penalty) if isinstance(penalty, str) else None
+    unit = (unit_ms(match[2]) if match[2] else 1_000) if match else None
     if isinstance(penalty, _dt.timedelta):
         ms = int(penalty.total_seconds() * 1000)
-    elif isinstance(penalty, (int, float)):
+    elif isinstance(penalty, (int, float)) and not isinstance(penalty, bool):
         ms = int(penalty * 1000)
-    elif isinstance(penalty, str):
-        match = _DURATION_RE.match(penalty)
-        unit = (unit_ms(match[2]) if match[2] else 1_000) if match else None
-        if match is None or unit is None:
-            raise ConfigurationError(f"cannot read the penalty {penalty!r}; {example}")
+    elif match is not None and unit is not None:
         ms = int(float(match[1]) * unit)
     else:
         raise ConfigurationError(f"cannot read the penalty {penalty!r}; {example}")
@@ -47,9 +42,8 @@ def _penalty_ms(penalty: int | float | str | _dt.timedelta) -> int:
 
 
 class Policy:
-    """Tiers of rates enforced together, e.g. ``Policy("1/minute;5/hour;10/day")``.
-
-    A hit is admitted only if every tier admits it (and then it counts in every tier).
+    """Tiers of rates enforced together, e.g. ``Policy("1/minute;5/hour;10/day")``: a hit is
+    admitted only if every tier admits it (and then it counts in every tier).
 
     - ``algorithm``: ``"sliding-log"`` (default, exact), ``"sliding-window"`` (O(1), an
       approximation), ``"gcra"`` (O(1), smooth) or ``"fixed-window"`` (O(1), bursts of up to
@@ -61,16 +55,8 @@ class Policy:
     - ``tz``: fixed-window only; tiers of whole days run from local midnight in this IANA zone.
     """
 
-    __slots__ = (
-        "_wire",
-        "algorithm",
-        "name",
-        "penalty",
-        "penalty_ms",
-        "rates",
-        "smallest_limit",
-        "tz",
-    )
+    __slots__ = ("_wire", "algorithm", "name", "penalty", "penalty_ms", "rates", "smallest_limit",
+                 "tz")
 
     def __init__(
         self,
@@ -129,23 +115,15 @@ class Policy:
         self.name: str = name
         self.tz: ZoneInfo | None = zone
         self.penalty: Penalty = penalty
-        self.penalty_ms: int = 0
-        if penalty is not None and not callable(penalty):
-            self.penalty_ms = _penalty_ms(penalty)
-        # Reserved for the core (core.wire): what this policy becomes on the wire, built on
-        # first use and kept here so that it lives exactly as long as the policy.
+        self.penalty_ms = 0 if penalty is None or callable(penalty) else _penalty_ms(penalty)
+        # Reserved for core.wire: what this policy becomes on the wire, built on first use.
         self._wire: object = None
 
     def __repr__(self) -> str:
-        extra = ""
-        if self.penalty is not None:
-            extra += f", penalty={self.penalty!r}"
-        if self.tz is not None:
-            extra += f", tz={self.tz.key!r}"
+        extra = "" if self.penalty is None else f", penalty={self.penalty!r}"
+        extra += "" if self.tz is None else f", tz={self.tz.key!r}"
         rates = ";".join(map(str, self.rates))
-        return (
-            f"Policy({rates!r}, algorithm={self.algorithm!r}, name={self.name!r}{extra})"
-        )
+        return f"Policy({rates!r}, algorithm={self.algorithm!r}, name={self.name!r}{extra})"
 
 
 def as_policy(value: Policy | str, *, name: str | None = None) -> Policy:
@@ -164,16 +142,15 @@ def check_shared_logs(policies: Iterable[Policy]) -> None:
 
     Policies of one name and algorithm share their counters; for `sliding-log` that is one
     log of hits for all of a policy's tiers, which every call trims to, and keeps alive for,
-    its own policy's longest window. Namesakes with different longest windows would thus
-    drop hits the longer one still counts, and admit more than it says. Checked where a set
-    of policies is configured together (the middleware's default and rules), at start-up.
+    its own policy's longest window: namesakes with different longest windows would drop
+    hits the longer one still counts, and admit more than it says.
     """
     first_of_name: dict[str, Policy] = {}
     for policy in policies:
         if policy.algorithm != "sliding-log":
             continue
         seen = first_of_name.setdefault(policy.name, policy)
-        if _longest_ms(seen) != _longest_ms(policy):
+        if _window(seen) != _window(policy):
             raise ConfigurationError(
                 f"the sliding-log policies {seen!r} and {policy!r} share the name "
                 f"{policy.name!r}, so they count in one log of hits, but they keep it for "
@@ -185,9 +162,8 @@ def check_shared_logs(policies: Iterable[Policy]) -> None:
 
 
 class SharedLogs:
-    """The sliding-log policies configured on one limiter so far, one per name: what
-    `check_shared_logs` checks when the policies are not configured together (decorators
-    applied one by one at import, a middleware's default and rules, in either order)."""
+    """The sliding-log policies configured on one limiter so far, one per name, for
+    `check_shared_logs` across decorators applied one by one and a middleware's limits."""
 
     __slots__ = ("_by_name",)
 
@@ -195,8 +171,8 @@ class SharedLogs:
         self._by_name: dict[str, Policy] = {}
 
     def add(self, policies: Iterable[Policy]) -> None:
-        """Record `policies`; raise ConfigurationError for one whose namesake keeps its log
-        for another window (nothing of that call is recorded then)."""
+        """Record `policies`, or none of them when one's namesake keeps its log for another
+        window (ConfigurationError)."""
         fresh = [policy for policy in policies if policy.algorithm == "sliding-log"]
         check_shared_logs([*(self._by_name[p.name] for p in fresh if p.name in self._by_name),
                            *fresh])
@@ -204,22 +180,16 @@ class SharedLogs:
             self._by_name.setdefault(policy.name, policy)
 
 
-def _longest_ms(policy: Policy) -> int:
-    return max(rate.period_ms for rate in policy.rates)
-
-
 def _window(policy: Policy) -> str:
-    """The longest tier's period as its rate text writes it: "1 minute", "3 hours"."""
+    """The longest tier's period as its rate text writes it ("1 minute", "3 hours"): one text
+    per period."""
     period = str(max(policy.rates, key=lambda r: r.period_ms)).partition("/")[2]
     return period if period[:1].isdigit() else f"1 {period}"
 
 
 def _tiers(*policies: Policy) -> str:
     """The tiers of `policies` as one rate text, the smaller limit for a period in both."""
-    by_period: dict[int, Rate] = {}
-    for policy in policies:
-        for rate in policy.rates:
-            known = by_period.get(rate.period_ms)
-            if known is None or rate.limit < known.limit:
-                by_period[rate.period_ms] = rate
-    return ";".join(str(by_period[period]) for period in sorted(by_period))
+    rates = [rate for policy in policies for rate in policy.rates]
+    return ";".join(str(min((rate for rate in rates if rate.period_ms == period),
+                            key=lambda rate: rate.limit))
+                    for period in sorted({rate.period_ms for rate in rates}))

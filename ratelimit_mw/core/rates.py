@@ -11,29 +11,12 @@ from dataclasses import dataclass
 
 from ratelimit_mw.core.errors import ConfigurationError
 
-_MS_PER_UNIT = {
-    "millisecond": 1,
-    "ms": 1,
-    "second": 1_000,
-    "sec": 1_000,
-    "s": 1_000,
-    "minute": 60_000,
-    "min": 60_000,
-    "m": 60_000,
-    "hour": 3_600_000,
-    "hr": 3_600_000,
-    "h": 3_600_000,
-    "day": 86_400_000,
-    "d": 86_400_000,
-    "week": 7 * 86_400_000,
-    "w": 7 * 86_400_000,
-}
-
-_UNIT_WORDS = {1: "millisecond", 1_000: "second", 60_000: "minute", 3_600_000: "hour",
-               86_400_000: "day", 7 * 86_400_000: "week"}
-
-_UNIT_ABBREVIATIONS = {1: "ms", 1_000: "s", 60_000: "min", 3_600_000: "h",
-                       86_400_000: "d", 7 * 86_400_000: "w"}
+# (milliseconds, word, tier-name abbreviation, other spellings), longest first.
+_UNITS = ((7 * 86_400_000, "week", "w", ()), (86_400_000, "day", "d", ()),
+          (3_600_000, "hour", "h", ("hr",)), (60_000, "minute", "min", ("m",)),
+          (1_000, "second", "s", ("sec",)), (1, "millisecond", "ms", ()))
+_MS_PER_UNIT = {spelling: ms for ms, word, abbreviation, others in _UNITS
+                for spelling in (word, abbreviation, *others)}
 
 # "<limit> (/|per) [<multiple>] <unit>[s]" — the notation of `limits` and slowapi.
 _RATE_RE = re.compile(
@@ -73,19 +56,10 @@ class Rate:
     period_ms: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise ConfigurationError(
-                f"a rate's limit must be a whole number >= 1, got {self.limit!r}; {_EXAMPLE}"
-            )
-        if (
-            isinstance(self.period_ms, bool)
-            or not isinstance(self.period_ms, int)
-            or self.period_ms < 1
-        ):
-            raise ConfigurationError(
-                f"a rate's period must be a whole number of milliseconds >= 1, "
-                f"got {self.period_ms!r}; {_EXAMPLE}"
-            )
+        for value, what in ((self.limit, "limit must be a whole number >= 1"),
+                            (self.period_ms, "period must be a whole number of milliseconds >= 1")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"a rate's {what}, got {value!r}; {_EXAMPLE}")
         if self.limit > MAX_LIMIT:
             raise ConfigurationError(
                 f"a rate's limit must be at most {MAX_LIMIT:,} (15 digits: the RateLimit "
@@ -120,26 +94,20 @@ class Rate:
             )
         return rates[0]
 
+    def _unit(self) -> tuple[int, str, str]:
+        """(multiple, word, abbreviation) of the longest unit the period is a multiple of."""
+        return next((self.period_ms // ms, word, abbreviation)
+                    for ms, word, abbreviation, _ in _UNITS if self.period_ms % ms == 0)
+
     def __str__(self) -> str:
-        for unit_ms in sorted(_UNIT_WORDS, reverse=True):
-            if self.period_ms % unit_ms == 0:
-                multiple = self.period_ms // unit_ms
-                word = _UNIT_WORDS[unit_ms]
-                if multiple == 1:
-                    return f"{self.limit}/{word}"
-                return f"{self.limit}/{multiple} {word}s"
-        return f"{self.limit}/{self.period_ms} milliseconds"  # pragma: no cover - ms divides all
+        multiple, word, _ = self._unit()
+        return f"{self.limit}/{word}" if multiple == 1 else f"{self.limit}/{multiple} {word}s"
 
     @property
     def name(self) -> str:
         """A short tier name for headers: "minute", "30s", "day"."""
-        for unit_ms in sorted(_UNIT_WORDS, reverse=True):
-            if self.period_ms % unit_ms == 0:
-                multiple = self.period_ms // unit_ms
-                if multiple == 1:
-                    return _UNIT_WORDS[unit_ms]
-                return f"{multiple}{_UNIT_ABBREVIATIONS[unit_ms]}"
-        return f"{self.period_ms}ms"  # pragma: no cover
+        multiple, word, abbreviation = self._unit()
+        return word if multiple == 1 else f"{multiple}{abbreviation}"
 
 
 def _parse_one(part: str, whole: str) -> Rate:
@@ -153,16 +121,15 @@ def _parse_one(part: str, whole: str) -> Rate:
             f"or week; {_EXAMPLE}"
         )
     limit = int(match["limit"])
-    multiple = int(match["multiple"]) if match["multiple"] is not None else 1
+    multiple = int(match["multiple"] or 1)
     if limit < 1:
         raise ConfigurationError(
             f"the limit in {part.strip()!r} must be at least 1 (to block everything, "
             f"refuse the route instead); {_EXAMPLE}"
         )
     if multiple < 1:
-        raise ConfigurationError(
-            f"the period in {part.strip()!r} must be at least 1 unit; {_EXAMPLE}"
-        )
+        raise ConfigurationError(f"the period in {part.strip()!r} must be at least 1 unit; "
+                                 f"{_EXAMPLE}")
     return Rate(limit, multiple * period_unit)
 
 

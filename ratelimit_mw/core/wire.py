@@ -1,38 +1,33 @@
 """The wire format: what a policy becomes on its way to lua/main.lua.
 
-`Policy` holds what a user configures; this module turns it into what the script reads:
-the algorithm's two-letter code, the key segment (``<name>.<code>``), the key suffix of each
-tier, the seven arguments of each tier, the ban argument and the calendar argument. Everything
-that does not depend on the request is computed once per policy (`Wire`, kept on the policy
-in a slot reserved for it, so it lives exactly as long as the policy).
+`Policy` holds what a user configures; this module turns it into what the script reads: the
+algorithm's two-letter code, the key segment (``<name>.<code>``), the key suffix and the
+seven arguments of each tier, the ban argument and the calendar argument. What does not
+depend on the request is computed once per policy (`Wire`, kept in the policy's reserved slot,
+so it lives exactly as long as the policy).
 
-Calendar windows (``tz=``) and whose clock picks them
--------------------------------------------------------
-Every window is picked by Redis's clock, calendar days included. The app's clock cannot be
-trusted for it: two app hosts whose clocks differ by two days would each write the counter of
-"their" day, overwriting each other's, and admit far more than the limit. So the call carries
-no boundaries, only the zone's **UTC-offset schedule** over a wide span of time, and the script
-works out the local day from Redis's TIME:
+Calendar windows (``tz=``): every window is picked by Redis's clock, calendar days included.
+Two app hosts whose clocks differ by two days would each write the counter of "their" day and
+admit far more than the limit, so the call carries no boundaries, only the zone's UTC-offset
+schedule over a wide span of time, and the script works out the local day from Redis's TIME:
 
 - ``schedule(zone, app_ms)`` is ``"o0,t1,o1,t2,o2,..."`` (integers, ms): the zone's UTC offset
-  ``o0`` up to the instant ``t1``, then ``o1`` up to ``t2``, and so on; the last offset holds on.
-  It lists every offset change within 400 days either side of a 30-day bucket of the app's
-  clock (typically five numbers for a zone with DST, one for a zone without), so the app's
-  clock only chooses which stretch of the zone's rules to send; it is cached per zone and
-  bucket. Any two hosts whose schedules both cover Redis's now compute the same windows:
-  exact for host clocks up to ~370 days off (beyond that the nearest edge's offset is
-  extended, which can shift a window by a DST difference).
-- A tier of ``k`` whole days runs over local days ``[D, D + k)``, where local days are counted
-  from 1970-01-01 and ``D`` is a multiple of ``k`` from there (from Monday 1969-12-29 when
-  ``k`` is a multiple of 7, so weeks start on Monday). A local day ``D`` starts at the first
-  instant whose local date is ``D`` or later: local midnight, or the end of a gap that skips
-  midnight. Days across a DST change last 23 or 25 hours.
-- The script (lua/fixed_window.lua) and the MemoryBackend run the same integer arithmetic on
-  that schedule, held together by the differential test.
+  ``o0`` up to the instant ``t1``, then ``o1`` up to ``t2``, and so on; the last offset holds
+  on. It lists every offset change within 400 days either side of a 30-day bucket of the
+  app's clock, cached per zone and bucket: the app's clock only chooses which stretch of the
+  zone's rules to send. Hosts whose schedules both cover Redis's now compute the same windows
+  (exact for host clocks up to ~370 days off; beyond, the nearest edge's offset is extended).
+- A tier of ``k`` whole days runs over local days ``[D, D + k)``, counted from 1970-01-01, ``D``
+  a multiple of ``k`` (from Monday 1969-12-29 when ``k`` is a multiple of 7). A local day
+  starts at the first instant whose local date is that day or later: local midnight, or the
+  end of a gap that skips it. Days across a DST change last 23 or 25 hours.
+- lua/fixed_window.lua and the MemoryBackend run the same integer arithmetic on that
+  schedule, held together by the differential test.
 """
 
 from __future__ import annotations
 
+import bisect
 import datetime as _dt
 import functools
 from typing import TypeAlias
@@ -44,12 +39,7 @@ from ratelimit_mw.core.policy import Policy
 
 Arg: TypeAlias = str | int
 
-CODES = {
-    "fixed-window": "fw",
-    "sliding-log": "sl",
-    "sliding-window": "sw",
-    "gcra": "gc",
-}
+CODES = {"fixed-window": "fw", "sliding-log": "sl", "sliding-window": "sw", "gcra": "gc"}
 
 DAY_MS = 86_400_000
 # The schedule covers this much either side of the app clock's bucket, and is rebuilt when the
@@ -72,22 +62,18 @@ def _schedule(zone: ZoneInfo, bucket: int) -> str:
     hi = ((bucket + 1) * BUCKET_MS + SPAN_MS) // 1000
     current = _offset_s(zone, lo)
     parts = [current * 1000]
-    t = lo
-    while t < hi:
+    for t in range(lo, hi, _SAMPLE_S):
         step = min(_SAMPLE_S, hi - t)
         offset = _offset_s(zone, t + step)
         if offset != current:
             # The change lies in (t, t + step]: find its first second.
-            a, b = t, t + step
-            while b - a > 1:
-                mid = (a + b) // 2
-                if _offset_s(zone, mid) == current:
-                    a = mid
-                else:
-                    b = mid
-            parts += (b * 1000, offset * 1000)
+            def changed(second: int, was: int = current) -> bool:
+                return _offset_s(zone, second) != was
+
+            seconds = range(t + 1, t + step + 1)
+            first = seconds[bisect.bisect_left(seconds, True, key=changed)]
+            parts += (first * 1000, offset * 1000)
             current = offset
-        t += step
     return ",".join(map(str, parts))
 
 
@@ -143,16 +129,12 @@ class Wire:
         self.policy = policy
         self.code = code = CODES[policy.algorithm]
         self.segment = segment = encode_segment(policy.name) + "." + code
-        if code == "sl":
-            # One log serves every tier of the policy: the longest period bounds it.
-            self.suffixes = tuple(f"{segment}:log" for _ in policy.rates)
-        else:
-            self.suffixes = tuple(f"{segment}:{rate.period_ms}" for rate in policy.rates)
+        # A sliding log: one log serves every tier of the policy, the longest period bounds it.
+        self.suffixes = tuple(f"{segment}:{'log' if code == 'sl' else rate.period_ms}"
+                              for rate in policy.rates)
         self.ban_suffix = f"{segment}:ban"
-        zone = policy.tz
-        self.calendar_tiers = tuple(
-            zone is not None and rate.period_ms % DAY_MS == 0 for rate in policy.rates
-        )
+        self.calendar_tiers = tuple(policy.tz is not None and rate.period_ms % DAY_MS == 0
+                                    for rate in policy.rates)
         # Neither a ban nor a calendar: the arguments depend on the cost alone.
         self.static = policy.penalty is None and not any(self.calendar_tiers)
         self.by_cost: dict[int, tuple[Arg, ...]] = {}
@@ -160,12 +142,8 @@ class Wire:
     def static_args(self, cost: int) -> tuple[Arg, ...]:
         found = self.by_cost.get(cost)
         if found is None:
-            code = self.code
-            found = tuple(
-                arg
-                for rate in self.policy.rates
-                for arg in (code, rate.limit, rate.period_ms, cost, 0, "", "")
-            )
+            found = tuple(arg for rate in self.policy.rates
+                          for arg in (self.code, rate.limit, rate.period_ms, cost, 0, "", ""))
             if len(self.by_cost) < 64:  # costs are few in practice; never grow unbounded
                 self.by_cost[cost] = found
         return found

@@ -1,18 +1,11 @@
 """The circuit breaker in front of the backend: one probe per cool-down while it is down.
 
 Closed (the normal state), every request calls the backend. The first failure opens it for
-``cooldown`` seconds, during which no request calls the backend: each takes the failure policy
-at once. When the cool-down has passed, exactly ONE request is let through as a probe and the
-cool-down starts again at that moment, so however many requests are in flight, the backend
-sees one call per cool-down until a probe succeeds and closes the breaker. A probe that never
-reports back (its request was cancelled) costs one cool-down, never a stuck breaker.
-
-Log lines (logger ``ratelimit_mw``, the same for every adapter):
-
-- ``rate-limit backend failed (timed out after 100 ms); applying on_backend_error="allow",
-  probing it once every 1 s``  — once, when it opens;
-- ``rate-limit backend still failing (...)`` — at most every 10 s while probes fail;
-- ``rate-limit backend answers again after 3.2 s; limiting resumed`` — once, when it closes.
+``cooldown`` seconds, during which each request takes the failure policy at once. Then exactly
+ONE request is let through as a probe and the cool-down starts again, so however many
+requests are in flight, the backend sees one call per cool-down until a probe succeeds and
+closes the breaker. A probe that never reports back (its request was cancelled) costs one
+cool-down, never a stuck breaker. Its log lines: docs/operations.md#logging.
 """
 
 from __future__ import annotations

@@ -25,18 +25,15 @@ from ratelimit_mw.routing import (
     validate_count_when,
     validate_key,
     validate_methods,
+    validate_predicate,
 )
 
 
 def compile_pattern(pattern: str | re.Pattern[str]) -> re.Pattern[str]:
-    """The regex of a rule's path: use it with ``.match(path)``.
-
-    A compiled ``re.Pattern`` is the user's own and is returned as it is. A string is defined
-    by its plain regex: ``*`` -> ``(?s:.*)`` (any characters, '/' and newlines included, or
-    none), ``{name}`` -> ``[^/]+``, anything else literal, matched to the path's end. That regex
-    backtracks polynomially on hostile paths, so the one returned gives the same answers but
-    is written for the engine to answer in O(len(path) * len(pattern)) (see `_Writer`).
-    """
+    """The regex of a rule's path, for ``.match(path)``: a compiled ``re.Pattern`` as it is;
+    a string means its plain regex (``*`` -> ``(?s:.*)``, ``{name}`` -> ``[^/]+``, the rest
+    literal, to the path's end), which backtracks polynomially on hostile paths, so the one
+    returned gives the same answers in O(len(path) * len(pattern)) (see `_Writer`)."""
     if isinstance(pattern, re.Pattern):
         return pattern
     if not isinstance(pattern, str) or not pattern.startswith("/"):
@@ -79,33 +76,27 @@ def _pieces(pattern: str) -> list[list[_Component]]:
 
 def _run(count: int) -> str:
     """Exactly `count` characters of one segment."""
-    return "" if count == 0 else "[^/]" if count == 1 else f"[^/]{{{count}}}"
+    return f"[^/]{{{count}}}" if count else ""
 
 
 class _Writer:
     """Writes a string pattern as a regex that never tries one thing twice.
 
     The plain translation backtracks polynomially: with several ``*``, every way of splitting
-    the path between them is tried. Here, the pieces between ``*`` are taken one after the
+    the path between them is tried. Here the pieces between ``*`` are taken one after the
     other, each where it ENDS EARLIEST, and kept (an atomic group): the ``*`` that follows
-    absorbs whatever a later end would have skipped, so an earliest end never loses a match
-    (if a match puts a piece's end at e, the earliest end is <= e and the rest of that match
-    still fits after it). The first piece is anchored at the start, the last at the end.
+    absorbs whatever a later end would have skipped, so an earliest end never loses a match.
+    The first piece is anchored at the start, the last at the end. A piece's earliest end:
 
-    How a piece's earliest end is found without quadratic work:
+    - within a segment, after a ``{name}`` (``[^/]{n,}``) the next literal is taken at its
+      leftmost place, atomically (it ends first and leaves the most room to what follows);
+    - a piece with no '/' is tried where the previous piece ended and then only right after
+      each '/', with ``[^/]*`` in front: one try covers every start in that segment;
+    - a piece with '/' has its '/' on '/' of the path, so every start in a segment gives the
+      same alignment: again one try per segment, its inner components filling their
+      segments exactly.
 
-    - Within a segment, after a ``{name}`` (``[^/]{n,}``) the next literal is taken at its
-      leftmost place, atomically (greedy in the same sense: the leftmost place ends first and
-      leaves the most room to what follows in that segment).
-    - A piece with no '/' is tried where the previous piece ended and then only right after
-      each '/', with ``[^/]*`` in front: one try covers every start in that segment, and the
-      earliest-ending segment is the first that matches.
-    - A piece with '/' has its '/' on '/' of the path; every start in a segment gives the
-      same alignment, so again one try per segment, and the first that matches ends first.
-      Its inner components must fill their segments exactly (checked without backtracking).
-
-    Each try is linear in the segments it reads and reads at most one segment per component,
-    so each piece costs O(len(path) * len(piece)).
+    Each try reads at most one segment per component: O(len(path) * len(piece)) per piece.
     """
 
     def __init__(self) -> None:
@@ -177,24 +168,17 @@ class _Writer:
 
 def _literal(components: list[_Component]) -> str | None:
     """The text of a piece with no {name}; None if it has one."""
-    texts = []
-    for items in components:
-        if any(isinstance(item, int) for item in items):
-            return None
-        texts.append("".join(str(item) for item in items))
-    return "/".join(texts)
+    if any(isinstance(item, int) for items in components for item in items):
+        return None
+    return "/".join("".join(map(str, items)) for items in components)
 
 
 class Rule:
-    """A path rule: every request whose path matches (and method, if given) gets `policy`.
-
-    Paths: exact (``"/login"``), ``*`` for anything (``"/api/*"``), ``{name}`` for one
-    segment (``"/users/{id}"``), or a compiled ``re.Pattern`` (matched from the start).
-    Rules apply whether or not the route is decorated; they add to its limits. ``name``
-    names the counters (rules with one name share them) and the ``RateLimit`` header items.
-    ``count_when(status) -> bool``: a response for which it is False gives this rule's hit
-    back (Flask-Limiter's ``deduct_when``; the middleware's ``count_when`` for the others).
-    """
+    """A path rule: every request whose path matches (and method, if given) gets `policy`,
+    decorated route or not. Paths: exact (``"/login"``), ``*`` for anything (``"/api/*"``),
+    ``{name}`` for one segment (``"/users/{id}"``), or a compiled ``re.Pattern`` (matched
+    from the start). ``name`` names the counters (rules with one name share them) and the
+    ``RateLimit`` header items. ``count_when(status)``: False gives this rule's hit back."""
 
     __slots__ = ("cost", "count_when", "dynamic", "exempt_when", "key", "label", "methods",
                  "pattern", "policy", "regex")
@@ -235,18 +219,13 @@ class Rule:
                 f"(request) -> rate text, got {policy!r}"
             )
         self.key = validate_key(key)
-        if exempt_when is not None and not callable(exempt_when):
-            raise ConfigurationError(
-                f"exempt_when must be a callable (request) -> bool, got {exempt_when!r}"
-            )
-        self.exempt_when = exempt_when
+        self.exempt_when = validate_predicate("exempt_when", exempt_when)
         self.count_when = validate_count_when(count_when)
         self.cost = validate_cost(cost, self.policy)
 
     def matches(self, method: str, path: str) -> bool:
-        if self.methods is not None and method not in self.methods:
-            return False
-        return self.regex.match(path) is not None
+        return ((self.methods is None or method in self.methods)
+                and self.regex.match(path) is not None)
 
     def __repr__(self) -> str:
         return f"Rule({self.pattern!r}, {self.policy!r}, methods={self.methods!r})"

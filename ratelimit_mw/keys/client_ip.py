@@ -45,6 +45,7 @@ This module imports no web framework; ``ratelimit_mw.keys`` adapts it to request
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import lru_cache
 from ipaddress import (
@@ -56,19 +57,13 @@ from ipaddress import (
     ip_address,
     ip_network,
 )
+from itertools import islice
 from typing import TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
 
-__all__ = [
-    "MAX_ELEMENTS",
-    "MAX_HEADER_CHARS",
-    "IPAddress",
-    "TrustedProxies",
-    "check_ipv6_prefix",
-    "ip_key",
-    "resolve_client",
-]
+__all__ = ["MAX_ELEMENTS", "MAX_HEADER_CHARS", "IPAddress", "TrustedProxies", "check_ipv6_prefix",
+           "ip_key", "resolve_client"]
 
 IPAddress: TypeAlias = IPv4Address | IPv6Address
 
@@ -78,93 +73,58 @@ MAX_HEADER_CHARS = 8192
 MAX_ELEMENTS = 64
 
 # The longest textual address ipaddress accepts is 45 characters (full IPv6 with an embedded
-# IPv4); anything longer is rejected before it reaches the parser or the cache, so the caches
-# hold short strings only, however large the headers an attacker sends.
+# IPv4): longer text never reaches the parser or its cache, however large the headers.
 _MAX_ADDR_CHARS = 45
 # "[" + 45 + "]:" + a port; longer obfuscated ports exist in theory, not in practice.
 _MAX_NODE_CHARS = 64
 
 _EXAMPLE = 'trusted_proxies=["10.0.0.0/8", "127.0.0.1", "::1"] or trusted_proxies=1'
-
 _OBFPORT_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-_DIGITS = frozenset("0123456789")
-
 _MAPPED_V4 = IPv6Network("::ffff:0:0/96")
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"', re.S)
+_ESCAPED = re.compile(r"\\(.)", re.S)
 
 
 class TrustedProxies:
-    """The proxies whose forwarding headers are believed, built once at configuration.
+    """The proxies whose forwarding headers are believed: IP networks
+    (``TrustedProxies(["10.0.0.0/8", "::1"])``, held in ``networks``, IPv4-mapped ones as IPv4)
+    or the number of proxies in front of the app (``TrustedProxies(1)``, held in ``hops``)."""
 
-    Either IP addresses and networks::
-
-        TrustedProxies(["10.0.0.0/8", "127.0.0.1", "::1"])
-
-    or the number of proxies in front of the app (each appends one header entry)::
-
-        TrustedProxies(1)
-
-    Invalid input raises ``ConfigurationError`` with an example of what to write.
-    """
-
-    __slots__ = ("_hops", "_networks", "_v4", "_v6")
-
-    _hops: int | None
-    _networks: tuple[IPv4Network | IPv6Network, ...]
-    # (network, mask) integer pairs: a bitwise test per network is several times faster than
-    # `addr in network`, and split by family so an address is only tested against its own.
-    _v4: tuple[tuple[int, int], ...]
-    _v6: tuple[tuple[int, int], ...]
+    __slots__ = ("_v4", "_v6", "hops", "networks")
 
     def __init__(self, spec: Sequence[str] | int) -> None:
-        self._hops = None
-        self._networks = ()
-        self._v4 = ()
-        self._v6 = ()
-        if isinstance(spec, bool):
-            # bool is an int subclass; True would silently mean "one hop".
-            raise ConfigurationError(
-                f"trusted_proxies must be a list of networks or a hop count, not {spec!r};"
-                f" write {_EXAMPLE}"
-            )
-        if isinstance(spec, int):
-            if not 0 <= spec <= MAX_ELEMENTS:
-                raise ConfigurationError(
-                    f"trusted_proxies hop count must be between 0 and {MAX_ELEMENTS},"
-                    f" got {spec}; write e.g. trusted_proxies=1 for one proxy in front"
-                )
-            self._hops = spec
-            return
         if isinstance(spec, (str, bytes)):
             # A bare string is iterable character by character: "10.0.0.1" would become
             # ["1", "0", ...] and fail confusingly, or worse, succeed.
+            raise ConfigurationError(f"trusted_proxies must be a list, not the single string "
+                                     f"{spec!r}; write trusted_proxies=[{spec!r}] ({_EXAMPLE})")
+        # bool is an int subclass; True would silently mean "one hop".
+        if isinstance(spec, bool) or not isinstance(spec, (int, Iterable)):
+            raise ConfigurationError(f"trusted_proxies must be a list of networks or a hop "
+                                     f"count, not {spec!r}; write {_EXAMPLE}")
+        if isinstance(spec, int) and not 0 <= spec <= MAX_ELEMENTS:
             raise ConfigurationError(
-                f"trusted_proxies must be a list, not the single string {spec!r};"
-                f" write trusted_proxies=[{spec!r}] ({_EXAMPLE})"
+                f"trusted_proxies hop count must be between 0 and {MAX_ELEMENTS}, got {spec};"
+                " write e.g. trusted_proxies=1 for one proxy in front"
             )
-        if not isinstance(spec, Iterable):
-            raise ConfigurationError(
-                f"trusted_proxies must be a list of networks or a hop count, not"
-                f" {type(spec).__name__}; write {_EXAMPLE}"
-            )
-        networks = tuple(_parse_trusted_network(item) for item in spec)
-        _refuse_trusting_everyone(networks)
-        self._networks = networks
-        self._v4 = tuple(
-            (int(n.network_address), int(n.netmask)) for n in networks if n.version == 4
-        )
-        self._v6 = tuple(
-            (int(n.network_address), int(n.netmask)) for n in networks if n.version == 6
-        )
-
-    @property
-    def hops(self) -> int | None:
-        """The hop count, or None when networks were given."""
-        return self._hops
-
-    @property
-    def networks(self) -> tuple[IPv4Network | IPv6Network, ...]:
-        """The trusted networks (empty for a hop count); IPv4-mapped ones are given as IPv4."""
-        return self._networks
+        self.hops = spec if isinstance(spec, int) else None
+        self.networks: tuple[IPv4Network | IPv6Network, ...] = (
+            () if isinstance(spec, int) else tuple(map(_parse_trusted_network, spec)))
+        # (network, mask) integer pairs per family: a bitwise test is several times faster
+        # than `addr in network`, and an address is only tested against its own family.
+        v4, v6 = ([n for n in self.networks if n.version == version] for version in (4, 6))
+        for family, members in ((4, v4), (6, v6)):
+            # Entries may together cover a family (0.0.0.0/1 and 128.0.0.0/1) as 0.0.0.0/0 does.
+            whole = list(collapse_addresses(members))  # type: ignore[type-var]
+            if len(whole) == 1 and whole[0].prefixlen == 0:
+                raise ConfigurationError(
+                    f"trusted_proxies {[str(n) for n in members]!r} cover every IPv{family}"
+                    " address, so any client could choose its own IP through X-Forwarded-For;"
+                    " list your proxies' networks, or give the number of proxies in front of"
+                    " the app, e.g. trusted_proxies=1"
+                )
+        self._v4 = tuple((int(n.network_address), int(n.netmask)) for n in v4)
+        self._v6 = tuple((int(n.network_address), int(n.netmask)) for n in v6)
 
     def __contains__(self, addr: object) -> bool:
         """Is ``addr`` inside the trusted networks? (Always False for a hop count.)"""
@@ -178,41 +138,22 @@ class TrustedProxies:
         return any(value & mask == net for net, mask in pairs)
 
     def __repr__(self) -> str:
-        if self._hops is not None:
-            return f"TrustedProxies({self._hops})"
-        return f"TrustedProxies({[str(n) for n in self._networks]!r})"
+        shown = self.hops if self.hops is not None else [str(n) for n in self.networks]
+        return f"TrustedProxies({shown!r})"
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TrustedProxies):
             return NotImplemented
-        return self._hops == other._hops and self._networks == other._networks
+        return (self.hops, self.networks) == (other.hops, other.networks)
 
     def __hash__(self) -> int:
-        return hash((self._hops, self._networks))
-
-
-def _refuse_trusting_everyone(networks: Sequence[IPv4Network | IPv6Network]) -> None:
-    """Entries that together cover a whole family (``0.0.0.0/1`` and ``128.0.0.0/1``)
-    trust every address as surely as ``0.0.0.0/0``, which one entry alone may not be."""
-    v4 = [n for n in networks if isinstance(n, IPv4Network)]
-    v6 = [n for n in networks if isinstance(n, IPv6Network)]
-    for family, members, whole in ((4, v4, list(collapse_addresses(v4))),
-                                   (6, v6, list(collapse_addresses(v6)))):
-        if len(whole) == 1 and whole[0].prefixlen == 0:
-            raise ConfigurationError(
-                f"trusted_proxies {[str(n) for n in members]!r} together cover every IPv{family}"
-                " address, so any client could choose its own IP through X-Forwarded-For;"
-                " list your proxies' networks, or give the number of proxies in front of the"
-                " app, e.g. trusted_proxies=1"
-            )
+        return hash((self.hops, self.networks))
 
 
 def _parse_trusted_network(item: object) -> IPv4Network | IPv6Network:
     if not isinstance(item, str):
-        raise ConfigurationError(
-            f"trusted_proxies entries must be strings such as '10.0.0.0/8', got {item!r};"
-            f" write {_EXAMPLE}"
-        )
+        raise ConfigurationError(f"trusted_proxies entries must be strings such as '10.0.0.0/8',"
+                                 f" got {item!r}; write {_EXAMPLE}")
     text = item.strip()
     if "%" in text:
         # A zone id names an interface of this host, not an address a header can carry.
@@ -227,24 +168,15 @@ def _parse_trusted_network(item: object) -> IPv4Network | IPv6Network:
         try:
             loose = ip_network(text, strict=False)
         except ValueError:
-            raise ConfigurationError(
-                f"trusted_proxies entry {item!r} is not an IP address or network; write {_EXAMPLE}"
-            ) from None
+            raise ConfigurationError(f"trusted_proxies entry {item!r} is not an IP address or "
+                                     f"network; write {_EXAMPLE}") from None
         raise ConfigurationError(
             f"trusted_proxies entry {item!r} has host bits set; write {str(loose)!r}"
             f" for the whole network or {text.split('/')[0]!r} for the single address"
         ) from None
     if isinstance(network, IPv6Network) and network.subnet_of(_MAPPED_V4):
         # Addresses are mapped to IPv4 before the test, so the network must be too.
-        network = IPv4Network((int(network.network_address) & 0xFFFFFFFF,
-                               network.prefixlen - 96))
-    # After the folding: "::ffff:0:0/96" is every IPv4 address, as "0.0.0.0/0" is.
-    if network.prefixlen == 0:
-        raise ConfigurationError(
-            f"trusted_proxies entry {item!r} trusts every address, so any client could"
-            " choose its own IP through X-Forwarded-For; list your proxies' networks, or give"
-            " the number of proxies in front of the app, e.g. trusted_proxies=1"
-        )
+        return IPv4Network((int(network.network_address) & 0xFFFFFFFF, network.prefixlen - 96))
     return network
 
 
@@ -259,16 +191,10 @@ def check_ipv6_prefix(value: object) -> int:
     return value
 
 
-# --- parsing -----------------------------------------------------------------------------
-
-
 @lru_cache(maxsize=4096)
 def _parse_ip(text: str) -> IPAddress | None:
-    """An address from exact text (no port, no brackets), IPv4-mapped folded to IPv4.
-
-    Cached: results are pure and ip_address() is comparatively slow; callers keep the key
-    short (<= _MAX_ADDR_CHARS) so the cache stays small.
-    """
+    """An address from exact text (no port, no brackets; callers keep it short, the cache
+    key), IPv4-mapped folded to IPv4."""
     if "%" in text or not text.isascii():
         # Zone ids are host-local; non-ASCII digits are not digits in an address.
         return None
@@ -276,59 +202,38 @@ def _parse_ip(text: str) -> IPAddress | None:
         addr = ip_address(text)
     except ValueError:
         return None
-    if isinstance(addr, IPv6Address):
-        mapped = addr.ipv4_mapped
-        if mapped is not None:
-            return mapped
-    return addr
+    mapped = addr.ipv4_mapped if isinstance(addr, IPv6Address) else None
+    return addr if mapped is None else mapped
 
 
 def _is_port(text: str) -> bool:
     # RFC 7239 node-port: 1*5DIGIT (we also demand <= 65535) or an obfuscated "_name".
-    if not text:
-        return False
-    if text[0] == "_":
+    if text[:1] == "_":
         return len(text) > 1 and set(text) <= _OBFPORT_CHARS
-    return len(text) <= 5 and set(text) <= _DIGITS and int(text) <= 65535
+    return 0 < len(text) <= 5 and text.isascii() and text.isdigit() and int(text) <= 65535
 
 
 @lru_cache(maxsize=4096)
 def _parse_node(text: str) -> IPAddress | None:
     """An address from a header node: ``1.2.3.4``, ``1.2.3.4:80``, ``2001:db8::1``,
     ``[2001:db8::1]`` or ``[2001:db8::1]:443``. ``unknown`` / ``_obf`` / garbage → None.
-
-    Callers strip the text and bound it to _MAX_NODE_CHARS (the cache key).
-    """
-    if not text:
-        return None
-    if text[0] == "[":
-        end = text.find("]")
-        if end < 0:
-            return None
-        rest = text[end + 1 :]
-        if rest and (rest[0] != ":" or not _is_port(rest[1:])):
-            return None
-        inner = text[1:end]
+    Callers strip the text and bound it to _MAX_NODE_CHARS (the cache key)."""
+    if text[:1] == "[":
+        inner, bracket, rest = text[1:].partition("]")
         # Brackets are for IPv6 only; "[1.2.3.4]" is malformed (a mapped v6 inside is fine).
-        if ":" not in inner or len(inner) > _MAX_ADDR_CHARS:
+        if not bracket or (rest and (rest[0] != ":" or not _is_port(rest[1:]))):
             return None
-        return _parse_ip(inner)
+        return _parse_ip(inner) if ":" in inner and len(inner) <= _MAX_ADDR_CHARS else None
     if text.count(":") == 1:
         # Exactly one colon: an IPv4 address with a port (an IPv6 address has at least two).
         host, _, port = text.partition(":")
-        if "." not in host or not _is_port(port):
-            return None
-        return _parse_ip(host)
-    if len(text) > _MAX_ADDR_CHARS:
-        return None
-    return _parse_ip(text)
+        return _parse_ip(host) if "." in host and _is_port(port) else None
+    return _parse_ip(text) if 0 < len(text) <= _MAX_ADDR_CHARS else None
 
 
 def _node(text: str) -> IPAddress | None:
     text = text.strip(" \t")
-    if len(text) > _MAX_NODE_CHARS:
-        return None
-    return _parse_node(text)
+    return _parse_node(text) if len(text) <= _MAX_NODE_CHARS else None
 
 
 def _parse_peer(peer: object) -> IPAddress | None:
@@ -339,75 +244,37 @@ def _parse_peer(peer: object) -> IPAddress | None:
         # A link-local peer arrives as "fe80::1%eth0"; the zone names our interface, not the
         # client, so it is dropped (in headers, by contrast, a zone id is garbage).
         text = text.partition("%")[0]
-    if len(text) > _MAX_ADDR_CHARS:
-        return None
-    return _parse_ip(text)
+    return _parse_ip(text) if len(text) <= _MAX_ADDR_CHARS else None
 
 
 def _window(value: str) -> list[str]:
     """The comma-separated fragments of a header's right end, left to right."""
     if len(value) <= MAX_HEADER_CHARS:
         return value.split(",")
-    fragments = value[-MAX_HEADER_CHARS:].split(",")
     # The leftmost fragment was cut in the middle: it is not an element of the header.
-    return fragments[1:]
-
-
-def _xff_elements(value: str) -> Iterator[str]:
-    """X-Forwarded-For elements, right to left, at most MAX_ELEMENTS."""
-    fragments = _window(value)
-    stop = max(len(fragments) - MAX_ELEMENTS, 0)
-    for i in range(len(fragments) - 1, stop - 1, -1):
-        yield fragments[i]
+    return value[-MAX_HEADER_CHARS:].split(",")[1:]
 
 
 def _quote_count(text: str) -> int:
-    """Unescaped double quotes in ``text`` (a backslash escapes the next character).
-
-    A backslash is treated as an escape even outside a quoted string (where it is invalid
-    anyway): a fragment cut from inside a proxy's quoted string then still counts the proxy's
-    escaped quotes (\\") as escaped, so the fragment holding the closing quote is seen as
-    unbalanced and merges leftwards up to the opening quote.
-    """
-    if "\\" not in text:
-        return text.count('"')
-    return sum(1 for _, c in _unescaped(text) if c == '"')
-
-
-def _unescaped(text: str) -> Iterator[tuple[int, str]]:
-    """(index, character) of `text`, skipping each backslash and the character it escapes."""
-    i = 0
-    n = len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        yield i, c
-        i += 1
+    """Unescaped double quotes in ``text``. A backslash escapes the next character even
+    outside a quoted string (where it is invalid anyway): a fragment cut from inside a
+    proxy's quoted string then still counts the proxy's escaped quotes (\\") as escaped, so
+    the fragment holding the closing quote is seen as unbalanced and merges leftwards."""
+    return _ESCAPED.sub("", text).count('"') if "\\" in text else text.count('"')
 
 
 def _forwarded_elements(value: str) -> Iterator[str]:
-    """Forwarded elements, right to left, at most MAX_ELEMENTS.
-
-    Commas inside quoted strings are honoured by merging comma-split fragments leftwards
-    until the quotes balance (see the module docstring for why not left to right). The
-    quote count of a join is the sum of its parts' counts (an escape never crosses the comma
-    that joins them), so each fragment is scanned once: linear in the window.
-    """
+    """Forwarded elements, right to left: comma-split fragments merged leftwards until the
+    quotes balance (the module docstring says why not left to right). The quote count of a
+    join is the sum of its parts' counts, so each fragment is scanned once."""
     fragments = _window(value)
-    yielded = 0
     end = len(fragments)  # exclusive end of the element being assembled
     parity = 0
     for i in range(len(fragments) - 1, -1, -1):
         parity ^= _quote_count(fragments[i]) & 1
-        if parity:
-            continue
-        yield fragments[i] if end == i + 1 else ",".join(fragments[i:end])
-        yielded += 1
-        if yielded >= MAX_ELEMENTS:
-            return
-        end = i
+        if not parity:
+            yield fragments[i] if end == i + 1 else ",".join(fragments[i:end])
+            end = i
     if end > 0:
         # An unterminated quote reached the left end: one unusable element.
         yield ",".join(fragments[:end])
@@ -424,12 +291,17 @@ def _split_pairs(element: str) -> Iterator[str]:
             return
     start = 0
     in_quote = False
-    for i, c in _unescaped(element):
-        if c == '"':
+    i = 0
+    while i < len(element):
+        c = element[i]
+        if c == "\\":
+            i += 1  # the escaped character is skipped
+        elif c == '"':
             in_quote = not in_quote
         elif c == ";" and not in_quote:
             yield element[start:i]
             start = i + 1
+        i += 1
     yield element[start:]
 
 
@@ -437,27 +309,11 @@ def _unquote(value: str) -> str | None:
     """A token, or the content of a quoted-string; None if malformed."""
     if not value.startswith('"'):
         return None if '"' in value or "\\" in value else value
-    if "\\" not in value:
-        # No escapes: valid iff the only other quote is the last character.
+    if "\\" not in value:  # valid iff the only other quote is the last character
         inner = value[1:-1]
         return inner if len(value) >= 2 and value[-1] == '"' and '"' not in inner else None
-    out: list[str] = []
-    i = 1
-    n = len(value)
-    while i < n:
-        c = value[i]
-        if c == "\\":
-            if i + 1 >= n:
-                return None
-            out.append(value[i + 1])
-            i += 2
-            continue
-        if c == '"':
-            # The closing quote must end the value.
-            return "".join(out) if i == n - 1 else None
-        out.append(c)
-        i += 1
-    return None  # no closing quote
+    match = _QUOTED.fullmatch(value)
+    return None if match is None else _ESCAPED.sub(lambda escaped: escaped[1], match[1])
 
 
 def _forwarded_node(element: str) -> IPAddress | None:
@@ -474,23 +330,8 @@ def _forwarded_node(element: str) -> IPAddress | None:
         found = _unquote(raw.strip(" \t"))
         if found is None:
             return None
-    if found is None:
-        return None
-    return _node(found)
+    return None if found is None else _node(found)
 
-
-# --- resolution --------------------------------------------------------------------------
-
-_Source: TypeAlias = tuple[Iterator[str], Callable[[str], IPAddress | None]]
-
-
-def _header_source(forwarded: str | None, x_forwarded_for: str | None) -> _Source | None:
-    """The elements (right to left) and their parser: Forwarded if present, else XFF."""
-    if forwarded is not None:
-        return _forwarded_elements(forwarded), _forwarded_node
-    if x_forwarded_for is not None:
-        return _xff_elements(x_forwarded_for), _node
-    return None
 
 
 def resolve_client(
@@ -503,38 +344,32 @@ def resolve_client(
 
     ``peer`` is the socket peer's host (ASGI ``scope["client"][0]``, WSGI ``REMOTE_ADDR``).
     ``forwarded`` and ``x_forwarded_for`` are the header values with multiple header lines
-    joined by commas (None when absent). Headers are ignored unless ``trusted`` is given.
-
-    >>> str(resolve_client("10.0.0.2", None, "203.0.113.7, 10.0.0.1",
-    ...                    TrustedProxies(["10.0.0.0/8"])))
-    '203.0.113.7'
-    >>> str(resolve_client("198.51.100.9", None, "203.0.113.7", None))
-    '198.51.100.9'
+    joined by commas (None when absent). Headers are ignored unless ``trusted`` is given:
+    from peer 10.0.0.2, ``X-Forwarded-For: 203.0.113.7, 10.0.0.1`` with trusted 10.0.0.0/8
+    gives 203.0.113.7.
     """
     peer_addr = _parse_peer(peer)
+    elements: Iterator[str]
+    parse: Callable[[str], IPAddress | None]
     if trusted is None:
         return peer_addr
-
-    hops = trusted.hops
-    if hops is not None:
-        source = _header_source(forwarded, x_forwarded_for) if hops else None
-        if source is None:
-            return peer_addr
-        elements, parse = source
-        for count, element in enumerate(elements, 1):
-            if count == hops:
-                addr = parse(element)
-                return addr if addr is not None else peer_addr
-        return peer_addr  # fewer entries than proxies: not the path we were told about
-
+    if forwarded is not None:
+        elements, parse = _forwarded_elements(forwarded), _forwarded_node
+    elif x_forwarded_for is not None:
+        elements, parse = reversed(_window(x_forwarded_for)), _node
+    else:
+        return peer_addr
+    elements = islice(elements, MAX_ELEMENTS)  # right to left, at most MAX_ELEMENTS
+    if trusted.hops is not None:
+        # The N-th entry from the right; fewer entries than proxies, or garbage there: not
+        # the path we were told about.
+        element = next(islice(elements, trusted.hops - 1, None), None) if trusted.hops else None
+        addr = None if element is None else parse(element)
+        return peer_addr if addr is None else addr
     if peer_addr is None or peer_addr not in trusted:
         # Not from a trusted proxy (or no address at all, e.g. a Unix socket: a hop count
         # handles that case): nobody we trust wrote the headers.
         return peer_addr
-    source = _header_source(forwarded, x_forwarded_for)
-    if source is None:
-        return peer_addr
-    elements, parse = source
     last = peer_addr
     for element in elements:
         addr = parse(element)
@@ -547,25 +382,15 @@ def resolve_client(
 
 
 def ip_key(addr: IPAddress, ipv6_prefix: int = 64) -> str:
-    """The identity text of an address: IPv4 as is, IPv6 as its network of ``ipv6_prefix``.
-
-    One IPv6 host usually owns a whole /64, so per-address buckets would let it rotate
-    through 2**64 identities.
-
-    >>> ip_key(ip_address("192.0.2.1"))
-    '192.0.2.1'
-    >>> ip_key(ip_address("2001:db8:1:2:3:4:5:6"))
-    '2001:db8:1:2::/64'
-    >>> ip_key(ip_address("2001:db8::1"), 128)
-    '2001:db8::1'
-    """
+    """The identity text of an address: IPv4 as is, IPv6 as its network of ``ipv6_prefix``
+    (``2001:db8:1:2::/64``; ``128``: the address). One IPv6 host usually owns a whole /64:
+    per-address buckets would let it rotate through 2**64 identities."""
     if isinstance(addr, IPv4Address):
         return str(addr)
     mapped = addr.ipv4_mapped
     if mapped is not None:
         return str(mapped)
-    if not 0 <= ipv6_prefix <= 128:
-        # Validated at configuration by check_ipv6_prefix; this guards direct callers.
+    if not 0 <= ipv6_prefix <= 128:  # check_ipv6_prefix guards configuration; this, callers
         raise ValueError(f"ipv6_prefix must be 0..128, got {ipv6_prefix!r}")
     return _ipv6_key(addr, ipv6_prefix)
 
