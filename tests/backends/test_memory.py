@@ -1,4 +1,5 @@
-"""MemoryBackend's own duties: forgetting idle identities, thread safety, sync and async use.
+"""MemoryBackend's own duties: forgetting idle identities, thread safety, sync and async use,
+the text form of a raw ARGV, and the sliding log's sorted set.
 
 Its algorithms are held to the Lua script by tests/test_differential.py and to the
 documented semantics by tests/test_limiter.py (which runs on both backends).
@@ -13,6 +14,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
+from ratelimit_mw.backends.memory import _Log
+from ratelimit_mw.core import plans
 from tests.conftest import StepClock
 
 ALGORITHMS = sorted(rl.ALGORITHMS)
@@ -234,3 +237,85 @@ def test_the_sweep_forgets_exactly_what_expired_and_keeps_every_key_scheduled(
         limiter.peek(policies[0], "someone else")
     assert len(backend) == 0
     assert not backend._due and not backend._due_times and not backend._scheduled
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(calls=st.lists(
+    st.tuples(st.sampled_from([plans.HIT, plans.HIT, plans.PEEK, plans.REFUND, plans.RESET,
+                               plans.BOOK, plans.CANCEL]),
+              st.integers(0, len(ALGORITHMS) - 1),
+              st.sampled_from([0, 1, 999, 1_000, 61_000]),  # ms before the call
+              st.sampled_from([1, 2, 7]),  # cost
+              st.sampled_from([-3_000, 0, 700, 30_000])),  # a booking's time from now
+    min_size=5, max_size=40))
+def test_a_raw_argv_of_text_gets_the_replies_of_the_core_s_ints(
+    calls: list[tuple[str, int, int, int, int]],
+) -> None:
+    """What a Redis client sends (every argument as text) is read as the core's ints, for
+    every operation, with a penalty and a calendar's schedule among the tiers."""
+    policies = [rl.Policy("2/second;5/day", algorithm=algorithm, penalty=2, name=f"t{i}",
+                          tz="Asia/Kathmandu" if algorithm == "fixed-window" else None)
+                for i, algorithm in enumerate(ALGORITHMS)]
+    ints, text = rl.MemoryBackend(), rl.MemoryBackend()
+    now_ms = 1_800_000_000_000
+    for n, (op, policy, wait, cost, offset) in enumerate(calls):
+        now_ms += wait
+        checks = [plans.Check(policies[policy], "u", cost)]
+        if op in (plans.BOOK, plans.CANCEL) and policies[policy].algorithm != "sliding-log":
+            continue
+        call = plans.build(op, checks, "raw", now_us=now_ms * 1000 + 7, clock_ms=now_ms,
+                           at_ms=now_ms + offset if op == plans.BOOK else None,
+                           token=f"t{n - 1 if op == plans.CANCEL else n}"
+                           if op in (plans.HIT, plans.BOOK, plans.CANCEL) else None)
+        expected = ints.run(call)
+        as_text: list[plans.Arg] = [str(arg) for arg in call.args]
+        assert text.run(call._replace(args=as_text)) == expected, call.args
+    assert ints._data.keys() == text._data.keys()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(
+    st.tuples(st.sampled_from(["add", "remove", "trim", "drop"]),
+              st.integers(0, 4),  # score
+              st.lists(st.sampled_from([f"t{k}:{j}" for k in range(3) for j in range(1, 13)]),
+                       min_size=1, max_size=12, unique=True)),
+    max_size=40))
+def test_the_log_s_bulk_operations_keep_redis_s_order(
+    steps: list[tuple[str, int, list[str]]],
+) -> None:
+    """_Log.add / remove of many members in one pass (a large cost) leave exactly what
+    one-by-one ZADD / ZREM leave: entries ordered by score, then member ("t:10" before
+    "t:2"), as Redis orders a sorted set; a member added again moves."""
+    log = _Log()
+    model: dict[str, int] = {}
+    for kind, score, members in steps:
+        if kind == "add":
+            log.add(score, list(members))
+            model.update(dict.fromkeys(members, score))
+        elif kind == "remove":
+            log.remove(members)
+            for member in members:
+                model.pop(member, None)
+        elif kind == "trim":  # ZREMRANGEBYSCORE -inf score, as a commit trims
+            log.remove_entries(0, sum(1 for s in log.scores if s <= score))
+            model = {m: s for m, s in model.items() if s > score}
+        else:  # the newest entries, as a refund without a token takes them
+            count = len(members)
+            log.remove_entries(max(0, len(log.scores) - count), len(log.scores))
+            ordered = sorted(model.items(), key=lambda item: (item[1], item[0]))
+            model = dict(ordered[: max(0, len(ordered) - count)])
+        assert log.entries == sorted((s, m) for m, s in model.items())
+        assert log.members == model
+
+
+def test_a_hit_of_a_million_on_a_sliding_log_completes(step_clock: StepClock) -> None:
+    """A cost of 999,999 on 1,000,000 per 2 seconds: its members are merged in one sort, not
+    inserted one by one (quadratic: minutes). Only the answers are asserted, not the time."""
+    limiter = rl.Limiter(rl.MemoryBackend(), clock=step_clock, deny_cache=0)
+    policy = rl.Policy("1000000/2 seconds")
+    big = limiter.hit(policy, "u", cost=999_999)
+    assert (big.allowed, big.remaining) == (True, 1)
+    assert not limiter.hit(policy, "u", cost=2).allowed
+    assert limiter.hit(policy, "u").remaining == 0
+    limiter.refund(policy, "u", cost=999_999)
+    assert limiter.peek(policy, "u").remaining == 999_999
