@@ -27,20 +27,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
-from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path, routes_of
+from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, routes_of
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
-from ratelimit_mw.http.drive import (
-    async_timeout,
-    decide_async,
-    refund_async,
-    require_async_limiter,
-)
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Guard, Refuse
 from ratelimit_mw.http.headers import Headers, RawHeaders, encode_raw
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
-from ratelimit_mw.limiter import AsyncLimiter
+from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 
 require("starlette", "starlette", "ratelimit_mw.asgi")
 from starlette.requests import Request  # noqa: E402
@@ -63,6 +57,19 @@ _PREFLIGHT = b"access-control-request-method"
 
 def _is_preflight(scope: Scope) -> bool:
     return any(name == _PREFLIGHT for name, _ in scope.get("headers", ()))
+
+
+def route_path(scope: Scope) -> str:
+    """The path the app's router matches: ``path`` without the ``root_path`` prefix, as
+    Starlette's private ``get_route_path`` (copied: the hot path calls no framework
+    internals)."""
+    path: str = scope["path"]
+    root_path = scope.get("root_path", "")
+    if root_path and path.startswith(root_path):
+        rest = path[len(root_path):]
+        if not rest or rest[0] == "/":
+            return rest
+    return path
 
 
 class RateLimitMiddleware:
@@ -106,7 +113,7 @@ class RateLimitMiddleware:
         documentation asks it before Starlette has built the middleware)."""
         limiter = require_async_limiter(limiter, "the ASGI middleware")
         config = build_config(config, options)
-        return Guard(config, limiter, timeout=async_timeout(limiter, config.backend_timeout),
+        return Guard(config, limiter, timeout=config.backend_timeout,
                      raw=True)
 
     def __repr__(self) -> str:
@@ -129,8 +136,8 @@ class RateLimitMiddleware:
             return
         # One Request for every key function, hook and handler of this request.
         request = Request(scope)
-        verdict = await decide_async(guard, self.limiter, selection, request, method,
-                                     method == "OPTIONS" and _is_preflight(scope))
+        verdict = await guard.decide_async(self.limiter, selection, request, method,
+                                           method == "OPTIONS" and _is_preflight(scope))
         if verdict is None:
             await self.app(scope, receive, send)
             return
@@ -148,7 +155,7 @@ class RateLimitMiddleware:
             finally:
                 back = guard.given_back(verdict, watch.status)
                 if back:
-                    await refund_async(guard, self.limiter, back)
+                    await guard.refund_async(self.limiter, back)
         elif isinstance(verdict, Refuse):
             state["ratelimit"] = verdict.decision
             await self._refuse(request, verdict, scope, receive, send)
@@ -181,9 +188,8 @@ class RateLimitMiddleware:
         # Resolved apart from HTTP requests to the same path: another route may take them.
         state, meta = self._routed(scope, "WEBSOCKET", path)
         selection = self.guard.select("GET", path, meta)
-        verdict = None if selection is None else await decide_async(
-            self.guard, self.limiter, selection, _Handshake(scope, receive, send), "GET",
-            False)
+        verdict = None if selection is None else await self.guard.decide_async(
+            self.limiter, selection, _Handshake(scope, receive, send), "GET", False)
         if verdict is None or isinstance(verdict, Admit):
             state["ratelimit"] = None if verdict is None else verdict.decision
             await self.app(scope, receive, send)

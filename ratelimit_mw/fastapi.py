@@ -35,16 +35,16 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypedDict
 
+from ratelimit_mw.asgi import route_path
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, route_path
+from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route
 from ratelimit_mw.http.config import Config, ErrorPolicy, build_config
-from ratelimit_mw.http.drive import async_timeout, decide_async, require_async_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Applied, Guard, Refuse, Selection
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
-from ratelimit_mw.limiter import AsyncLimiter
+from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 from ratelimit_mw.routing import Cost, Predicate, stable_module, validate_cost
 
 if sys.version_info >= (3, 11):  # read at run time: this module's annotations are evaluated
@@ -173,7 +173,7 @@ class RateLimitDependency:
         _refuse_middleware_only(self.config)
         self.key = key or self.config.key_func
         self.guard = Guard(self.config, self.limiter,
-                           timeout=async_timeout(self.limiter, self.config.backend_timeout))
+                           timeout=self.config.backend_timeout)
         self._shared = None if shared is None else self._selection_of(shared, shared.name)
         if shared is not None:  # one quota under a name: it may meet the limiter's others
             self.limiter._shared_logs.add((shared,))
@@ -214,8 +214,8 @@ class RateLimitDependency:
         method: str = scope["method"]
         preflight = method == "OPTIONS" and "access-control-request-method" in request.headers
         selection = self._selection(scope.get("endpoint"))
-        verdict = await decide_async(guard, self.limiter, selection, request, method,
-                                     preflight)
+        verdict = await guard.decide_async(self.limiter, selection, request, method,
+                                           preflight)
         if verdict is None:
             return None
         decision = verdict.decision if isinstance(verdict, (Admit, Refuse)) else None

@@ -39,13 +39,12 @@ from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
-from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
 from ratelimit_mw.http.headers import Headers, retry_after_seconds
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
-from ratelimit_mw.limiter import Limiter
+from ratelimit_mw.limiter import Limiter, require_sync_limiter
 from ratelimit_mw.routing import (
     ATTRIBUTE,
     EXEMPT,
@@ -105,7 +104,9 @@ class _Refund:
         if self.done or response is not self.response:
             return
         self.done = True
-        refund_sync(self.guard, self.limiter, back)
+        self.guard.refund_sync(self.limiter, back)
+
+
 _JSON = ("Content-Type", "application/json")
 
 
@@ -249,7 +250,7 @@ class _AppState:
         guard = self.guard
         method: str = request.method
         preflight = method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
-        verdict = decide_sync(guard, self.limiter, selection, request, method, preflight)
+        verdict = guard.decide_sync(self.limiter, selection, request, method, preflight)
         if verdict is None:
             environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
             return None

@@ -1,7 +1,7 @@
 """The app's hooks (key functions, exempt_when, dynamic limits, costs), sync or async.
 
 The guard decides without I/O. Under ASGI an ``async def`` hook is awaited by the adapter
-before the guard plans (`answer_all`), and the guard reads its answer instead of calling it
+before the guard plans (`answer_all_async`), and the guard reads its answer instead of calling it
 (`ask`). Under WSGI and Flask an async hook is a ConfigurationError at configuration
 (`refuse_async`), and one that slips through (a plain function returning a coroutine) fails
 like a hook that raised: a coroutine object is never taken for a value (it is truthy: as
@@ -46,8 +46,10 @@ def name_of(hook: object) -> str:
     return str(getattr(hook, "__qualname__", None) or type(hook).__qualname__)
 
 
-async def answer_all(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Answers:
-    """Each hook's answer for `request`, awaited; what one raises is kept as Raised."""
+# -- unasync: the async source
+async def answer_all_async(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Answers:
+    """Each hook's answer for `request`, awaited on the async side (a coroutine on the sync
+    side is left for `ask` to refuse); what one raises is kept as Raised."""
     found: Answers = {}
     for hook in hooks:
         try:
@@ -58,6 +60,25 @@ async def answer_all(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Ans
             value = Raised(exc)
         found[id(hook)] = value
     return found
+
+
+# -- unasync: its sync twin, generated: do not edit
+def answer_all_sync(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Answers:
+    """Each hook's answer for `request`, awaited on the async side (a coroutine on the sync
+    side is left for `ask` to refuse); what one raises is kept as Raised."""
+    found: Answers = {}
+    for hook in hooks:
+        try:
+            value = hook(request)
+            if inspect.isawaitable(value):
+                pass  # awaited on the async side
+        except Exception as exc:
+            value = Raised(exc)
+        found[id(hook)] = value
+    return found
+
+
+# -- unasync: end
 
 
 def ask(hook: Callable[[Any], Any], request: Any, answers: Answers | None) -> Any:

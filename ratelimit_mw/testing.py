@@ -42,7 +42,8 @@ from typing import Any
 
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core.deny_cache import DenyCache
-from ratelimit_mw.limiter import _ON_NEW, SWITCH, AsyncLimiter, Limiter, live_limiters
+from ratelimit_mw.engine import _ON_NEW, SWITCH, _Shared, live_limiters
+from ratelimit_mw.limiter import AsyncLimiter
 
 __all__ = ["Clock", "Isolation", "clear_deny_caches", "isolated"]
 
@@ -91,20 +92,20 @@ class Isolation:
         self.clock = clock if clock is not None else Clock()
         self.backend = MemoryBackend()
         # Each isolated limiter (hashed by identity) -> what it had: given back last first.
-        self._saved: dict[Limiter | AsyncLimiter, tuple[Any, ...]] = {}
+        self._saved: dict[_Shared, tuple[Any, ...]] = {}
         self._switched_off = SWITCH.off  # as found: put back by `restore`
         self._ended = False
         # A limiter may be built on another thread (a server's) while the test ends.
         self._lock = threading.Lock()
 
-    def isolate(self, limiter: Limiter | AsyncLimiter) -> None:
+    def isolate(self, limiter: _Shared) -> None:
         """Count `limiter` in this test's memory, on its clock, until the test ends."""
         with self._lock:
             if self._ended or limiter in self._saved:
                 return
             deny = limiter._deny
             self._saved[limiter] = (limiter.backend, limiter.clock, deny, limiter._sleep)
-            limiter._attach(self.backend)
+            limiter.backend = self.backend
             limiter.clock = self.clock
             if deny is not None:
                 limiter._deny = _emptied(deny)
@@ -140,13 +141,13 @@ class Isolation:
             self._ended = True
             while self._saved:
                 limiter, (backend, clock, deny, sleep) = self._saved.popitem()
-                limiter._attach(backend)
+                limiter.backend = backend
                 limiter.clock, limiter._deny, limiter._sleep = clock, deny, sleep
         SWITCH.off = self._switched_off
 
 
 @contextlib.contextmanager
-def isolated(*limiters: Limiter | AsyncLimiter, clock: Clock | None = None
+def isolated(*limiters: _Shared, clock: Clock | None = None
              ) -> Iterator[Isolation]:
     """Isolate `limiters` for the block; none given: every limiter alive now or made during
     the block."""

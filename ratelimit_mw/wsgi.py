@@ -28,13 +28,12 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
-from ratelimit_mw.http.drive import decide_sync, refund_sync, require_sync_limiter
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
-from ratelimit_mw.limiter import Limiter
+from ratelimit_mw.limiter import Limiter, require_sync_limiter
 
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
@@ -147,8 +146,8 @@ class _Refunding:
         finally:
             status = self._status[-1] if self._status else "500"
             guard = self._middleware.guard
-            refund_sync(guard, self._middleware.limiter,
-                        guard.given_back(self._admit, _status_code(status)))
+            guard.refund_sync(self._middleware.limiter,
+                              guard.given_back(self._admit, _status_code(status)))
 
 
 class RateLimitMiddleware:
@@ -194,7 +193,7 @@ class RateLimitMiddleware:
             return self.app(environ, start_response)
         request = _DeferredRequest(environ)
         preflight = method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
-        verdict = decide_sync(guard, self.limiter, selection, request, method, preflight)
+        verdict = guard.decide_sync(self.limiter, selection, request, method, preflight)
         if verdict is None:
             return self.app(environ, start_response)
         if isinstance(verdict, Admit):
@@ -236,7 +235,7 @@ class RateLimitMiddleware:
             body = self.app(environ, start_watching)
         except BaseException:
             # The app raised before answering: the server's answer will be a 500.
-            refund_sync(self.guard, self.limiter, self.guard.given_back(admit, 500))
+            self.guard.refund_sync(self.limiter, self.guard.given_back(admit, 500))
             raise
         return _Refunding(body, status, self, admit)
 

@@ -30,7 +30,7 @@ class Counting:
         self.is_cluster = inner.is_cluster
         self.calls = 0
 
-    def run(self, call: Any) -> list[int]:
+    def run(self, call: Any, deadline: float | None = None) -> list[int]:
         self.calls += 1
         return self.inner.run(call)
 

@@ -38,7 +38,7 @@ class WireBackend:
         self.fail = 0
         self.gate: asyncio.Event | None = None
 
-    async def arun(self, call: Any) -> list[int]:
+    async def arun(self, call: Any, deadline: float | None = None) -> list[int]:
         self.calls += 1
         await asyncio.sleep(0)
         if self.gate is not None:
@@ -171,9 +171,9 @@ class CountingRedis:
         self.inner = rl.AsyncRedisBackend(client)
         self.calls = 0
 
-    async def arun(self, call: Any) -> list[int]:
+    async def arun(self, call: Any, deadline: float | None = None) -> list[int]:
         self.calls += 1
-        return await self.inner.arun(call)
+        return await self.inner.arun(call, deadline)
 
 
 async def test_on_redis_a_flood_costs_one_call_each_time_its_refusal_lapses(prefix: str) -> None:

@@ -186,26 +186,34 @@ def test_refund_of_a_call_keeps_its_keys_costs_and_token() -> None:
     assert refund.keys == call.keys and refund.args[1:] == call.args[1:]
 
 
-def _drive(plan: plans.Steps, replies: Sequence[list[int]]) -> tuple[rl.Decision, list[str]]:
-    """Feed replies to a plan; returns its decision and the ops it asked for."""
-    asked: list[str] = []
-    feed = iter(replies)
-    step = next(plan)
-    while True:
-        assert isinstance(step, plans.ScriptCall)
-        asked.append(step.op)
-        try:
-            step = plan.send(next(feed) if step.op != plans.REFUND else [1])
-        except StopIteration as done:
-            return done.value, asked
+class Scripted:
+    """A cluster backend answering each call with the next reply given (a refund: [1]) and
+    recording the operations it was asked."""
+
+    is_cluster = True
+    in_process = False
+
+    def __init__(self, replies: Sequence[list[int]]) -> None:
+        self.replies = iter(replies)
+        self.asked: list[str] = []
+
+    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+        self.asked.append(call.op)
+        return [1] if call.op == plans.REFUND else next(self.replies)
+
+
+def _across(checks: Sequence[plans.Check], replies: Sequence[list[int]]
+            ) -> tuple[rl.Decision, list[str]]:
+    """A hit of `checks`, one identity per cluster slot: its decision and the ops asked."""
+    backend = Scripted(replies)
+    return rl.Limiter(backend, deny_cache=0).check(checks), backend.asked  # type: ignore[arg-type]
 
 
 def test_a_refusal_in_one_slot_gives_back_what_the_others_recorded() -> None:
     p = rl.Policy("5/minute", name="p")
-    calls = [plans.build(plans.HIT, [plans.Check(p, identity)], "rl") for identity in "abc"]
-    decision, asked = _drive(plans.plan_hit(calls),
-                             [_reply(1, (1, 4, 0, 60_000, 0)), _reply(0, (0, 0, 9_000, 60_000, 0)),
-                              _reply(1, (1, 2, 0, 60_000, 0))])
+    decision, asked = _across([plans.Check(p, identity) for identity in "abc"],
+                              [_reply(1, (1, 4, 0, 60_000, 0)), _reply(0, (0, 0, 9_000, 60_000, 0)),
+                               _reply(1, (1, 2, 0, 60_000, 0))])
     # Every slot is asked, as one script asks every tier, but after the refusal as a peek,
     # which records nothing: only the first slot has a hit to give back.
     assert asked == [plans.HIT, plans.HIT, plans.PEEK, plans.REFUND]
@@ -217,24 +225,22 @@ def test_slots_that_refuse_after_the_first_refusal_still_govern_the_retry() -> N
     # Stopping at the first refusal answered its 1 s wait where a later slot refused for an
     # hour: a client obeying Retry-After was refused again.
     short, long = rl.Policy("5/second", name="short"), rl.Policy("5/hour", name="long")
-    calls = [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
-             plans.build(plans.HIT, [plans.Check(long, "b")], "rl")]
-    decision, asked = _drive(plans.plan_hit(calls), [_reply(0, (0, 0, 1_000, 1_000, 0)),
-                                                    _reply(0, (0, 0, 3_600_000, 3_600_000, 0))])
+    decision, asked = _across([plans.Check(short, "a"), plans.Check(long, "b")],
+                              [_reply(0, (0, 0, 1_000, 1_000, 0)),
+                               _reply(0, (0, 0, 3_600_000, 3_600_000, 0))])
     assert asked == [plans.HIT, plans.PEEK]  # nothing recorded, nothing to give back
     assert decision.retry_after == 3600.0 and decision.policy is long
 
 
-def _short_then_banning() -> list[plans.ScriptCall]:
+def _short_then_banning() -> list[plans.Check]:
     """Two slots: a 5/second policy refusing for 1 s, then a 5/hour one with a penalty."""
     short = rl.Policy("5/second", name="short")
     banning = rl.Policy("5/hour", name="banning", penalty="2 hours")
-    return [plans.build(plans.HIT, [plans.Check(short, "a")], "rl"),
-            plans.build(plans.HIT, [plans.Check(banning, "b")], "rl")]
+    return [plans.Check(short, "a"), plans.Check(banning, "b")]
 
 
 def test_a_later_slot_refusing_under_a_penalty_is_hit_to_start_its_ban() -> None:
-    decision, asked = _drive(plans.plan_hit(_short_then_banning()), [
+    decision, asked = _across(_short_then_banning(), [
         _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
         _reply(0, (0, 0, 7_200_000, 7_200_000, 1))])
     assert asked == [plans.HIT, plans.PEEK, plans.HIT]
@@ -242,7 +248,7 @@ def test_a_later_slot_refusing_under_a_penalty_is_hit_to_start_its_ban() -> None
 
 
 def test_a_later_slot_that_admits_its_penalty_hit_after_all_gives_it_back() -> None:
-    decision, asked = _drive(plans.plan_hit(_short_then_banning()), [
+    decision, asked = _across(_short_then_banning(), [
         _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
         _reply(1, (1, 0, 0, 3_600_000, 0))])  # a refund elsewhere came in between
     assert asked == [plans.HIT, plans.PEEK, plans.HIT, plans.REFUND]
@@ -251,9 +257,8 @@ def test_a_later_slot_that_admits_its_penalty_hit_after_all_gives_it_back() -> N
 
 def test_merged_slots_are_governed_like_tiers() -> None:
     p = rl.Policy("5/minute", name="p")
-    calls = [plans.build(plans.HIT, [plans.Check(p, identity)], "rl") for identity in "ab"]
-    decision, asked = _drive(plans.plan_hit(calls), [_reply(1, (1, 4, 0, 60_000, 0)),
-                                                    _reply(1, (1, 1, 0, 30_000, 0))])
+    decision, asked = _across([plans.Check(p, identity) for identity in "ab"],
+                              [_reply(1, (1, 4, 0, 60_000, 0)), _reply(1, (1, 1, 0, 30_000, 0))])
     assert asked == [plans.HIT, plans.HIT]
     assert decision.allowed and decision.identity == "b" and decision.remaining == 1
 
@@ -281,10 +286,8 @@ def test_acquire_gives_up_on_never_and_past_its_timeout() -> None:
 
 @pytest.mark.parametrize("timeout", [-1, True])
 def test_acquire_rejects_a_bad_timeout(timeout: object) -> None:
-    plan = plans.plan_acquire(lambda: plans.plan_hit([]), lambda: 0.0, timeout,  # type: ignore[arg-type]
-                             random.Random())
     with pytest.raises(rl.ConfigurationError, match="timeout"):
-        next(plan)
+        rl.Limiter().acquire("1/second", "u", timeout=timeout)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("retry", "waited", "timeout"),

@@ -41,11 +41,11 @@ class CountingBackend:
         self.inner = inner or rl.MemoryBackend()
         self.calls = 0
 
-    def run(self, call: Any) -> list[int]:
+    def run(self, call: Any, deadline: float | None = None) -> list[int]:
         self.calls += 1
         return self.inner.run(call)  # type: ignore[no-any-return]
 
-    async def arun(self, call: Any) -> list[int]:
+    async def arun(self, call: Any, deadline: float | None = None) -> list[int]:
         self.calls += 1
         return self.inner.run(call)  # type: ignore[no-any-return]
 
@@ -61,7 +61,7 @@ class FrozenTtlRedis:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
-    def run(self, call: plans.ScriptCall) -> list[int]:
+    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
         return run_extending(self.client, call)
 
 

@@ -134,7 +134,7 @@ class Twin:
     def run_redis(self, call: plans.ScriptCall) -> list[int]:
         return run_extending(self.client, call)
 
-    def run(self, call: plans.ScriptCall) -> list[int]:
+    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
         expected = self.memory.run(call)
         actual = self.run_redis(call)
         self.log.append(f"{call.args} -> memory {expected} redis {actual}")

@@ -9,12 +9,12 @@ from ratelimit_mw.core.identity import encode_identity
 
 
 def test_long_identities_are_hashed_without_being_cached() -> None:
-    before = identity_module._encode_short.cache_info().currsize
+    before = identity_module.encode_short.cache_info().currsize
     long = "k" * 65 + "{x}"
     encoded = encode_identity(long)
     assert encoded.startswith("#") and len(encoded) < 30
     assert encode_identity(long) == encoded  # the same digest every time
-    assert identity_module._encode_short.cache_info().currsize == before
+    assert identity_module.encode_short.cache_info().currsize == before
 
 
 def test_a_flood_of_distinct_8_kb_identities_leaves_nothing_behind() -> None:
@@ -31,5 +31,5 @@ def test_a_flood_of_distinct_8_kb_identities_leaves_nothing_behind() -> None:
 
 
 def test_the_short_identity_cache_has_a_fixed_number_of_entries() -> None:
-    assert identity_module._encode_short.cache_info().maxsize == 16_384
-    assert identity_module._CACHED_LENGTH == 64
+    assert identity_module.encode_short.cache_info().maxsize == 16_384
+    assert identity_module.CACHED_LENGTH == 64

@@ -35,14 +35,14 @@ class Flaky:
         self.down = down
         self.calls = 0
 
-    def run(self, call: plans.ScriptCall) -> list[int]:
+    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
         self.calls += 1
         if self.down:
             self.down -= 1
             raise rl.BackendError("Redis call failed: ConnectionError: refused")
         return self.inner.run(call)
 
-    async def arun(self, call: plans.ScriptCall) -> list[int]:
+    async def arun(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
         return self.run(call)
 
 
@@ -121,10 +121,10 @@ class Pinging:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
 
-    def run(self, call: plans.ScriptCall) -> list[int]:
+    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
         raise AssertionError("ping runs no script call")
 
-    async def arun(self, call: plans.ScriptCall) -> list[int]:
+    async def arun(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
         raise AssertionError("ping runs no script call")
 
     def _answer(self) -> dict[str, Any]:

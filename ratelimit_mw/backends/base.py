@@ -1,12 +1,15 @@
-"""What a backend is: the two protocols the limiters drive, and the capabilities they read.
+"""What a backend is: one call per side, and the capabilities the limiters read.
 
 A backend runs one `ScriptCall` (the keys and arguments of the joined Lua script) and returns
-its integer reply. Capabilities are declared as attributes so that callers never need an
-``isinstance`` check on a concrete backend:
+its integer reply: ``run(call, deadline=None)`` on the sync side, ``await arun(call,
+deadline=None)`` on the async side. ``deadline`` is how many seconds the call may take (the
+middleware's ``backend_timeout``; None: the client's own timeouts): the backend keeps it, cold
+or warm, and raises TimeoutError past it; a backend that answers in process, or a blocking one
+that cannot be interrupted, may ignore it. Any other failure is a BackendError. Capabilities
+are declared as attributes, so that no caller needs an ``isinstance`` check:
 
 - ``is_cluster``: keys are spread over hash slots; calls are split by slot.
-- ``in_process``: the call is answered in this process without I/O (the memory backend), so
-  a deadline around it protects nothing and only costs time.
+- ``in_process``: the call is answered in this process without I/O (the memory backend).
 """
 
 from __future__ import annotations
@@ -25,14 +28,14 @@ class SyncBackend(Protocol):
     is_cluster: bool
     in_process: bool
 
-    def run(self, call: ScriptCall) -> list[int]: ...
+    def run(self, call: ScriptCall, deadline: float | None = None) -> list[int]: ...
 
 
 class AsyncBackend(Protocol):
     is_cluster: bool
     in_process: bool
 
-    async def arun(self, call: ScriptCall) -> list[int]: ...
+    async def arun(self, call: ScriptCall, deadline: float | None = None) -> list[int]: ...
 
 
 # A deadline fails a call only once the event loop has looked for its answer: LOOK seconds

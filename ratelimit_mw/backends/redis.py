@@ -24,6 +24,7 @@ from ratelimit_mw.backends import urls
 from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import scripts
+from ratelimit_mw.core.compiled import bulk
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.plans import ScriptCall
 
@@ -115,6 +116,25 @@ def _memory(redis_kwargs: dict[str, Any]) -> MemoryBackend:
             "write RedisBackend.from_url(\"memory://\") alone"
         )
     return MemoryBackend()
+
+
+def pack(call: ScriptCall) -> bytes:
+    """The EVALSHA of `call` in Redis's wire format. A hit a `Compiled` built is its
+    memoised bytes around its keys'."""
+    compiled = call.compiled
+    if compiled is None:
+        parts = ("EVALSHA", scripts.sha1(), len(call.keys), *call.keys, *call.args)
+        return b"*%d\r\n" % len(parts) + b"".join(map(bulk, parts))
+    wire = [compiled.head]
+    for key in call.keys:
+        raw = key.encode()
+        wire.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    args = call.args
+    if args[1] == "" and args[2] == "":  # Redis's clock, no token: all fixed
+        wire.append(compiled.after_key)
+    else:
+        wire += (bulk(args[0]), bulk(args[1]), bulk(args[2]), compiled.after_token)
+    return b"".join(wire)
 
 
 def store_error(exc: BaseException) -> BackendError:
@@ -282,7 +302,9 @@ class RedisBackend:
     def __repr__(self) -> str:
         return f"RedisBackend({self.client!r})"
 
-    def run(self, call: ScriptCall) -> list[int]:
+    def run(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
+        """One call, bounded by the client's timeouts (a blocking call cannot be cut short
+        at `deadline`: built from a URL, they are 100 ms)."""
         try:
             if self._pool is None:
                 if self._script is None:
@@ -429,46 +451,49 @@ class AsyncRedisBackend:
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.client!r})"
 
-    async def arun(self, call: ScriptCall) -> list[int]:
-        try:
-            return await self._pipe.evalsha(call.keys, call.args)  # type: ignore[no-any-return]
-        except STORE_ERRORS as exc:
-            raise store_error(exc) from exc
-
-    async def arun_within(self, call: ScriptCall, seconds: float) -> list[int]:
-        """`arun`, failing with TimeoutError after `seconds`. On a single node the deadline
-        costs no timer of its own (see pipeline._Protocol); on a cluster, where a call may
-        be redirected, it is a deadline around the call."""
+    async def arun(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
+        """One call; TimeoutError after `deadline` seconds. On an open connection of a
+        single node the call is written at once and its future awaited, the deadline kept
+        by the connection's one timer (pipeline._Protocol); a call that finds no open
+        connection, or whose connection dropped or forgot the script, is sent the complete
+        way (`evalsha_within`: it connects, mends, and sends the very same bytes again, so a
+        sliding log gets the same members if the first copy reached Redis)."""
         pipe = self._pipe
-        if self.is_cluster:
-            return await bounded(self.arun(call), seconds)
         try:
-            return await pipe.evalsha_within(call.keys, call.args, seconds)  # type: ignore[no-any-return]
+            if deadline is None:
+                return await pipe.evalsha(call.keys, call.args)  # type: ignore[no-any-return]
+            if self.is_cluster:
+                return await bounded(pipe.evalsha(call.keys, call.args), deadline)
+            packed = pack(call)
+            protocol = pipe.ready()
+            if protocol is not None:
+                loop = protocol.loop
+                give_up = loop.time() + deadline
+                try:
+                    reply = await protocol.send(packed, give_up=give_up)
+                except Exception as exc:
+                    reply = self._settle(exc)
+                else:
+                    if type(reply) is not list:
+                        reply = self._settle(reply)
+                if reply is not None:
+                    return reply  # type: ignore[no-any-return]
+                deadline = give_up - loop.time()
+                if deadline <= 0:
+                    raise TimeoutError()
+            return await pipe.evalsha_within(call.keys, call.args, deadline)  # type: ignore[no-any-return]
         except TimeoutError:
             raise  # the caller's deadline, as `bounded` raises it: "timed out after 100 ms"
         except STORE_ERRORS as exc:
             raise store_error(exc) from exc
 
-    def post(self, packed: bytes, give_up: float) -> asyncio.Future[Any] | None:
-        """Queue a packed EVALSHA on the pipelined connection of the running loop, failing
-        with TimeoutError at loop time `give_up`: the reply as a future (an error reply is
-        returned, not raised), or None when there is no open connection to queue it on
-        (none yet, a cluster): then `arun_within` is the way.
-
-        No coroutine of its own: the caller awaits the connection's future directly (see
-        `AsyncLimiter._reply`), one frame fewer to enter and resume on every request."""
-        if self.is_cluster:
-            return None
-        protocol = self._pipe.ready()
-        return None if protocol is None else protocol.send(packed, give_up=give_up)
-
-    def settle(self, outcome: Any) -> list[int] | None:
-        """What a `post` that did not bring a plain reply means: `outcome` is the exception
-        its future raised or the error reply it brought. None: send the call again the
-        complete way (`arun_within`), which reconnects after a dropped connection and mends
-        what `PipelinedConnection.recovers` (NOSCRIPT, a demoted primary). Otherwise
-        raises what `arun_within` would have raised: the caller's TimeoutError as it is (a
-        call given up is never sent again), any other failure as BackendError."""
+    def _settle(self, outcome: Any) -> list[int] | None:
+        """What a sent call that did not bring a plain reply means: `outcome` is the
+        exception its future raised or the error reply it brought. None: send it again the
+        complete way, which reconnects after a dropped connection and mends what
+        `PipelinedConnection.recovers` (NOSCRIPT, a demoted primary). Otherwise raises: the
+        caller's TimeoutError as it is (a call given up is never sent again), any other
+        failure as BackendError."""
         if isinstance(outcome, (TimeoutError, asyncio.TimeoutError)):
             raise outcome
         if isinstance(outcome, (RedisConnectionError, OSError)):

@@ -1,20 +1,22 @@
-"""A compiled check: what the hit of a set of limits sends, for any identities, built once.
+"""A compiled set of limits: the script calls of a set of (policy, cost), for any identities.
 
 Whatever applies to a request (one policy or several, each with its cost) is compiled once
-into a `Compiled`: the limiter's one way to decide a hit, on every backend and transport.
-It holds what does not depend on the request:
+into a `Compiled`, the one builder of every call the limiter sends (hit, peek, refund,
+reset, book, cancel, a call per cluster slot). It memoises what does not depend on the
+request:
 
 - the keys' shapes (a head per identity, a suffix per tier) and the argument tail, so that
-  a call costs a few concatenations (`call`);
-- the call as Redis's wire bytes (RESP): the command header, the script's SHA and the
-  argument tail, packed once, so that a request costs its keys' bytes (`packed`);
-- how to read the reply (`decide`), and the deny cache's key (`checks`).
+  a hit's call costs a few concatenations (`call`);
+- the hit's wire bytes (RESP) but for its keys: the command header, the script's SHA and
+  the argument tail (`head`, `after_key`, `after_token`), which the Redis backends send
+  around the keys' bytes;
+- the deny cache's key (`checks`).
 
-A policy whose arguments vary per request (a penalty's end, a calendar's schedule), or a
-policy given twice (a default that is also a rule: one count per identity), is compiled
-too; its call is then `plans.build`'s, packed as hiredis packs it. Every method
-gives exactly what `plans.build` and `plans.decide` give for the same checks
-(tests/core/test_compiled.py holds them to it on random selections). Pure: no I/O, no clock.
+Any other operation, and a hit whose arguments vary per request (a penalty's end, a
+calendar's schedule) or that names a policy twice (a default that is also a rule: one
+count per identity), is `plans.build`'s call. A hit's memoised call is exactly the one
+`plans.build` makes (tests/test_compiled.py holds them to it on random selections). Pure:
+no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -22,17 +24,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ratelimit_mw.core import scripts
-from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.identity import encode_identity
+from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
 from ratelimit_mw.core.plans import (
     HIT,
     Check,
     Layout,
     ScriptCall,
     build,
-    decode_generic,
-    decode_one,
     new_token,
     validate_cost,
 )
@@ -42,22 +41,16 @@ from ratelimit_mw.core.wire import Arg, wire
 _new = tuple.__new__
 
 
-def _bulk(value: Arg) -> bytes:
+def bulk(value: Arg) -> bytes:
     """One RESP bulk string, as hiredis packs a str or an int argument."""
     raw = value.encode("utf-8") if isinstance(value, str) else str(value).encode("ascii")
     return b"$%d\r\n%s\r\n" % (len(raw), raw)
 
 
-def pack(call: ScriptCall) -> bytes:
-    """The EVALSHA of `call` in Redis's wire format."""
-    parts = ("EVALSHA", scripts.sha1(), len(call.keys), *call.keys, *call.args)
-    return b"*%d\r\n" % len(parts) + b"".join(map(_bulk, parts))
-
-
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
-    __slots__ = ("_after_key", "_after_token", "_head", "_key_suffixes", "_suffixes", "costs",
+    __slots__ = ("_key_suffixes", "_suffixes", "after_key", "after_token", "costs", "head",
                  "items", "log", "policies", "prefix", "rate", "static", "tail")
 
     def __init__(self, items: Sequence[tuple[Policy, int]], prefix: str) -> None:
@@ -87,11 +80,11 @@ class Compiled:
         self.tail: tuple[Arg, ...] = (len(suffixes), *args)
         # RESP: *<count> EVALSHA <sha> <number of keys> <keys...> H <now> <token> "" <tail>
         count = 3 + len(suffixes) + 4 + len(self.tail)
-        self._head = (b"*%d\r\n" % count + _bulk("EVALSHA") + _bulk(scripts.sha1())
-                      + _bulk(len(suffixes)))
-        self._after_token = _bulk("") + b"".join(_bulk(arg) for arg in self.tail)
+        self.head = (b"*%d\r\n" % count + bulk("EVALSHA") + bulk(scripts.sha1())
+                      + bulk(len(suffixes)))
+        self.after_token = bulk("") + b"".join(bulk(arg) for arg in self.tail)
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
-        self._after_key = _bulk(HIT) + _bulk("") + _bulk("") + self._after_token
+        self.after_key = bulk(HIT) + bulk("") + bulk("") + self.after_token
 
     def __repr__(self) -> str:
         return f"Compiled({list(self.items)!r}, prefix={self.prefix!r})"
@@ -110,19 +103,26 @@ class Compiled:
                      in zip(self.items, identities, strict=True))
 
     def call(self, identities: Sequence[str], now_us: int | None = None,
-             token: str | None = None, clock_ms: int = 0) -> ScriptCall:
-        """The script call; `now_us` overrides Redis's clock (tests), `clock_ms` is the
-        app's clock for a calendar's schedule, `token` names a sliding log's members
-        (default: a fresh one)."""
+             token: str | None = None, clock_ms: int = 0, op: str = HIT,
+             at_ms: int | None = None) -> ScriptCall:
+        """The script call of `op` (a hit by default) for these identities, one per check;
+        `now_us` overrides Redis's clock (tests), `clock_ms` is the app's clock for a
+        calendar's schedule, `token` names a sliding log's members (default: a fresh one for
+        a hit), `at_ms` is a booking's time."""
+        if op != HIT or not self.static:
+            if self.log and token is None and op == HIT:
+                token = new_token()
+            return build(op, self.checks(identities), self.prefix, now_us=now_us,
+                         at_ms=at_ms, token=token, clock_ms=clock_ms)
         if self.log and token is None:
             token = new_token()
-        if not self.static:
-            return build(HIT, self.checks(identities), self.prefix, now_us=now_us,
-                                 token=token if token is not None else "",
-                                 clock_ms=clock_ms)
         prefix = self.prefix
         if len(identities) == 1:  # one check: its identity's head before each suffix
-            head = f"{prefix}:{{{encode_identity(identities[0])}}}:"
+            identity = identities[0]
+            # encode_identity, its cache asked here: the same clients come back.
+            encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
+                       else encode_identity(identity))
+            head = f"{prefix}:{{{encoded}}}:"
             suffixes = self._key_suffixes[0]
             keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
             layout: Layout = ((self.policies[0], identities[0]),)
@@ -133,45 +133,7 @@ class Compiled:
                 keys += [head + suffix for suffix in suffixes]
             layout = tuple(zip(self.policies, identities, strict=True))
         args: list[Arg] = [HIT, "" if now_us is None else now_us, token or "", "", *self.tail]
-        return _new(ScriptCall, (keys, args, layout, HIT, None))
-
-    def packed(self, identities: Sequence[str], now_us: int | None = None,
-               token: str | None = None, clock_ms: int = 0) -> bytes:
-        """`call(...)` as the EVALSHA in Redis's wire format."""
-        if self.log and token is None:
-            token = new_token()
-        if not self.static:
-            return pack(self.call(identities, now_us, token, clock_ms))
-        prefix = self.prefix
-        parts = [self._head]
-        for identity, suffixes in zip(identities, self._suffixes, strict=True):
-            head = f"{prefix}:{{{encode_identity(identity)}}}:".encode()
-            for suffix in suffixes:
-                key = head + suffix
-                parts.append(b"$%d\r\n%s\r\n" % (len(key), key))
-        if now_us is None and token is None:
-            parts.append(self._after_key)
-        else:
-            parts += (_bulk(HIT), _bulk("" if now_us is None else now_us), _bulk(token or ""),
-                      self._after_token)
-        return b"".join(parts)
-
-    def layout(self, identities: Sequence[str]) -> Layout:
-        """The (policy, identity) of each check in the reply's order: a policy given twice
-        for one identity counts once (`plans.build`)."""
-        if len(identities) == 1:
-            return ((self.policies[0], identities[0]),)
-        if self.static:
-            return tuple(zip(self.policies, identities, strict=True))
-        return tuple(dict.fromkeys(zip(self.policies, identities, strict=True)))
-
-    def decide(self, identities: Sequence[str], reply: list[int]) -> Decision:
-        """The reply to `call(identities)` as a Decision, as `plans.decide` reads it."""
-        rate = self.rate
-        if rate is not None:
-            return decode_one(self.policies[0], rate, identities[0], reply[0] == 1, reply,
-                              None)
-        return decode_generic(self.layout(identities), reply, None)
+        return _new(ScriptCall, (keys, args, layout, HIT, None, self))
 
     @staticmethod
     def spans_slots(identities: Sequence[str]) -> bool:

@@ -93,31 +93,31 @@ def validate_max_age(max_age: float) -> float:
 
 
 class DenyCache:
-    __slots__ = ("_bytes", "_entries", "_index", "_lock", "max_age_us", "max_bytes", "size")
+    __slots__ = ("_bytes", "_lock", "entries", "index", "max_age_us", "max_bytes", "size")
 
     def __init__(self, size: int = 10_000, max_age: float = DEFAULT_MAX_AGE,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.size = size
         self.max_age_us = round(validate_max_age(max_age) * 1_000_000)
         self.max_bytes = max_bytes
-        self._entries: dict[_Key, _Entry] = {}
+        self.entries: dict[_Key, _Entry] = {}
         # (policy segment, identity) -> the keys of the entries it appears in: what a write
         # forgets.
-        self._index: dict[_Pair, list[_Key]] = {}
+        self.index: dict[_Pair, list[_Key]] = {}
         self._bytes = 0
         # Changes take the lock (threaded WSGI servers share one limiter); a lookup that
         # finds a live entry does not: it only reads, and at worst replays a Decision again.
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     @property
     def watching(self) -> bool:
         """Whether a write may have to forget an entry (`record` of an admitted hit does
         nothing when False): read after the store's reply, since a refusal recorded while a
         call was out must still be forgotten by that call's admitted hit."""
-        return bool(self._index)
+        return bool(self.index)
 
     @property
     def bytes(self) -> int:
@@ -134,7 +134,7 @@ class DenyCache:
         LAPSED, a refusal of this very call was held and no longer holds (dropped now), so
         the store will most likely refuse again: the async limiter lets one call ask it for
         every request waiting on the same answer."""
-        entries = self._entries
+        entries = self.entries
         if not entries:
             return None
         key = tuple(checks)
@@ -157,7 +157,7 @@ class DenyCache:
         """After the store decided a hit in one call sent at `sent_us` (its reply read by
         `layout`, the call's): forget what the checks' pairs held (the hit may have
         written), and keep a refusal it says holds."""
-        if reply[0] == 1 and not self._index:
+        if reply[0] == 1 and not self.index:
             return
         window = plans.replay_window(reply)
         if window is not None and (window < 0 or window > self.max_age_us):
@@ -169,11 +169,11 @@ class DenyCache:
             self._forget(checks)
             if window is None or charge > self.max_bytes:
                 return
-            if len(self._entries) >= self.size or self._bytes + charge > self.max_bytes:
+            if len(self.entries) >= self.size or self._bytes + charge > self.max_bytes:
                 self._evict(sent_us, charge)
-            self._entries[key] = _Entry(sent_us + window, sent_us, layout, reply, charge)
+            self.entries[key] = _Entry(sent_us + window, sent_us, layout, reply, charge)
             self._bytes += charge
-            index = self._index
+            index = self.index
             for check in checks:
                 pair = (wire.wire(check.policy).segment, check.identity)
                 keys = index.get(pair)
@@ -184,12 +184,12 @@ class DenyCache:
 
     def forget(self, checks: Sequence[Check]) -> None:
         """Drop every entry in which any of these (policy, identity) pairs appears."""
-        if self._index:
+        if self.index:
             with self._lock:
                 self._forget(checks)
 
     def _forget(self, checks: Sequence[Check]) -> None:
-        index = self._index
+        index = self.index
         for check in checks:
             keys = index.get((wire.wire(check.policy).segment, check.identity))
             if keys is not None:
@@ -197,11 +197,11 @@ class DenyCache:
                     self._drop(key)
 
     def _drop(self, key: _Key) -> None:
-        entry = self._entries.pop(key, None)
+        entry = self.entries.pop(key, None)
         if entry is None:
             return
         self._bytes -= entry.charge
-        index = self._index
+        index = self.index
         for check in key:
             pair = (wire.wire(check.policy).segment, check.identity)
             keys = index.get(pair)
@@ -215,7 +215,7 @@ class DenyCache:
         # Free a tenth of the room per pass (every expired entry, then the oldest): a pass
         # reads the whole map, so freeing one entry per pass would cost a full scan for every
         # new refusal while a flood of distinct identities keeps the cache full.
-        entries = self._entries
+        entries = self.entries
         for key in [key for key, entry in entries.items() if entry.until <= now_us]:
             self._drop(key)
         count_goal = self.size - max(1, self.size // 10)

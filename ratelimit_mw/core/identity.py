@@ -28,11 +28,12 @@ def _digest(text: str) -> str:
 # 16,384 x (a 64-character key, a 23-character digest, ~150 bytes of bookkeeping): ~5 MB however
 # clients choose their identities. Longer ones are hashed on every call (a few µs for 8 KB):
 # caching them would keep their whole text (65,536 of 8 KB: 530 MB).
-_CACHED_LENGTH = 64
+CACHED_LENGTH = 64
 
 
 @functools.lru_cache(maxsize=16_384)
-def _encode_short(identity: str) -> str:
+def encode_short(identity: str) -> str:
+    """`encode_identity` of an identity of at most `CACHED_LENGTH` characters, cached."""
     if _SAFE.fullmatch(identity):
         return identity
     return _digest(identity)
@@ -40,9 +41,9 @@ def _encode_short(identity: str) -> str:
 
 def encode_identity(identity: str) -> str:
     """The hash-tag body for an identity; cached because the same clients come back."""
-    if len(identity) > _CACHED_LENGTH:
+    if len(identity) > CACHED_LENGTH:
         return _digest(identity)
-    return _encode_short(identity)
+    return encode_short(identity)
 
 
 # Names of decorators and rules hold spaces ("route app.search 5/minute"): written with "~",

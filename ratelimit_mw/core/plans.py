@@ -15,11 +15,11 @@ import math
 import os
 import random
 import secrets
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from ratelimit_mw.core.decision import Booking, Decision, TierState
-from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
+from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.identity import identity_head
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.core.rates import Rate
@@ -57,6 +57,7 @@ class ScriptCall(NamedTuple):
     layout: tuple[tuple[Policy, str], ...]  # (policy, identity) per check, tiers in order
     op: str
     booking: Booking | None = None
+    compiled: Any = None  # the `Compiled` that built it: its wire bytes are memoised
 
 
 class _Tokens:
@@ -112,7 +113,7 @@ def build(
     ``clock_ms`` is the app's clock (or a callable reading it, called only when needed),
     used only to choose which stretch of a ``tz=`` policy's UTC-offset schedule to send
     (core.wire; the script picks the window by Redis's clock); ``now_us`` overrides Redis's
-    clock (tests, never production). A hit's call is compiled (`core.compiled`); this
+    clock (tests, never production). A hit's call is memoised (`core.compiled`); this
     builds every call, hits included (what the compiled one is held to).
     """
     keys: list[str] = []
@@ -321,10 +322,19 @@ def group_by_slot(checks: Sequence[Check]) -> list[list[Check]]:
 
 
 def refund_of(call: ScriptCall) -> ScriptCall:
-    """The call that gives back what `call` recorded (same keys, same costs)."""
+    """The call that gives back what `call` recorded (same keys, same costs, same token)."""
+    return _as(call, REFUND)
+
+
+def peek_of(call: ScriptCall) -> ScriptCall:
+    """`call` as a peek: the same keys, tiers and costs, answered without recording."""
+    return _as(call, PEEK)
+
+
+def _as(call: ScriptCall, op: str) -> ScriptCall:
     args = list(call.args)
-    args[0] = REFUND
-    return ScriptCall(call.keys, args, call.layout, REFUND)
+    args[0] = op
+    return ScriptCall(call.keys, args, call.layout, op)
 
 
 def merge(decisions: Sequence[Decision]) -> Decision:
@@ -351,93 +361,6 @@ def merge(decisions: Sequence[Decision]) -> Decision:
         banned=chosen.banned,
         tiers=tiers,
     )
-
-
-# Steps: what the shell must do, yielded — a ScriptCall to run (it sends back the reply) or a
-# float of seconds to sleep — and returns the Decision. The shells hold no logic beyond that.
-Steps = Generator["ScriptCall | float", Any, Decision]
-
-
-class DenyCacheLike(Protocol):
-    def lookup(self, checks: Sequence[Check], now_us: int) -> Decision | None: ...
-
-    def record(self, checks: Sequence[Check], layout: Layout, reply: Sequence[int],
-               sent_us: int) -> None: ...
-
-    def forget(self, checks: Sequence[Check]) -> None: ...
-
-
-def plan_hit(calls: Sequence[ScriptCall]) -> Steps:
-    """Run the calls in order; if one refuses, give back what the earlier ones admitted.
-
-    One call is the normal case (one atomic script). Several happen only on a Redis Cluster
-    when one request is limited under several identities, which live in different slots; the
-    compensation keeps "a refused request consumes nothing" as nearly as two slots allow.
-
-    After a refusal the later slots are still asked, as one script asks every tier, but as
-    peeks that record nothing (`peek_of`): the Retry-After is the longest wait of them all
-    (stopping at the first refusal answered a 1 s wait where a later slot refused for an
-    hour), while a refused request never holds another slot's quota even for a moment (a
-    concurrent request would be refused by it: a burst admitted one less than the limit). A
-    later slot that refuses under a penalty is then hit, which records nothing on a refusal
-    and starts its ban; if it admits after all (a race), that hit is given back too.
-    """
-    decisions: list[Decision] = []
-    recorded: list[ScriptCall] = []
-    refused = False
-    for call in calls:
-        if not refused:
-            reply: Sequence[int] = yield call
-            decision = decide(call, reply)
-            if decision.allowed:
-                recorded.append(call)
-        else:
-            decision = decide(call, (yield peek_of(call)))
-            if not decision.allowed and any(p.penalty is not None for p, _ in call.layout):
-                decision = decide(call, (yield call))
-                if decision.allowed:
-                    recorded.append(call)
-        decisions.append(decision)
-        refused = refused or not decision.allowed
-    if refused:
-        for call in recorded:
-            yield refund_of(call)
-    return merge(decisions)
-
-
-def peek_of(call: ScriptCall) -> ScriptCall:
-    """`call` as a peek: the same keys, tiers and costs, answered without recording."""
-    args = list(call.args)
-    args[0] = PEEK
-    return ScriptCall(call.keys, args, call.layout, PEEK)
-
-
-def plan_check(
-    checks: Sequence[Check],
-    calls: Callable[[], list[ScriptCall]],
-    deny: DenyCacheLike | None,
-    now_us: Callable[[], int],
-) -> Steps:
-    """A hit of several checks: answered from the deny cache when it holds this very refusal,
-    otherwise by the backend. Only a refusal that one call decided is remembered: when a
-    request needs a call per cluster slot, a refusal may come from state that compensation is
-    about to undo, so the cache only forgets what it held for these checks."""
-    if deny is None:
-        return (yield from plan_hit(calls()))
-    cached = deny.lookup(checks, now_us())
-    if cached is not None:
-        return cached
-    built = calls()
-    if len(built) != 1:
-        try:
-            return (yield from plan_hit(built))
-        finally:
-            deny.forget(checks)
-    call = built[0]
-    sent = now_us()
-    reply: Sequence[int] = yield call
-    deny.record(checks, call.layout, reply, sent)
-    return decide(call, reply)
 
 
 def acquire_wait(
@@ -474,39 +397,3 @@ def backoff_wait(failures: int, left: float | None, rng: random.Random) -> float
         return None
     delay = min(BACKOFF_CAP, BACKOFF_FIRST * 2.0 ** min(failures - 1, 30))
     return min(delay * rng.uniform(0.5, 1.0), left)
-
-
-def plan_acquire(
-    hit: Callable[[], Steps],
-    now: Callable[[], float],
-    timeout: float | None,
-    rng: random.Random,
-) -> Steps:
-    """Hit until admitted, sleeping retry_after (with jitter) between tries.
-
-    A backend error (the shell throws it into the plan) is retried with `backoff_wait` while
-    the timeout leaves time, then raised; without a timeout it is raised at once, since
-    waiting for quota must not turn into waiting forever for a store that is down.
-    """
-    if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
-        raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
-    started = now()
-    failures = 0
-    while True:
-        try:
-            decision = yield from hit()
-        except BackendError:
-            failures += 1
-            left = None if timeout is None else timeout - (now() - started)
-            backoff = backoff_wait(failures, left, rng)
-            if backoff is None:
-                raise
-            yield backoff
-            continue
-        failures = 0
-        if decision.allowed:
-            return decision
-        wait = acquire_wait(decision, now() - started, timeout, rng)
-        if wait is None:
-            raise RateLimitExceeded(decision)
-        yield wait

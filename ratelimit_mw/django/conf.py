@@ -29,7 +29,6 @@ from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import SharedLogs
 from ratelimit_mw.django.legacy import check_key
 from ratelimit_mw.http.config import OPTION_NAMES, Config
-from ratelimit_mw.http.drive import async_timeout
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.limiter import AsyncLimiter, Limiter, validate_prefix
 
@@ -157,7 +156,7 @@ class Limiters:
             limiter = self.asynchronous()
             self._async_guard = Guard(
                 self.settings.config, limiter,
-                timeout=async_timeout(limiter, self.settings.config.backend_timeout))
+                timeout=self.settings.config.backend_timeout)
         return self._async_guard
 
 

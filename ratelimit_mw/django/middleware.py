@@ -23,14 +23,7 @@ from django.http.response import HttpResponseBase
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.decorators import handles, view_limits
-from ratelimit_mw.http.drive import (
-    Verdict,
-    decide_async,
-    decide_sync,
-    refund_async,
-    refund_sync,
-)
-from ratelimit_mw.http.guard import Admit, Guard, Refuse, Selection
+from ratelimit_mw.http.guard import Admit, Guard, Refuse, Selection, Verdict
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.keys import reads
 
@@ -186,16 +179,15 @@ class RateLimitMiddleware:
                 return refused
         admit = self._headed(request, response)
         if admit is not None and admit.refund is not None:
-            refund_sync(self.guard, self.limiter,
-                        self.guard.given_back(admit, response.status_code))
+            self.guard.refund_sync(self.limiter,
+                                   self.guard.given_back(admit, response.status_code))
         return response
 
     def _process_view_sync(self, request: HttpRequest, view: Any, args: Any,
                            kwargs: Any) -> HttpResponseBase | None:
         selection = self._selection(request, view)
-        verdict = None if selection is None else decide_sync(
-            self.guard, self.limiter, selection, request, request.method or "GET",
-            self._preflight(request))
+        verdict = None if selection is None else self.guard.decide_sync(
+            self.limiter, selection, request, request.method or "GET", self._preflight(request))
         return self._answer(request, verdict, self._blocked(request, verdict))
 
     # -- async (ASGI) ----------------------------------------------------------------------
@@ -208,8 +200,8 @@ class RateLimitMiddleware:
                 return refused
         admit = self._headed(request, response)
         if admit is not None and admit.refund is not None:
-            await refund_async(self.guard, self.limiter,
-                               self.guard.given_back(admit, response.status_code))
+            await self.guard.refund_async(self.limiter,
+                                          self.guard.given_back(admit, response.status_code))
         return response
 
     async def _process_view_async(self, request: HttpRequest, view: Any, args: Any,
@@ -219,9 +211,8 @@ class RateLimitMiddleware:
             # django.contrib.auth's request.user loads lazily, from the database: on the event
             # loop that raises (SynchronousOnlyOperation), and a user key would read no user.
             request.user = await request.auser()
-        verdict = None if selection is None else await decide_async(
-            self.guard, self.limiter, selection, request, request.method or "GET",
-            self._preflight(request))
+        verdict = None if selection is None else await self.guard.decide_async(
+            self.limiter, selection, request, request.method or "GET", self._preflight(request))
         made = self._blocked(request, verdict)
         if inspect.isawaitable(made):
             try:

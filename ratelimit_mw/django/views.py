@@ -12,7 +12,7 @@ each use its own. ``key`` is by default the settings' key, as for a decorator. B
 they only ask (``increment=False``, as django-ratelimit's): limited when a hit now would be
 refused; ``increment=True`` counts the request.
 
-They take the middleware's way (`ratelimit_mw.http.drive`) through the guard the settings
+They take the middleware's way (`Guard.decide_async`) through the guard the settings
 make (`conf.Limiters`), shared with the middleware: its breaker, its deadline under ASGI
 (``backend_timeout``), ``on_backend_error`` (``"allow"`` says not limited, ``"deny"``
 limited, ``"memory"`` decides in memory, a callable decides), ``mode="shadow"`` (never
@@ -29,8 +29,7 @@ from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.legacy import check_key, check_rates
 from ratelimit_mw.hooks import refuse_async
-from ratelimit_mw.http.drive import Verdict, decide_async, decide_sync
-from ratelimit_mw.http.guard import Applied, Guard, Refuse, Selection, Unavailable
+from ratelimit_mw.http.guard import Applied, Guard, Refuse, Selection, Unavailable, Verdict
 from ratelimit_mw.keys import KeyFunc, reads
 from ratelimit_mw.routing import Cost, validate_cost
 
@@ -80,8 +79,9 @@ def is_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = N
         refuse_async("is_ratelimited", [("key", key), ("cost", cost)])
     if not guard.enabled:
         return _limited(request, None)
-    return _limited(request, decide_sync(guard, limiters.sync(), selection, request,
-                                         request.method or "GET", False, peek=not increment))
+    return _limited(request, guard.decide_sync(limiters.sync(), selection, request,
+                                               request.method or "GET", False,
+                                               peek=not increment))
 
 
 async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = None,
@@ -96,6 +96,6 @@ async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | N
         return _limited(request, None)
     if hasattr(request, "auser") and "user" in reads(selection.applied[0].key):
         request.user = await request.auser()  # the lazy user cannot load on the loop
-    return _limited(request, await decide_async(guard, limiters.asynchronous(), selection,
-                                                request, request.method or "GET", False,
-                                                peek=not increment))
+    return _limited(request, await guard.decide_async(limiters.asynchronous(), selection,
+                                                      request, request.method or "GET", False,
+                                                      peek=not increment))

@@ -1,18 +1,12 @@
 """Which route will serve an ASGI request: its template and what its endpoint carries.
 
 The middleware runs before the app's router, so it asks the router's own routes
-(``route.matches(scope)``, the test Starlette's router applies) which one will take the
-request: the first full match, else the first partial one (the route that answers 405),
-descending into ``Mount``, ``Host``, nested ``Router``s and mounted sub-apps and adding each
-mount's prefix to the template. FastAPI >= 0.137 keeps included routers as one entry of
-``app.routes``; its public ``fastapi.routing.iter_route_contexts`` lists the routes inside them
-with the include prefix applied, and is used when FastAPI is loaded. Earlier FastAPI versions
-copy included routes into ``app.routes`` themselves.
-
-Resolutions are cached per (method, path), in a bounded map because paths are client text.
-Nothing is resolved at all when no endpoint carries a decorator and no key function needs the
-template; the route tree is walked once to find out, and again whenever the app's top-level
-route list changes.
+(``route.matches(scope)``) which one will take the request: the first full match, else the
+first partial one (the route that answers 405), descending into ``Mount``, ``Host``, nested
+``Router``s, mounted sub-apps and (``fastapi.routing.iter_route_contexts``) included FastAPI
+routers, each mount's prefix added to the template. Resolutions are cached per (method,
+path); nothing is resolved when no endpoint carries a decorator and no key function needs
+the template.
 """
 
 from __future__ import annotations
@@ -36,38 +30,17 @@ _UNRESOLVED: Resolved = (None, None)
 _MOUNT_SUFFIX = "/{path}"
 
 
-def route_path(scope: MutableMapping[str, Any]) -> str:
-    """The path the app's router matches: ``path`` without the ``root_path`` prefix.
-
-    The same rule as Starlette's ``get_route_path``, which is private; copied so the hot path
-    calls no framework internals.
-    """
-    path: str = scope["path"]
-    root_path = scope.get("root_path", "")
-    if not root_path or not path.startswith(root_path):
-        return path
-    if path == root_path:
-        return ""
-    if path[len(root_path)] == "/":
-        return path[len(root_path):]
-    return path
-
-
 def _meta(obj: object) -> RouteMeta:
     # getattr on arbitrary objects: a mock or proxy may answer any attribute, so only the
     # two shapes the decorators write are believed.
     value = getattr(obj, ATTRIBUTE, None)
-    if value == EXEMPT or isinstance(value, tuple):
-        return value
-    return None
+    return value if value == EXEMPT or isinstance(value, tuple) else None
 
 
 def endpoint_meta(endpoint: object, method: str) -> RouteMeta:
-    """What the endpoint (or the handler a class-based endpoint dispatches to) carries.
-
-    Follows ``functools.wraps`` chains and ``functools.partial``; for an ``HTTPEndpoint``
-    class, the method's own decorator wins over one on the class.
-    """
+    """What the endpoint (or the handler a class-based endpoint dispatches to) carries,
+    through ``functools.wraps`` chains and ``functools.partial``; for an ``HTTPEndpoint``
+    class, the method's own decorator wins over one on the class."""
     if inspect.isclass(endpoint):
         name = method.lower()
         if method == "HEAD" and not hasattr(endpoint, "head"):
@@ -78,17 +51,13 @@ def endpoint_meta(endpoint: object, method: str) -> RouteMeta:
             if found is not None:
                 return found
         return _meta(endpoint)
-    seen = 0
     current: Any = endpoint
-    while current is not None and seen < 16:
+    for _ in range(16):
         found = _meta(current)
-        if found is not None:
+        if found is not None or current is None:
             return found
-        if isinstance(current, functools.partial):
-            current = current.func
-        else:
-            current = getattr(current, "__wrapped__", None)
-        seen += 1
+        is_partial = isinstance(current, functools.partial)
+        current = current.func if is_partial else getattr(current, "__wrapped__", None)
     return None
 
 
@@ -102,9 +71,7 @@ def flatten_routes(routes: Iterable[Any]) -> Iterable[Any]:
     """The routes as the router tries them, included FastAPI routers expanded."""
     fastapi_routing = sys.modules.get("fastapi.routing")
     iterate = getattr(fastapi_routing, "iter_route_contexts", None)
-    if iterate is None:
-        return routes
-    return iterate(list(routes))  # type: ignore[no-any-return]
+    return routes if iterate is None else iterate(list(routes))
 
 
 def routes_of(app: object) -> Sequence[Any] | None:
@@ -135,49 +102,37 @@ def _sub_routes(route: Any) -> Sequence[Any] | None:
         routes = getattr(route, "routes", None)
     except Exception:
         return None
-    if routes is None:
-        return None
-    if routes:
-        return routes  # type: ignore[no-any-return]
+    if routes is None or routes:
+        return routes
     # Mount(app=SomeMiddleware(sub_app)) lists no routes; look through the wrappers.
     return routes_of(getattr(route, "app", None))
 
 
-class _Walk:
-    """What one walk over the whole tree found out."""
-
-    __slots__ = ("decorated", "host")
-
-    def __init__(self) -> None:
-        self.decorated = False
-        self.host = False
-
-
-def _walk(routes: Iterable[Any], found: _Walk, depth: int, seen: set[int]) -> None:
+def _walk(routes: Iterable[Any], depth: int, seen: set[int]) -> tuple[bool, bool]:
+    """(whether an endpoint in the tree carries a decorator, whether it has a Host route)."""
+    decorated = host = False
     if depth > _MAX_DEPTH or id(routes) in seen:
-        return
+        return decorated, host
     seen.add(id(routes))
     for route in flatten_routes(routes):
-        if _is_host(route):
-            found.host = True
+        host = host or _is_host(route)
         endpoint = getattr(route, "endpoint", None)
-        if endpoint is not None and _carries_any(endpoint):
-            found.decorated = True
+        decorated = decorated or (endpoint is not None and _carries_any(endpoint))
         sub = _sub_routes(route)
         if sub is not None:
-            _walk(sub, found, depth + 1, seen)
-        elif getattr(route, "path_format", "").endswith(_MOUNT_SUFFIX):
+            inner = _walk(sub, depth + 1, seen)
+            decorated, host = decorated or inner[0], host or inner[1]
+        elif getattr(route, "path_format", "").endswith(_MOUNT_SUFFIX):  # a mounted plain app
             app = getattr(route, "app", None)
-            if app is not None and _carries_any(app):
-                found.decorated = True
+            decorated = decorated or (app is not None and _carries_any(app))
+    return decorated, host
 
 
 def _match(routes: Iterable[Any], scope: dict[str, Any], method: str, prefix: str,
            depth: int) -> Resolved | None:
-    """The first full match among `routes`, else the template of the first partial one
-    (the path matches, the method does not: the router answers 405) with no endpoint
-    metadata, or None. A 405 never reaches the endpoint, so its decorators do not apply:
-    the default does, as in Flask, where a 405 has no endpoint at all."""
+    """The first full match among `routes`, else the template of the first partial one (the
+    router answers 405) with no metadata: a 405 never reaches the endpoint, so its decorators
+    do not apply but the default does, as in Flask. None when nothing matches."""
     if depth > _MAX_DEPTH:
         return None
     partial: tuple[Any, dict[str, Any]] | None = None
@@ -200,11 +155,10 @@ def _match(routes: Iterable[Any], scope: dict[str, Any], method: str, prefix: st
 def _descend(route: Any, scope: dict[str, Any], child: Any, method: str, prefix: str,
              depth: int) -> Resolved | None:
     child_scope = {**scope, **child} if isinstance(child, dict) else scope
+    sub = _sub_routes(route)
     if _is_host(route):
-        sub = _sub_routes(route)
         return None if sub is None else _match(sub, child_scope, method, prefix, depth + 1)
     path_format = getattr(route, "path_format", None)
-    sub = _sub_routes(route)
     if sub is not None and isinstance(path_format, str) and path_format.endswith(_MOUNT_SUFFIX):
         # A Mount: whatever it routes to inside decides; a miss inside is the sub-router's
         # 404, which Starlette does not fall back from either.
@@ -245,13 +199,11 @@ class RouteResolver:
             self._size, self._enabled, self._host = -1, False, False
             return
         self._size = len(self._routes)
-        found = _Walk()
         try:
-            _walk(self._routes, found, 0, set())
+            decorated, self._host = _walk(self._routes, 0, set())
         except Exception:  # an odd route object: resolve per request, which is safe
-            found.decorated = found.host = True
-        self._enabled = self._always or found.decorated
-        self._host = found.host
+            decorated = self._host = True
+        self._enabled = self._always or decorated
 
     def resolve(self, scope: MutableMapping[str, Any], app: object, method: str,
                 path: str) -> Resolved | None:
@@ -262,18 +214,12 @@ class RouteResolver:
             routes = self._routes
         if not self._enabled or routes is None:
             return None
-        if self._host:
-            # Host routes match on the Host header; requests for other hosts must not share
-            # a cache entry.
-            cache_key: tuple[str, ...] = (method, path, _host_of(scope))
-        else:
-            cache_key = (method, path)
+        # Host routes match on the Host header: requests for other hosts share no entry.
+        cache_key = (method, path, _host_of(scope)) if self._host else (method, path)
         found = self._cache.get(cache_key)
         if found is None:
             found = _match(routes, dict(scope), method, "", 0) or _UNRESOLVED
-            if len(self._cache) >= _CACHE_SIZE:
-                # Paths are client text: bounded, dropped whole when full (no per-hit LRU
-                # bookkeeping on the hot path).
+            if len(self._cache) >= _CACHE_SIZE:  # paths are client text: dropped whole
                 self._cache.clear()
             self._cache[cache_key] = found
         return found

@@ -22,7 +22,7 @@ give back if the response's status says so), `Refuse` (429: status, headers, bod
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter, time
 from typing import Any, NamedTuple
@@ -34,7 +34,14 @@ from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy, SharedLogs
-from ratelimit_mw.hooks import Answers, ask, is_async, refuse_async
+from ratelimit_mw.hooks import (
+    Answers,
+    answer_all_async,
+    answer_all_sync,
+    ask,
+    is_async,
+    refuse_async,
+)
 from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
@@ -49,7 +56,7 @@ from ratelimit_mw.http.headers import (
 )
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import KeyFunc
-from ratelimit_mw.limiter import SWITCH, Limiter
+from ratelimit_mw.limiter import SWITCH, AsyncLimiter, Limiter
 from ratelimit_mw.log import ThrottledLog, describe, logger
 from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
 from ratelimit_mw.routing import (
@@ -164,6 +171,7 @@ class Unavailable(NamedTuple):
     body: bytes
 
 
+Verdict = Admit | Refuse | Unavailable
 PASS = Admit(None, None, None, None)
 # NamedTuples built per request skip their generated __new__ (fields given in order).
 _new = tuple.__new__
@@ -650,6 +658,96 @@ class Guard:
         self.breaker.failed(describe(exc, self.timeout))
         self.log_failure("ratelimit_mw: could not give back a hit; it stays counted", exc)
 
+    # -- the one I/O step of a request: unasync: the async source
+    async def decide_async(self, limiter: AsyncLimiter, selection: Selection, request: Any,
+                           method: str, preflight: bool, *, peek: bool = False
+                           ) -> Verdict | None:
+        """The verdict on one request that `selection` applies to; None: no limit applies to
+        it (its keys said None, a preflight not charged, exempt_when). The app's async hooks
+        are answered first; the breaker decides whether the store is asked at all (closed,
+        or the cool-down's single probe); any exception from the call is the failure policy,
+        never a 500; the limiter's backend keeps this guard's deadline. `peek`: ask about
+        the plan's first check without counting (Django's ``increment=False``)."""
+        answers = None
+        if selection.hooks or self.exempt_hooks:
+            answers = await answer_all_async(self.hooks(selection, preflight), request)
+        plan = self.plan(selection, request, method, preflight, answers)
+        if plan is None:
+            return None
+        breaker = self.breaker  # closed (open_until 0.0) on nearly every request: no call
+        if breaker.open_until and not breaker.may_call():  # skips the backend: the policy
+            return self.failed(request, plan, None, peek=peek)
+        # Timed only where an event reports it (a shadow refusal): a clock read costs.
+        start = perf_counter() if self.shadow else 0.0
+        try:
+            if peek:
+                decision = await limiter.peek(*plan.checks[0][:2], self.timeout)
+            else:
+                # The breaker's probe (it is still open) must reach the store: the deny
+                # cache's answer would close it on a store nobody asked.
+                decision = await limiter.decide(plan.compiled, plan.identities, self.timeout,
+                                                cached=not breaker.open_until)
+        except Exception as exc:  # anything from the backend call: never a 500
+            return self.failed(request, plan, exc, peek=peek)
+        return self.decided(request, plan, decision, start)
+
+    async def refund_async(self, limiter: AsyncLimiter, checks: Sequence[Check]) -> None:
+        """After the response: give back the hits its status gives back (`given_back`,
+        asked by the caller: most responses give nothing back, and then nothing is called);
+        never raises."""
+        if not checks or not self.may_refund():
+            return
+        try:
+            await limiter.uncheck(checks, self.timeout)
+        except Exception as exc:
+            self.refund_failed(exc)
+
+    # -- unasync: its sync twin, generated: do not edit
+    def decide_sync(self, limiter: Limiter, selection: Selection, request: Any,
+                    method: str, preflight: bool, *, peek: bool = False
+                    ) -> Verdict | None:
+        """The verdict on one request that `selection` applies to; None: no limit applies to
+        it (its keys said None, a preflight not charged, exempt_when). The app's async hooks
+        are answered first; the breaker decides whether the store is asked at all (closed,
+        or the cool-down's single probe); any exception from the call is the failure policy,
+        never a 500; the limiter's backend keeps this guard's deadline. `peek`: ask about
+        the plan's first check without counting (Django's ``increment=False``)."""
+        answers = None
+        if selection.hooks or self.exempt_hooks:
+            answers = answer_all_sync(self.hooks(selection, preflight), request)
+        plan = self.plan(selection, request, method, preflight, answers)
+        if plan is None:
+            return None
+        breaker = self.breaker  # closed (open_until 0.0) on nearly every request: no call
+        if breaker.open_until and not breaker.may_call():  # skips the backend: the policy
+            return self.failed(request, plan, None, peek=peek)
+        # Timed only where an event reports it (a shadow refusal): a clock read costs.
+        start = perf_counter() if self.shadow else 0.0
+        try:
+            if peek:
+                decision = limiter.peek(*plan.checks[0][:2], self.timeout)
+            else:
+                # The breaker's probe (it is still open) must reach the store: the deny
+                # cache's answer would close it on a store nobody asked.
+                decision = limiter.decide(plan.compiled, plan.identities, self.timeout,
+                                                cached=not breaker.open_until)
+        except Exception as exc:  # anything from the backend call: never a 500
+            return self.failed(request, plan, exc, peek=peek)
+        return self.decided(request, plan, decision, start)
+
+    def refund_sync(self, limiter: Limiter, checks: Sequence[Check]) -> None:
+        """After the response: give back the hits its status gives back (`given_back`,
+        asked by the caller: most responses give nothing back, and then nothing is called);
+        never raises."""
+        if not checks or not self.may_refund():
+            return
+        try:
+            limiter.uncheck(checks, self.timeout)
+        except Exception as exc:
+            self.refund_failed(exc)
+
+    # -- unasync: end
+
     # -- headers ---------------------------------------------------------------------------
     def served_headers(self, decision: Decision, selection: Selection) -> Headers:
         """Headers for a response the app serves (admitted, or refused in shadow mode)."""
@@ -664,3 +762,4 @@ class Guard:
         """What every 429 carries: Retry-After, RateLimit, RateLimit-Policy, no caching."""
         return [_NO_STORE, *rate_limit_headers(decision, selection.policy_header,
                                                self.legacy)]
+

@@ -289,7 +289,7 @@ def test_a_reply_that_came_while_the_loop_was_stalled_past_the_give_up_is_read(
             await backend.aping()  # connected
             loop = asyncio.get_running_loop()
             reply = await send_then_stall(
-                lambda: backend.post(PING, give_up=loop.time() + 0.05), 0.15)
+                lambda: backend._pipe.ready().send(PING, give_up=loop.time() + 0.05), 0.15)
             return reply, backend._pipe.ready() is not None
         finally:
             await backend.aclose()
@@ -332,11 +332,11 @@ def test_a_call_written_after_its_deadline_by_a_busy_loop_has_its_answer(
         try:
             await backend.aping()
             loop = asyncio.get_running_loop()
-            first = backend.post(PING, give_up=loop.time() + 10)  # written at once
+            first = backend._pipe.ready().send(PING, give_up=loop.time() + 10)  # written at once
             sent: list[asyncio.Future[Any]] = []
 
             def send_late() -> None:
-                sent.append(backend.post(PING, give_up=loop.time() + 0.02))
+                sent.append(backend._pipe.ready().send(PING, give_up=loop.time() + 0.02))
                 loop.call_soon(time.sleep, 0.05)  # busy again right after the batch's write
                 time.sleep(0.03)  # busy past its deadline before that write
 

@@ -268,9 +268,9 @@ async def test_a_call_past_its_time_fails_and_the_connection_keeps_serving(
         assert protocol is not None
         redis_client.execute_command("CLIENT", "PAUSE", 300, "ALL")
         with pytest.raises(TimeoutError):
-            await backend.arun_within(_call(prefix, "slow"), 0.05)
+            await backend.arun(_call(prefix, "slow"), 0.05)
         # Answered once the pause ends: its own reply, not the dropped one before it.
-        reply = await backend.arun_within(_call(prefix, "next"), 5.0)
+        reply = await backend.arun(_call(prefix, "next"), 5.0)
         assert reply[:3] == [1, 1, 9]
         assert pipe.ready() is protocol  # the same connection, never dropped
         assert protocol.give_ups == [] or all(w.done() for _, _, w in protocol.give_ups)
@@ -294,20 +294,6 @@ async def test_the_middleware_deadline_through_the_limiter_says_timed_out(prefix
     finally:
         redis_client.execute_command("CLIENT", "UNPAUSE")
         await backend.aclose()
-
-
-async def test_a_backend_without_its_own_deadline_runs_under_a_timer() -> None:
-    class Hung:
-        is_cluster = False
-        in_process = False
-
-        async def arun(self, call: Any) -> list[int]:
-            await asyncio.Event().wait()
-            raise AssertionError("never answered")
-
-    limiter = rl.AsyncLimiter(Hung())  # type: ignore[arg-type]
-    with pytest.raises(TimeoutError):
-        await limiter.decide(limiter.compile([(rl.Policy("1/minute"), 1)]), ("ip:1",), 0.01)
 
 
 async def test_a_cold_connect_on_a_loop_busy_past_the_connect_timeout_still_connects(
@@ -348,7 +334,7 @@ async def test_a_cold_call_gets_its_whole_deadline_once_the_connection_is_open(
     monkeypatch.setattr(_pipeline.PipelinedConnection, "_handshake", slow)
     backend = rl.AsyncRedisBackend.from_url(REDIS_URL, socket_connect_timeout=1.0)
     try:
-        reply = await backend.arun_within(_call(prefix, "cold-slow"), 0.1)
+        reply = await backend.arun(_call(prefix, "cold-slow"), 0.1)
         assert reply[0] == 1
     finally:
         await backend.aclose()
@@ -364,7 +350,7 @@ async def test_a_connect_past_the_connect_timeout_is_a_backend_error(
     backend = rl.AsyncRedisBackend.from_url(REDIS_URL, socket_connect_timeout=0.05)
     try:
         with pytest.raises(rl.BackendError, match="Timeout connecting"):
-            await backend.arun_within(_call("unused", "never"), 0.1)
+            await backend.arun(_call("unused", "never"), 0.1)
     finally:
         await backend.aclose()
 
@@ -389,11 +375,11 @@ async def test_a_call_waits_for_an_opening_it_did_not_start_only_a_few_of_its_de
     try:
         await asyncio.sleep(0)
         with pytest.raises(rl.BackendError, match="Timeout connecting"):
-            await backend.arun_within(_call(prefix, "joined"), 0.05)
+            await backend.arun(_call(prefix, "joined"), 0.05)
         assert not opening.done()
         gate.set()
         await opening
-        reply = await backend.arun_within(_call(prefix, "after"), 0.1)
+        reply = await backend.arun(_call(prefix, "after"), 0.1)
         assert reply[0] == 1
     finally:
         opening.cancel()

@@ -342,16 +342,16 @@ ASYNC_BUILDS: dict[str, Callable[[HungServer, str], Any]] = {
 
 
 def _counted(backend: Any) -> list[str]:
-    """The calls that reach `backend`, counted on its own way in (`arun_within`): a wrapping
-    backend would have the limiter put a deadline around it and hide the backend's own."""
+    """The calls that reach `backend`, counted on its own way in (`arun`), which keeps the
+    deadline itself."""
     calls: list[str] = []
-    within = backend.arun_within
+    arun = backend.arun
 
-    async def counted(call: Any, seconds: float) -> Any:
+    async def counted(call: Any, deadline: float | None = None) -> Any:
         calls.append(call.op)
-        return await within(call, seconds)
+        return await arun(call, deadline)
 
-    backend.arun_within = counted
+    backend.arun = counted
     return calls
 
 

@@ -109,10 +109,10 @@ def test_cost_can_come_from_the_request(limiter: rl.Limiter, clock: Any) -> None
 class DownBackend:
     is_cluster = False
 
-    def run(self, call: Any) -> list[int]:
+    def run(self, call: Any, deadline: float | None = None) -> list[int]:
         raise rl.BackendError("Redis call failed: ConnectionError: refused")
 
-    async def arun(self, call: Any) -> list[int]:
+    async def arun(self, call: Any, deadline: float | None = None) -> list[int]:
         return self.run(call)
 
 

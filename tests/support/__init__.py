@@ -20,6 +20,7 @@ from typing import Any
 from housekeeping import Housekeeper
 
 import ratelimit_mw as rl
+from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.core.plans import ScriptCall
 
 REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -41,8 +42,6 @@ class CountingBackend:
                  failure: BaseException | str | None = None, delay: float = 0.0) -> None:
         self.inner = inner if inner is not None else rl.MemoryBackend()
         self.is_cluster = getattr(self.inner, "is_cluster", False)
-        # Not in process, even around the memory backend: the middleware then puts its
-        # deadline around calls, as it does for Redis.
         self.in_process = False
         self.failure = failure
         self.delay = delay  # seconds each call takes before it answers or fails
@@ -53,15 +52,20 @@ class CountingBackend:
         self.calls += 1
         self.ops.append(call.op)
 
-    def run(self, call: ScriptCall) -> list[int]:
+    def run(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
         self._count(call)
         if self.delay:
             time.sleep(self.delay)
         if isinstance(self.failure, BaseException):
             raise self.failure
-        return self.inner.run(call)  # type: ignore[no-any-return]
+        return self.inner.run(call, deadline)  # type: ignore[no-any-return]
 
-    async def arun(self, call: ScriptCall) -> list[int]:
+    async def arun(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
+        """The call, kept to `deadline` as a backend keeps it (`bounded`: the Redis
+        backends' rule)."""
+        return await bounded(self._arun(call), deadline)
+
+    async def _arun(self, call: ScriptCall) -> list[int]:
         self._count(call)
         if self.delay:
             await asyncio.sleep(self.delay)

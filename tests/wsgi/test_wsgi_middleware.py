@@ -321,7 +321,7 @@ def test_a_refund_that_fails_is_logged_and_the_response_stands(
     class Flaky:
         is_cluster = False
 
-        def run(self, call: Any) -> list[int]:
+        def run(self, call: Any, deadline: float | None = None) -> list[int]:
             if state["fail"]:
                 raise BackendError("gone")
             return memory.run(call)

@@ -1,0 +1,294 @@
+"""The limiter's I/O, one way through for every operation.
+
+A call is built by the core (`Compiled.call`), run by the backend (``await
+backend.arun(call, deadline)``: the backend keeps the deadline, cold or warm) and read back by
+the core (`plans.decide`). A hit asks the deny cache first, once, here. The one source of
+both limiters is `ratelimit_mw/_async/limiter.py`: `_sync/limiter.py` (`Limiter`) is generated
+from it by ``python scripts/unasync.py``, which the suite checks is current.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ratelimit_mw._async import primitives
+from ratelimit_mw._async.primitives import ASYNC, Flights, bounded
+from ratelimit_mw.backends.base import AsyncBackend
+from ratelimit_mw.backends.memory import MemoryBackend
+from ratelimit_mw.core import plans
+from ratelimit_mw.core.compiled import Compiled
+from ratelimit_mw.core.decision import Booking, Decision
+from ratelimit_mw.core.deny_cache import Lapsed
+from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
+from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.engine import LimiterOptions, _check, _Shared, ping_failed, pinger
+from ratelimit_mw.metrics import ADMITTED, REFUSED
+
+if TYPE_CHECKING:  # annotations only (they are strings at run time): no dependency on 3.10
+    from typing_extensions import Unpack
+
+
+class AsyncLimiter(_Shared):
+    """``AsyncLimiter(AsyncRedisBackend.from_url(...))``, or ``AsyncLimiter()`` (memory).
+
+    ``clock`` (tests only) replaces Redis's clock with a callable returning seconds;
+    ``sleep`` replaces the sleep of ``acquire``; ``deny_cache`` is how many refusals are
+    answered in process, exactly as the store would, for at most ``deny_cache_max_age``
+    seconds (0 turns the cache off); ``metrics`` is a hook with ``observe(event, policy,
+    seconds)`` (see `ratelimit_mw.metrics`).
+    """
+
+    asynchronous = ASYNC
+
+    def __init__(self, backend: AsyncBackend | None = None, prefix: str = "rl", *,
+                 sleep: Callable[[float], Awaitable[None]] | None = None,
+                 **options: Unpack[LimiterOptions]) -> None:
+        super().__init__(MemoryBackend() if backend is None else backend, prefix,
+                         needs="arun", sleep=sleep or primitives.sleep, **options)
+        self._flights = Flights()
+
+    async def decide(self, compiled: Compiled, identities: Sequence[str],
+                     timeout: float | None = None, *, cached: bool = True) -> Decision:
+        """The hit of `compiled` (`compile`) for these identities, one per check, all or
+        nothing: the deny cache's answer (no I/O, no deadline), else the store's within
+        `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
+        takes this way. `cached` False: the store answers, and the cache is neither asked
+        nor told (the middleware's breaker probes so: a cached answer would close it on a
+        store that was never asked).
+
+        A refusal of this very hit that has just lapsed is asked about once for every
+        request that comes while the question is out (`_refresh`)."""
+        checks = None
+        if cached:
+            deny = self._deny
+            if deny is not None and deny.entries:
+                checks = compiled.checks(identities)
+                found = deny.find(checks, self._cache_now())
+                if type(found) is Decision:
+                    self._report(checks, REFUSED, 0.0)
+                    return found
+                if isinstance(found, Lapsed):
+                    return await bounded(self._refresh(compiled, identities, checks), timeout)
+            if self._flights:
+                checks = checks or compiled.checks(identities)
+                if checks in self._flights:
+                    return await bounded(self._refresh(compiled, identities, checks), timeout)
+        if self._backend.is_cluster and compiled.spans_slots(identities):
+            return await bounded(
+                self._across_slots(checks or compiled.checks(identities), cached), timeout)
+        return await self._asked(compiled, identities, checks, cached, timeout)
+
+    async def _asked(self, compiled: Compiled, identities: Sequence[str],
+                     checks: tuple[Check, ...] | None, cached: bool,
+                     timeout: float | None) -> Decision:
+        """The store's answer to one call, within `timeout`. (Written out: every admitted
+        request takes this way.)"""
+        deny, metrics, clock = self._deny, self.metrics, self.clock
+        now_us = None if clock is None else round(clock() * 1_000_000)
+        # Read before the write: a refusal is counted down from the moment its call was
+        # sent, so a pause after the write cannot make the deny cache outlive the store
+        # (`_cache_now`: the test clock, else a monotonic one).
+        sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
+                                       else now_us)
+        started = time.perf_counter() if metrics is not None else 0.0
+        call = compiled.call(identities, now_us, None, 0 if compiled.static else self._clock_ms())
+        try:
+            reply = await self._backend.arun(call, timeout)
+        except BackendError:
+            self._failed(checks or compiled.checks(identities), started)
+            raise
+        if reply[0] == 1 and metrics is None and (deny is None or not deny.index):
+            return plans.decide(call, reply)  # admitted, nothing held to forget
+        return self._settled(call, compiled, identities, checks, reply, sent, cached, started)
+
+    async def _refresh(self, compiled: Compiled, identities: Sequence[str],
+                       checks: tuple[Check, ...]) -> Decision:
+        """A refusal of this hit has lapsed (its age bound, or its numbers' validity), or
+        another request is asking about one: ask the store once for every request of the
+        same hit that comes while the question is out, then decide as if this request came
+        just after that call: the store's refusal from the deny cache, or, if it was
+        admitted (nothing to replay), a call of its own. If it failed or was cancelled, the
+        waiting requests ask again together: the first to wake sends the call."""
+        flights = self._flights
+        leader = flights.get(checks)
+        if leader is None:
+            leader = flights.lead(checks)
+            answered = False
+            try:
+                decision = await self._asked(compiled, identities, checks, True, None)
+                answered = True
+                return decision
+            finally:
+                flights.land(checks, leader, answered)
+        if await flights.follow(leader):
+            return await self._refresh(compiled, identities, checks)
+        deny = self._deny
+        found = None if deny is None else deny.find(checks, self._cache_now())
+        if type(found) is Decision:
+            return found
+        return await self._asked(compiled, identities, checks, True, None)
+
+    async def _across_slots(self, checks: tuple[Check, ...], cached: bool) -> Decision:
+        """A hit whose checks live in several cluster slots: a call per slot, in order; if
+        one refuses, what the earlier ones admitted is given back, so that a refused
+        request consumes nothing as nearly as two slots allow.
+
+        After a refusal the later slots are still asked, as one script asks every tier, but
+        as peeks that record nothing: the Retry-After is the longest wait of them all, while
+        a refused request never holds another slot's quota even for a moment. A later slot
+        that refuses under a penalty is then hit, which records nothing on a refusal and
+        starts its ban; if it admits after all (a race), that hit is given back too. Only a
+        refusal that one call decided is remembered, so the deny cache forgets these
+        checks."""
+        started = time.perf_counter()
+        backend = self._backend
+        decisions: list[Decision] = []
+        recorded: list[plans.ScriptCall] = []
+        refused = False
+        try:
+            for call in self._slot_calls(plans.HIT, checks):
+                if not refused:
+                    decision = plans.decide(call, await backend.arun(call))
+                    if decision.allowed:
+                        recorded.append(call)
+                else:
+                    decision = plans.decide(call, await backend.arun(plans.peek_of(call)))
+                    if not decision.allowed and any(policy.penalty is not None
+                                                    for policy, _ in call.layout):
+                        decision = plans.decide(call, await backend.arun(call))
+                        if decision.allowed:
+                            recorded.append(call)
+                decisions.append(decision)
+                refused = refused or not decision.allowed
+            if refused:
+                for call in recorded:
+                    await backend.arun(plans.refund_of(call))
+        except BackendError:
+            self._failed(checks, started)
+            raise
+        finally:
+            if cached:
+                self._forget(checks)
+        decision = plans.merge(decisions)
+        self._report(checks, ADMITTED if decision.allowed else REFUSED,
+                     time.perf_counter() - started)
+        return decision
+
+    async def check(self, checks: Sequence[Check]) -> Decision:
+        """Hit several policies at once, all or nothing."""
+        return await self.decide(*self._compiled_checks(checks))
+
+    async def probe(self, checks: Sequence[Check], timeout: float | None = None) -> Decision:
+        """`check`, answered by the store, never by the deny cache; TimeoutError after
+        `timeout` seconds."""
+        return await self.decide(*self._compiled_checks(checks), timeout, cached=False)
+
+    async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
+        """Check and record one hit of `cost`; nothing is recorded when refused."""
+        return await self.decide(self._compiled_hit(policy, identity, cost), (identity,))
+
+    def messages(self, policy: Policy | str) -> Messages:
+        """A budget for the messages of one connection (a WebSocket, a stream), counted
+        apart from every other: ``messages = limiter.messages("10/second")`` when it opens,
+        then ``if not await messages.hit(): ...`` per message (a Decision: False when
+        refused, with its ``retry_after``)."""
+        return Messages(self, _check(policy, "conn", 1).policy,
+                        "conn:" + secrets.token_hex(8))
+
+    async def uncheck(self, checks: Sequence[Check], timeout: float | None = None) -> None:
+        """Give back what an admitted `check` recorded (the middleware's count_when), each
+        call within `timeout`."""
+        self._forget(checks)
+        for call in self._slot_calls(plans.REFUND, checks):
+            await self._backend.arun(call, timeout)
+
+    async def peek(self, policy: Policy | str, identity: str,
+                   timeout: float | None = None) -> Decision:
+        """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""
+        call = self._single(plans.PEEK, policy, identity)
+        return plans.decide(call, await self._backend.arun(call, timeout))
+
+    async def reset(self, policy: Policy | str, identity: str) -> None:
+        """Forget every counter and any ban of this identity under this policy."""
+        await self._backend.arun(self._single(plans.RESET, policy, identity))
+
+    async def refund(self, policy: Policy | str, identity: str, cost: int = 1) -> None:
+        """Give back an admitted hit of `cost` (e.g. a login that turned out to succeed)."""
+        await self._backend.arun(self._single(plans.REFUND, policy, identity, cost))
+
+    async def acquire(self, policy: Policy | str, identity: str, cost: int = 1,
+                      timeout: float | None = None) -> Decision:
+        """Wait until a hit is admitted; RateLimitExceeded if it cannot be within `timeout`.
+
+        The wait is each refusal's retry_after with jitter (`plans.acquire_wait`). Backend
+        errors are retried with backoff while `timeout` leaves time (`plans.backoff_wait`),
+        then raised as BackendError; at once when no timeout is given, since waiting for
+        quota must not turn into waiting forever for a store that is down."""
+        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+            raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
+        compiled = self._compiled_hit(policy, identity, cost)
+        started = self._monotonic()
+        failures = 0
+        while True:
+            try:
+                decision = await self.decide(compiled, (identity,))
+            except BackendError:
+                failures += 1
+                left = None if timeout is None else timeout - (self._monotonic() - started)
+                backoff = plans.backoff_wait(failures, left, self._rng)
+                if backoff is None:
+                    raise
+                await self._sleep(backoff)
+                continue
+            failures = 0
+            if decision.allowed:
+                return decision
+            wait = plans.acquire_wait(decision, self._monotonic() - started, timeout, self._rng)
+            if wait is None:
+                raise RateLimitExceeded(decision)
+            await self._sleep(wait)
+
+    async def reserve(self, policy: Policy | str, identity: str, at: _dt.datetime,
+                      cost: int = 1) -> Decision:
+        """Book `cost` at time `at` if every window containing `at` stays within its limit."""
+        call = self._single(plans.BOOK, policy, identity, cost, at)
+        return plans.decide(call, await self._backend.arun(call))
+
+    async def cancel(self, booking: Booking) -> None:
+        """Take back an admitted reservation (``decision.booking``)."""
+        await self._backend.arun(self._cancel_call(booking))
+
+    async def ping(self) -> dict[str, Any]:
+        """Ask the store whether it is there (a start-up check, e.g. in a lifespan handler):
+        the backend's own report. Raises BackendError when it cannot answer."""
+        check = pinger(self._backend, "aping")
+        try:
+            return await check()  # type: ignore[no-any-return]
+        except BackendError:
+            raise
+        except Exception as exc:
+            raise ping_failed(exc) from exc
+
+
+class Messages:
+    """One connection's message budget (`AsyncLimiter.messages`); its counters expire with
+    the policy's window once the connection is quiet."""
+
+    __slots__ = ("identity", "limiter", "policy")
+
+    def __init__(self, limiter: AsyncLimiter, policy: Policy, identity: str) -> None:
+        self.limiter = limiter
+        self.policy = policy
+        self.identity = identity
+
+    def __repr__(self) -> str:
+        return f"Messages({self.policy!r}, identity={self.identity!r})"
+
+    async def hit(self, cost: int = 1) -> Decision:
+        """Count one message (of `cost`); nothing is counted when refused."""
+        return await self.limiter.hit(self.policy, self.identity, cost)

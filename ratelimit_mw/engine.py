@@ -1,0 +1,349 @@
+"""What Limiter and AsyncLimiter share: their options, the decorators, the compiled calls, and
+the deny cache's and the metrics' bookkeeping around each call. No I/O here.
+
+`AsyncLimiter` (`ratelimit_mw/_async/limiter.py`) is the one source of the I/O: it hands each
+`ScriptCall` to the backend and the reply back to the core; `Limiter` is generated from it
+(`scripts/unasync.py`), so the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import random
+import re
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict, TypeVar
+
+from ratelimit_mw.core import plans
+from ratelimit_mw.core.compiled import Compiled
+from ratelimit_mw.core.decision import Booking, Decision
+from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache
+from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.plans import Check, ScriptCall
+from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
+from ratelimit_mw.hooks import refuse_async
+from ratelimit_mw.log import ThrottledLog
+from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
+from ratelimit_mw.routing import RouteLimit, exempt, limit_decorator
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Distinct (policy, cost) sets compiled and kept: the middleware's selections, plus those
+# that dynamic limits and costs make per request; cleared whole when full.
+_COMPILED_CACHE_SIZE = 1024
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
+
+# Every limiter made in this process, for `ratelimit_mw.testing` (weak: never kept alive),
+# and what each new one is handed to as its construction ends: the isolations active then,
+# so that a limiter an app builds during a test is isolated too.
+_LIVE: weakref.WeakSet[_Shared] = weakref.WeakSet()
+_ON_NEW: list[Callable[[Any], None]] = []
+
+# What a limiter of each side needs of its backend, and what to write instead.
+_BACKEND_NEEDS = {
+    "run": "Limiter needs a sync backend (MemoryBackend or RedisBackend), got {!r}; for "
+           "redis.asyncio use AsyncLimiter(AsyncRedisBackend(...))",
+    "arun": "AsyncLimiter needs an async backend (MemoryBackend or AsyncRedisBackend), got "
+            "{!r}; a sync redis.Redis would block the event loop: use "
+            "AsyncRedisBackend(redis.asyncio.Redis(...))",
+}
+
+
+class _Switch:
+    """Limiting on or off for every middleware, decorator and dependency of the process
+    (`Guard.plan` reads it per request); only `ratelimit_mw.testing` turns it off."""
+
+    __slots__ = ("off",)
+
+    def __init__(self) -> None:
+        self.off = False
+
+
+SWITCH = _Switch()
+
+
+def live_limiters() -> list[_Shared]:
+    """The limiters alive in this process."""
+    return list(_LIVE)
+
+
+def validate_prefix(prefix: object) -> str:
+    """The keys' prefix, checked: ConfigurationError says what to write."""
+    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
+        raise ConfigurationError(
+            f"prefix must be 1-32 characters of letters, digits, '_', '.', ':' or '-', "
+            f"got {prefix!r}; e.g. prefix=\"rl\""
+        )
+    return prefix
+
+
+def _at_ms(at: _dt.datetime) -> int:
+    if not isinstance(at, _dt.datetime) or at.tzinfo is None or at.utcoffset() is None:
+        raise ConfigurationError(
+            f"reserve(at=...) needs an aware datetime, got {at!r}; e.g. "
+            "datetime(2026, 5, 1, 9, 30, tzinfo=ZoneInfo('Europe/Paris'))"
+        )
+    return int(at.timestamp() * 1000)
+
+
+def _metrics_hook(metrics: Any) -> MetricsHook | None:
+    if metrics is not None and not callable(getattr(metrics, "observe", None)):
+        raise ConfigurationError(
+            f"metrics must have a method observe(event, policy, seconds), got {metrics!r}; "
+            "e.g. metrics=ratelimit_mw.metrics adapters, or any object with such a method"
+        )
+    return metrics  # type: ignore[no-any-return]
+
+
+def _check(policy: Policy | str, identity: str, cost: int) -> Check:
+    if not isinstance(identity, str):
+        raise ConfigurationError(
+            f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
+        )
+    plans.validate_cost(cost)
+    return Check(policy if isinstance(policy, Policy) else _policy_from_text(policy), identity,
+                 cost)
+
+
+@functools.lru_cache(maxsize=256)
+def _policy_from_text(text: str) -> Policy:
+    # limiter.hit("10/minute", ...) with a string: one Policy per text, not one per call, so
+    # parsing stays off the hot path and the deny cache recognises the policy.
+    return as_policy(text)
+
+
+class LimiterOptions(TypedDict, total=False):
+    """The keyword options Limiter and AsyncLimiter share (written once, typed for both)."""
+
+    clock: Callable[[], float] | None
+    deny_cache: int
+    deny_cache_max_age: float
+    metrics: MetricsHook | None
+
+
+class _Shared:
+    """The options, the compiled calls and the bookkeeping around each call (see the module
+    docstring); `asynchronous` says which side a limiter is."""
+
+    asynchronous: bool
+
+    def __init__(
+        self,
+        backend: Any,
+        prefix: str,
+        *,
+        needs: str,
+        sleep: Callable[[float], Any],
+        clock: Callable[[], float] | None = None,
+        deny_cache: int = 10_000,
+        deny_cache_max_age: float = DEFAULT_MAX_AGE,
+        metrics: MetricsHook | None = None,
+    ) -> None:
+        if not callable(getattr(backend, needs, None)):
+            raise ConfigurationError(_BACKEND_NEEDS[needs].format(backend))
+        self._backend = backend
+        self.prefix = validate_prefix(prefix)
+        self.clock = clock
+        self._sleep = sleep
+        self.metrics = _metrics_hook(metrics)
+        self._metrics_failed = ThrottledLog()
+        # Sliding-log policies of one name share one log in the store: every policy
+        # configured on this limiter (decorators, a middleware's) must keep it as long.
+        self._shared_logs = SharedLogs()
+        self._rng = random.Random()
+        if isinstance(deny_cache, bool) or not isinstance(deny_cache, int) or deny_cache < 0:
+            raise ConfigurationError(
+                f"deny_cache is the number of refusals remembered in process (0 turns it off), "
+                f"got {deny_cache!r}; e.g. deny_cache=10_000"
+            )
+        deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
+        self._deny = deny if deny_cache else None
+        self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
+        # Last: everything an isolation saves and replaces is set by now.
+        _LIVE.add(self)
+        for isolate in list(_ON_NEW):  # noqa: PERF101 - a copy: one may end meanwhile
+            isolate(self)
+
+    @property
+    def backend(self) -> Any:
+        """The store; assigning another one routes every later call to it (and empties the
+        deny cache: its refusals were the other store's)."""
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: Any) -> None:
+        self._backend = backend
+        deny = self._deny
+        if deny is not None:  # what it holds, the other store said
+            self._deny = DenyCache(deny.size, deny.max_age_us / 1e6, deny.max_bytes)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
+
+    # -- decorators (metadata only; the middleware enforces) -----------------------------
+    def limit(
+        self,
+        rates: Policy | str | Callable[[Any], str | None],
+        *,
+        key: Callable[[Any], str | None] | None = None,
+        cost: int | Callable[[Any], int] = 1,
+        name: str | None = None,
+        methods: Sequence[str] | None = None,
+        exempt_when: Callable[[Any], bool] | None = None,
+        count_when: Callable[[int], bool] | None = None,
+    ) -> Callable[[F], F]:
+        """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint;
+        ``count_when(status) -> bool``: a response for which it is False gives this limit's
+        hit back. A sync Limiter's routes are WSGI or Flask views, which cannot await an
+        async hook."""
+        if not self.asynchronous:
+            refuse_async("a Limiter's routes (WSGI, Flask)", [
+                ("key", key), ("exempt_when", exempt_when),
+                ("cost", cost if callable(cost) else None),
+                ("rates", rates if callable(rates) and not isinstance(rates, Policy) else None)])
+        return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name,
+                                               methods=methods, exempt_when=exempt_when,
+                                               count_when=count_when),
+                               self._shared_logs)
+
+    def exempt(self, func: F) -> F:
+        """Exempt one route from the middleware's default limits."""
+        return exempt(func)
+
+    # -- clocks ------------------------------------------------------------------------------
+    def _now_us(self) -> int | None:
+        """The `now` a call carries: None (the store's clock) unless a test gave a clock."""
+        clock = self.clock
+        return None if clock is None else round(clock() * 1_000_000)
+
+    def _clock_ms(self) -> int:
+        return int((self.clock or time.time)() * 1000)
+
+    def _monotonic(self) -> float:
+        return time.monotonic() if self.clock is None else self.clock()
+
+    def _cache_now(self) -> int:
+        """The deny cache's clock in µs: the test clock (then exactly the `now` the store is
+        given), else a monotonic one (only differences matter: the store's answer is counted
+        down from the moment its call was sent, so it never outlives the store's own)."""
+        return time.monotonic_ns() // 1000 if self.clock is None else round(self.clock() * 1e6)
+
+    # -- building calls ----------------------------------------------------------------------
+    def compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
+        """The `Compiled` calls of these (policy, cost) pairs under this limiter's prefix,
+        built once per distinct set (a bounded cache: dynamic limits and costs make new
+        sets)."""
+        key = tuple(items)
+        found = self._compiled.get(key)
+        if found is None:
+            found = Compiled(key, self.prefix)
+            if len(self._compiled) >= _COMPILED_CACHE_SIZE:
+                self._compiled.clear()
+            self._compiled[key] = found
+        return found
+
+    def _compiled_hit(self, policy: Policy | str, identity: str, cost: int) -> Compiled:
+        """One check's compiled calls, its arguments checked as `_check` does: a Check is
+        built only to raise, or to parse a policy given as text."""
+        if (type(policy) is not Policy or type(identity) is not str or type(cost) is not int
+                or cost < 1):
+            policy = _check(policy, identity, cost).policy
+        return self.compile(((policy, cost),))
+
+    def _compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
+        """`checks` as the compiled calls and their identities."""
+        return (self.compile([(check.policy, check.cost) for check in checks]),
+                tuple(check.identity for check in checks))
+
+    def _call(self, compiled: Compiled, identities: Sequence[str], op: str = plans.HIT,
+              at_ms: int | None = None, token: str | None = None) -> ScriptCall:
+        """`compiled`'s call of `op` for these identities, on this limiter's clock."""
+        return compiled.call(identities, self._now_us(), token,
+                             0 if compiled.static else self._clock_ms(), op, at_ms)
+
+    def _slot_calls(self, op: str, checks: Sequence[Check]) -> list[ScriptCall]:
+        """The calls of `op` for `checks`: one, or on a cluster one per identity's slot."""
+        groups: Sequence[Sequence[Check]] = (plans.group_by_slot(checks)
+                                             if self._backend.is_cluster else [checks])
+        return [self._call(*self._compiled_checks(group), op) for group in groups]
+
+    def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1,
+                at: _dt.datetime | None = None, token: str | None = None) -> ScriptCall:
+        """The call of `op` (peek, reset, refund, book, cancel) for one check; the deny
+        cache forgets that check, since the store is asked, never the cache."""
+        check = _check(policy, identity, cost)
+        if op == plans.BOOK and check.policy.algorithm != "sliding-log":
+            raise ConfigurationError(
+                f"reserve needs a sliding-log policy (it checks every window around the "
+                f"booked time), got algorithm={check.policy.algorithm!r}; write "
+                f'Policy("1/minute;5/hour;10/day", algorithm="sliding-log")'
+            )
+        self._forget((check,))
+        return self._call(self.compile(((check.policy, check.cost),)), (identity,), op,
+                          None if at is None else _at_ms(at), token)
+
+    def _cancel_call(self, booking: Booking) -> ScriptCall:
+        return self._single(plans.CANCEL, booking.policy, booking.identity, booking.cost,
+                            token=booking.token)
+
+    # -- around each hit: the deny cache and the metrics -----------------------------------
+    def _forget(self, checks: Sequence[Check]) -> None:
+        if self._deny is not None:
+            self._deny.forget(checks)
+
+    def _settled(self, call: ScriptCall, compiled: Compiled, identities: Sequence[str],
+                 checks: tuple[Check, ...] | None, reply: list[int], sent: int, cached: bool,
+                 started: float) -> Decision:
+        """The store's reply to a hit as a Decision, for a refusal, a metrics hook or a deny
+        cache that holds anything. The deny cache keeps a refusal, and an admitted hit drops
+        what it held for the same (policy, identity) pairs; it is asked after the reply, so a
+        refusal recorded while the call was out is forgotten too."""
+        deny = self._deny
+        if checks is None:
+            checks = compiled.checks(identities)
+        if cached and deny is not None and (reply[0] != 1 or deny.index):
+            deny.record(checks, call.layout, reply, sent)
+        decision = plans.decide(call, reply)
+        if self.metrics is not None:
+            self._report(checks, ADMITTED if decision.allowed else REFUSED,
+                         time.perf_counter() - started)
+        return decision
+
+    def _failed(self, checks: Sequence[Check], started: float) -> None:
+        self._report(checks, BACKEND_ERROR, time.perf_counter() - started)
+
+    def _report(self, checks: Sequence[Check], event: Event, seconds: float) -> None:
+        """One event per policy of the call (a refused call is refused under each)."""
+        metrics = self.metrics
+        if metrics is None:
+            return
+        names: list[str] = []
+        try:
+            for check in checks:
+                name = check.policy.name
+                if name not in names:
+                    names.append(name)
+                    metrics.observe(event, name, seconds)
+        except Exception as exc:
+            # A metrics bug must not change the answer: raised from here it would reach the
+            # middleware as a store failure, and on_backend_error="allow" would admit
+            # everyone (the hit was recorded already).
+            self._metrics_failed("ratelimit_mw metrics hook raised", exc)
+
+
+def pinger(backend: Any, method: str) -> Callable[[], Any]:
+    """The backend's start-up check (`ping` or `aping`)."""
+    found = getattr(backend, method, None)
+    if not callable(found):
+        raise ConfigurationError(
+            f"{backend!r} has no {method}(), so the limiter cannot check it; use "
+            "MemoryBackend, RedisBackend or AsyncRedisBackend, or give yours that method"
+        )
+    return found  # type: ignore[no-any-return]
+
+
+def ping_failed(exc: BaseException) -> BackendError:
+    return BackendError(f"the store did not answer a ping: {type(exc).__name__}: {exc}")

@@ -1,0 +1,131 @@
+"""Generate the sync twins of the async sources.
+
+    python scripts/unasync.py            # write them
+    python scripts/unasync.py --check    # exit 1 if one is not what its source makes
+
+As httpcore does: the async code is the one source, and the sync code is the same code with
+``async``/``await`` taken out and the async names replaced by their sync ones, word by word.
+Two forms:
+
+- a module: ``ratelimit_mw/_async/NAME.py`` makes ``ratelimit_mw/_sync/NAME.py``
+  (``primitives.py`` excepted: the two sides' deadline, sleep and flights are written by
+  hand);
+- a region, where the twin lives in the same module as its source (a method the shared
+  guard has on both sides): the code after a line ending in ``ASYNC_MARK`` makes the code
+  between the next line ending in ``SYNC_MARK`` and the one ending in ``END_MARK``.
+
+CI runs ``--check`` (and tests/test_unasync.py does), so a stale twin fails the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ROOT / "ratelimit_mw" / "_async"
+TARGETS = ROOT / "ratelimit_mw" / "_sync"
+HAND_WRITTEN = {"__init__.py", "primitives.py"}
+REGIONS = [ROOT / "ratelimit_mw" / "hooks.py", ROOT / "ratelimit_mw" / "http" / "guard.py"]
+ASYNC_MARK = "unasync: the async source"
+SYNC_MARK = "unasync: its sync twin, generated: do not edit"
+END_MARK = "unasync: end"
+
+# Applied in order, to whole words (a name is never rewritten inside a longer one).
+SUBSTITUTIONS = [
+    (r"\basync def\b", "def"),
+    (r"\basync with\b", "with"),
+    (r"\basync for\b", "for"),
+    (r"\bawait ", ""),
+    (r"\bAsyncBackend\b", "SyncBackend"),
+    (r"\bAsync([A-Z]\w*)", r"\1"),
+    (r"\b(\w+)_async\b", r"\1_sync"),
+    (r"\barun\b", "run"),
+    (r"\baping\b", "ping"),
+    (r"\baclose\b", "close"),
+    (r"\bratelimit_mw\._async\b", "ratelimit_mw._sync"),
+    (r"\bAwaitable\[(\w+)\]", r"\1"),
+    (r"^(from collections\.abc import .*)\bAwaitable, ", r"\1"),
+    # What `x = await x` leaves: nothing to do on the sync side.
+    (r"^(\s*)(\w+) = \2$", r"\1pass  # awaited on the async side"),
+]
+_COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in SUBSTITUTIONS]
+
+
+def unasync_lines(lines: list[str]) -> list[str]:
+    """The sync twin of async source lines. The continuation lines of a signature that got
+    shorter move left with its parenthesis, so that they stay aligned with it."""
+    out = []
+    depth = shift = 0  # parentheses still open in such a signature; how far it moved
+    for line in lines:
+        source = line
+        if depth > 0 and line.startswith(" " * shift):
+            line = line[shift:]
+        for pattern, replacement in _COMPILED:
+            line = pattern.sub(replacement, line)
+        if depth > 0:
+            depth += source.count("(") - source.count(")")
+        elif "async def " in source and "(" in source:
+            depth = source.count("(") - source.count(")")
+            shift = source.index("(") - line.index("(")
+        out.append(line)
+    return out
+
+
+def unasync(source: str, name: str) -> str:
+    """The sync twin of one async source module."""
+    return "".join([f"# Generated from ratelimit_mw/_async/{name} by scripts/unasync.py: "
+                    "do not edit.\n", *unasync_lines(source.splitlines(keepends=True))])
+
+
+def regenerate(text: str) -> str:
+    """`text` with each generated region made again from the async source before it."""
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    source: list[str] | None = None
+    skipping = False
+    for line in lines:
+        mark = line.rstrip()
+        if skipping:
+            if mark.endswith(END_MARK):
+                out.append(line)
+                skipping = False
+            continue
+        out.append(line)
+        if mark.endswith(ASYNC_MARK):
+            source = []
+        elif mark.endswith(SYNC_MARK):
+            if source is None:
+                raise SystemExit(f"a '{SYNC_MARK}' line without its '{ASYNC_MARK}' line")
+            out += unasync_lines(source)
+            source, skipping = None, True
+        elif source is not None:
+            source.append(line)
+    return "".join(out)
+
+
+def made() -> dict[Path, str]:
+    """Every generated file as its sources make it."""
+    files = {TARGETS / path.name: unasync(path.read_text(), path.name)
+             for path in sorted(SOURCES.glob("*.py")) if path.name not in HAND_WRITTEN}
+    files.update({path: regenerate(path.read_text()) for path in REGIONS})
+    return files
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only check, write nothing")
+    args = parser.parse_args()
+    stale = [path for path, text in made().items()
+             if not path.exists() or path.read_text() != text]
+    for path in stale:
+        if not args.check:
+            path.write_text(made()[path])
+        print(f"{'stale' if args.check else 'wrote'}: {path.relative_to(ROOT)}")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

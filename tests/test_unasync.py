@@ -1,0 +1,55 @@
+"""The sync twins in ratelimit_mw/_sync/ are what scripts/unasync.py makes of their async
+sources: edited by hand, or left stale after a change to the source, they fail here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import unasync  # noqa: E402
+
+sys.path.remove(str(ROOT / "scripts"))
+
+
+@pytest.mark.parametrize("source", sorted(
+    path.name for path in unasync.SOURCES.glob("*.py") if path.name not in unasync.HAND_WRITTEN))
+def test_each_sync_twin_is_generated_from_its_source(source: str) -> None:
+    made = unasync.unasync((unasync.SOURCES / source).read_text(), source)
+    assert (unasync.TARGETS / source).read_text() == made, (
+        f"ratelimit_mw/_sync/{source} is stale: run python scripts/unasync.py")
+
+
+@pytest.mark.parametrize("module", [path.name for path in unasync.REGIONS])
+def test_each_generated_region_is_made_from_the_async_source_before_it(module: str) -> None:
+    (path,) = [path for path in unasync.REGIONS if path.name == module]
+    text = path.read_text()
+    assert unasync.ASYNC_MARK in text and unasync.SYNC_MARK in text
+    assert unasync.regenerate(text) == text, f"{path}: run python scripts/unasync.py"
+
+
+def test_the_check_mode_says_so_too() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "unasync.py"), "--check"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout
+
+
+def test_a_signature_continued_over_lines_stays_aligned() -> None:
+    source = ("async def decide(self, a: int,\n"
+              "                 b: int) -> None:\n"
+              "    await self.backend.arun(a)\n")
+    assert unasync.unasync(source, "x.py").splitlines()[1:] == [
+        "def decide(self, a: int,",
+        "           b: int) -> None:",
+        "    self.backend.run(a)",
+    ]
+    renamed = ("    async def decide_async(self, a: int,\n"
+               "                           b: int) -> None:\n")
+    assert unasync.unasync_lines(renamed.splitlines(keepends=True)) == [
+        "    def decide_sync(self, a: int,\n",
+        "                    b: int) -> None:\n",
+    ]
