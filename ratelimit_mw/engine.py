@@ -232,7 +232,7 @@ class _Shared:
         return time.monotonic_ns() // 1000 if self.clock is None else round(self.clock() * 1e6)
 
     # -- building calls ----------------------------------------------------------------------
-    def compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
+    def _compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
         """The `Compiled` calls of these (policy, cost) pairs under this limiter's prefix,
         built once per distinct set (a bounded cache: dynamic limits and costs make new
         sets)."""
@@ -251,11 +251,11 @@ class _Shared:
         if (type(policy) is not Policy or type(identity) is not str or type(cost) is not int
                 or cost < 1):
             policy = _check(policy, identity, cost).policy
-        return self.compile(((policy, cost),))
+        return self._compile(((policy, cost),))
 
     def _compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
         """`checks` as the compiled calls and their identities."""
-        return (self.compile([(check.policy, check.cost) for check in checks]),
+        return (self._compile([(check.policy, check.cost) for check in checks]),
                 tuple(check.identity for check in checks))
 
     def _call(self, compiled: Compiled, identities: Sequence[str], op: str = plans.HIT,
@@ -282,7 +282,7 @@ class _Shared:
                 f'Policy("1/minute;5/hour;10/day", algorithm="sliding-log")'
             )
         self._forget((check,))
-        return self._call(self.compile(((check.policy, check.cost),)), (identity,), op,
+        return self._call(self._compile(((check.policy, check.cost),)), (identity,), op,
                           None if at is None else _at_ms(at), token)
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:

@@ -52,9 +52,9 @@ class AsyncLimiter(_Shared):
                          needs="arun", sleep=sleep or primitives.sleep, **options)
         self._flights = Flights()
 
-    async def decide(self, compiled: Compiled, identities: Sequence[str],
+    async def _decide(self, compiled: Compiled, identities: Sequence[str],
                      timeout: float | None = None, *, cached: bool = True) -> Decision:
-        """The hit of `compiled` (`compile`) for these identities, one per check, all or
+        """The hit of `compiled` (`_compile`) for these identities, one per check, all or
         nothing: the deny cache's answer (no I/O, no deadline), else the store's within
         `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
         takes this way. `cached` False: the store answers, and the cache is neither asked
@@ -181,16 +181,16 @@ class AsyncLimiter(_Shared):
 
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing."""
-        return await self.decide(*self._compiled_checks(checks))
+        return await self._decide(*self._compiled_checks(checks))
 
-    async def probe(self, checks: Sequence[Check], timeout: float | None = None) -> Decision:
+    async def _probe(self, checks: Sequence[Check], timeout: float | None = None) -> Decision:
         """`check`, answered by the store, never by the deny cache; TimeoutError after
         `timeout` seconds."""
-        return await self.decide(*self._compiled_checks(checks), timeout, cached=False)
+        return await self._decide(*self._compiled_checks(checks), timeout, cached=False)
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        return await self.decide(self._compiled_hit(policy, identity, cost), (identity,))
+        return await self._decide(self._compiled_hit(policy, identity, cost), (identity,))
 
     def messages(self, policy: Policy | str) -> Messages:
         """A budget for the messages of one connection (a WebSocket, a stream), counted
@@ -200,7 +200,7 @@ class AsyncLimiter(_Shared):
         return Messages(self, _check(policy, "conn", 1).policy,
                         "conn:" + secrets.token_hex(8))
 
-    async def uncheck(self, checks: Sequence[Check], timeout: float | None = None) -> None:
+    async def _give_back(self, checks: Sequence[Check], timeout: float | None = None) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when), each
         call within `timeout`."""
         self._forget(checks)
@@ -236,7 +236,7 @@ class AsyncLimiter(_Shared):
         failures = 0
         while True:
             try:
-                decision = await self.decide(compiled, (identity,))
+                decision = await self._decide(compiled, (identity,))
             except BackendError:
                 failures += 1
                 left = None if timeout is None else timeout - (self._monotonic() - started)

@@ -8,7 +8,7 @@ for sync and once for async limiters)::
     plan = guard.plan(selection, request, method, preflight)   # the compiled hit and its
                                                       # identities, or None
     if guard.breaker.may_call():                      # the breaker: closed, or the one probe
-        try:    verdict = guard.decided(request, plan, limiter.decide(plan.compiled,
+        try:    verdict = guard.decided(request, plan, limiter._decide(plan.compiled,
                                                                       plan.identities))
         except Exception as exc:  verdict = guard.failed(request, plan, exc)
     else:       verdict = guard.failed(request, plan, None)
@@ -342,7 +342,7 @@ class Guard:
         for made in (selection, selection.fallback if selection is not None else None):
             if made is not None and all(item.policy is not None and type(item.cost) is int
                                         for item in made.applied):
-                made.compiled = self.limiter.compile([(item.policy, item.cost)
+                made.compiled = self.limiter._compile([(item.policy, item.cost)
                                                       for item in made.applied])
         # The key holds ids of objects that live as long as the app (routes, rules).
         self._selection_cache[cache_key] = selection
@@ -423,7 +423,7 @@ class Guard:
             if not identities:
                 return None
             if items is not None:
-                compiled = self.limiter.compile(items)
+                compiled = self.limiter._compile(items)
             if chosen is not None:
                 selection = self._chosen_selection(chosen)
             return _new(Plan, (compiled, tuple(identities), selection,
@@ -685,7 +685,7 @@ class Guard:
             else:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.
-                decision = await limiter.decide(plan.compiled, plan.identities, self.timeout,
+                decision = await limiter._decide(plan.compiled, plan.identities, self.timeout,
                                                 cached=not breaker.open_until)
         except Exception as exc:  # anything from the backend call: never a 500
             return self.failed(request, plan, exc, peek=peek)
@@ -698,7 +698,7 @@ class Guard:
         if not checks or not self.may_refund():
             return
         try:
-            await limiter.uncheck(checks, self.timeout)
+            await limiter._give_back(checks, self.timeout)
         except Exception as exc:
             self.refund_failed(exc)
 
@@ -729,7 +729,7 @@ class Guard:
             else:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.
-                decision = limiter.decide(plan.compiled, plan.identities, self.timeout,
+                decision = limiter._decide(plan.compiled, plan.identities, self.timeout,
                                                 cached=not breaker.open_until)
         except Exception as exc:  # anything from the backend call: never a 500
             return self.failed(request, plan, exc, peek=peek)
@@ -742,7 +742,7 @@ class Guard:
         if not checks or not self.may_refund():
             return
         try:
-            limiter.uncheck(checks, self.timeout)
+            limiter._give_back(checks, self.timeout)
         except Exception as exc:
             self.refund_failed(exc)
 
