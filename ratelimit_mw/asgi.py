@@ -21,7 +21,6 @@ scope, awaits the one backend call (bounded by ``backend_timeout``) and sends th
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only (strings at run time)
@@ -30,10 +29,9 @@ if TYPE_CHECKING:  # annotations only (strings at run time)
 from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, routes_of
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import Admit, Guard, Refuse
-from ratelimit_mw.http.headers import Headers, RawHeaders, encode_raw
+from ratelimit_mw.http.guard import Admit, Guard, Refuse, Unavailable
+from ratelimit_mw.http.headers import RawHeaders, encode_raw
 from ratelimit_mw.http.rules import Rule
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 
 require("starlette", "starlette", "ratelimit_mw.asgi")
@@ -45,18 +43,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
 from starlette.websockets import WebSocket  # noqa: E402
 
 try:  # where FastAPI is installed, its schema documents the 429s whenever it is built
-    from ratelimit_mw.http import openapi as _openapi
+    from ratelimit_mw.http.openapi import document_fastapi
 except ImportError:
-    _openapi = None  # type: ignore[assignment]
+    def document_fastapi(app: object, guard: Guard) -> None:
+        return None
 
 __all__ = ["Config", "RateLimitMiddleware", "Rule"]
 
 
-_PREFLIGHT = b"access-control-request-method"
-
-
-def _is_preflight(scope: Scope) -> bool:
-    return any(name == _PREFLIGHT for name, _ in scope.get("headers", ()))
+def is_preflight(scope: Scope) -> bool:
+    """Whether an OPTIONS request is a CORS preflight (it names the method it asks about)."""
+    return any(name == b"access-control-request-method" for name, _ in scope.get("headers", ()))
 
 
 def route_path(scope: Scope) -> str:
@@ -96,14 +93,14 @@ class RateLimitMiddleware:
         # scope["app"], which Starlette sets before running its middleware stack.
         self._root: object = app if routes_of(app) is not None else None
         self._resolver = RouteResolver(always=any(map(needs_route, self.guard.keys_in_use)))
-        # The last default 429's encoded headers, with the Refuse they encode (see _refuse).
-        self._last_raw: tuple[Refuse, RawHeaders] | None = None
+        # The last default answer's encoded headers, with the verdict they encode (_answer).
+        self._last_raw: tuple[Refuse | Unavailable, RawHeaders] | None = None
         # The app the requests come through (scope["app"]; or the app wrapped here): a FastAPI
         # app's OpenAPI schema documents the 429 of its limited operations.
         self._seen_app: object = None
         inner: object = app
         for _ in range(8):
-            _document_fastapi(inner, self.guard)
+            document_fastapi(inner, self.guard)
             inner = getattr(inner, "app", None)
 
     @classmethod
@@ -113,8 +110,7 @@ class RateLimitMiddleware:
         documentation asks it before Starlette has built the middleware)."""
         limiter = require_async_limiter(limiter, "the ASGI middleware")
         config = build_config(config, options)
-        return Guard(config, limiter, timeout=config.backend_timeout,
-                     raw=True)
+        return Guard(config, limiter, timeout=config.backend_timeout, raw=True)
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, {self.limiter!r})"
@@ -123,59 +119,50 @@ class RateLimitMiddleware:
         if scope["type"] != "http":
             if scope["type"] == "websocket" and self.config.websockets:
                 await self._handshake(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
             return
         guard = self.guard
         method: str = scope["method"]
         path = route_path(scope)
         state, meta = self._routed(scope, method, path)
         selection = guard.select(method, path, meta)
-        if selection is None:
-            await self.app(scope, receive, send)
-            return
-        # One Request for every key function, hook and handler of this request.
-        request = Request(scope)
-        verdict = await guard.decide_async(self.limiter, selection, request, method,
-                                           method == "OPTIONS" and _is_preflight(scope))
-        if verdict is None:
-            await self.app(scope, receive, send)
-            return
-        if isinstance(verdict, Admit):
-            state["ratelimit"] = verdict.decision
-            if verdict.refund is None:
-                await self._serve(verdict, scope, receive, send)
+        if selection is not None:
+            # One Request for every key function, hook and handler of this request.
+            request = Request(scope)
+            verdict = await guard.decide_async(self.limiter, selection, request, method,
+                                               method == "OPTIONS" and is_preflight(scope))
+            if isinstance(verdict, Admit):
+                state["ratelimit"] = verdict.decision
+                if verdict.refund is None and verdict.raw is None:
+                    await self.app(scope, receive, send)
+                    return
+                watch = _Watch(send, verdict.raw)
+                try:
+                    await self.app(scope, receive, watch.send)
+                finally:
+                    back = guard.given_back(verdict, watch.status)
+                    if back:
+                        await guard.refund_async(self.limiter, back)
                 return
-            # Serve, watching the status for a response that gives its hit back (inline: one
-            # coroutine fewer on the common path).
-            extra = verdict.raw
-            watch = _Watch(send, extra)
-            try:
-                await self.app(scope, receive, watch.send)
-            finally:
-                back = guard.given_back(verdict, watch.status)
-                if back:
-                    await guard.refund_async(self.limiter, back)
-        elif isinstance(verdict, Refuse):
-            state["ratelimit"] = verdict.decision
-            await self._refuse(request, verdict, scope, receive, send)
-        else:
-            await _send(send, verdict.status, verdict.headers, verdict.body)
+            if isinstance(verdict, Refuse):
+                state["ratelimit"] = verdict.decision
+                await self._refuse(request, verdict, scope, receive, send)
+                return
+            if verdict is not None:
+                await self._answer(verdict, send)
+                return
+        await self.app(scope, receive, send)
 
     def _routed(self, scope: Scope, method: str, path: str) -> tuple[dict[str, Any], Any]:
         """What the request's endpoint carries (its template left in the scope), and the
         scope's state, where the decision is left (None until one is made)."""
-        meta = None
         app = scope.get("app")
         if app is not self._seen_app:
             self._seen_app = app
-            _document_fastapi(app, self.guard)
-        root = self._root if self._root is not None else app
-        resolved = self._resolver.resolve(scope, root, method, path)
-        if resolved is not None:
-            template, meta = resolved
-            if template is not None:
-                scope[ROUTE_SCOPE_KEY] = template
+            document_fastapi(app, self.guard)
+        meta = self._resolver.resolve(scope, self._root if self._root is not None else app,
+                                      method, path)
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}
@@ -194,30 +181,20 @@ class RateLimitMiddleware:
             state["ratelimit"] = None if verdict is None else verdict.decision
             await self.app(scope, receive, send)
             return
+        refused = isinstance(verdict, Refuse)
         if isinstance(verdict, Refuse):
             state["ratelimit"] = verdict.decision
         message = await receive()
         if message.get("type") != "websocket.connect":
             return  # the client has gone already
         if "websocket.http.response" in (scope.get("extensions") or {}):
-            raw = _raw_headers(verdict.headers, verdict.body)
-            await send({"type": "websocket.http.response.start", "status": verdict.status,
-                        "headers": raw})
-            await send({"type": "websocket.http.response.body", "body": verdict.body})
+            await self._answer(verdict, send, "websocket.http.response")
             return
         retry = next((value for name, value in verdict.headers if name == "Retry-After"), "1")
         # 1008: policy violation; 1013: try again later (the store is out, "deny").
-        refused = isinstance(verdict, Refuse)
         await send({"type": "websocket.close", "code": 1008 if refused else 1013,
                     "reason": f"{'rate limited' if refused else 'unavailable'}; "
                               f"retry after {retry} s"})
-
-    def _serve(self, admit: Admit, scope: Scope, receive: Receive, send: Send
-               ) -> Awaitable[None]:
-        """The app's own coroutine, awaited by the caller: no frame of ours in between."""
-        if admit.raw is None:
-            return self.app(scope, receive, send)
-        return self.app(scope, receive, _with_headers(send, admit.raw))
 
     async def _refuse(self, request: Request, refusal: Refuse, scope: Scope, receive: Receive,
                       send: Send) -> None:
@@ -235,18 +212,25 @@ class RateLimitMiddleware:
             else:
                 # A 429 always carries Retry-After and the RateLimit fields: the user's response
                 # gets those it does not set itself.
-                await response(scope, receive,
-                               _with_missing_headers(send, encode_raw(refusal.headers)))
+                watch = _Watch(send, encode_raw(refusal.headers), fill=True)
+                await response(scope, receive, watch.send)
                 return
+        await self._answer(refusal, send)
+
+    async def _answer(self, verdict: Refuse | Unavailable, send: Send,
+                      kind: str = "http.response") -> None:
+        """The default 429 or 503, as JSON."""
         last = self._last_raw
-        if last is not None and last[0] is refusal:
+        if last is not None and last[0] is verdict:
             raw = last[1]
-        else:  # the guard hands a flood the same Refuse while its numbers hold: encode once
-            raw = _raw_headers(refusal.headers, refusal.body)
-            self._last_raw = (refusal, raw)
+        else:  # the guard hands a flood the same verdict while its numbers hold: encode once
+            raw = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(verdict.body)).encode()),
+                   *encode_raw([item for item in verdict.headers if item[0] != "Content-Type"])]
+            self._last_raw = (verdict, raw)
         # A copy: a server or an outer middleware may add to the list it is given.
-        await send({"type": "http.response.start", "status": refusal.status, "headers": [*raw]})
-        await send({"type": "http.response.body", "body": refusal.body})
+        await send({"type": f"{kind}.start", "status": verdict.status, "headers": [*raw]})
+        await send({"type": f"{kind}.body", "body": verdict.body})
 
 
 class _Handshake(WebSocket):
@@ -256,60 +240,27 @@ class _Handshake(WebSocket):
     method = "GET"
 
 
-def _document_fastapi(app: object, guard: Guard) -> None:
-    if _openapi is not None and _openapi.is_fastapi(app):
-        _openapi.document_rate_limits(app, guard)
-
-
-def _raw_headers(headers: Headers, body: bytes) -> RawHeaders:
-    return [(b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *encode_raw([item for item in headers if item[0] != "Content-Type"])]
-
-
-async def _send(send: Send, status: int, headers: Headers, body: bytes) -> None:
-    raw = _raw_headers(headers, body)
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
-
-
 class _Watch:
-    """The ``send`` of an admitted request whose response status may give its hit back:
-    remembers the status and adds the rate-limit headers to the response start."""
+    """The ``send`` of a response the limiter adds headers to (`fill`: only those it lacks):
+    remembers the status, for a response that may give its hit back."""
 
-    __slots__ = ("extra", "send_on", "status")
+    __slots__ = ("extra", "fill", "send_on", "status")
 
-    def __init__(self, send: Send, extra: RawHeaders | None) -> None:
+    def __init__(self, send: Send, extra: RawHeaders | None, fill: bool = False) -> None:
         self.send_on = send
         self.extra = extra
+        self.fill = fill
         self.status = 500  # an exception before the response starts will be a server error
 
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             self.status = message["status"]
-            if self.extra is not None:
+            extra = self.extra
+            if extra is not None:
+                headers = message.get("headers", ())
+                if self.fill:
+                    present = {name.lower() for name, _ in headers}
+                    extra = [item for item in extra if item[0] not in present]
                 # A new message and list: a Response's own header list must not grow.
-                message = {**message, "headers": [*message.get("headers", ()), *self.extra]}
+                message = {**message, "headers": [*headers, *extra]}
         await self.send_on(message)
-
-
-def _with_missing_headers(send: Send, required: RawHeaders) -> Send:
-    async def send_completing_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers = list(message.get("headers", ()))
-            present = {name.lower() for name, _ in headers}
-            headers += [(name, value) for name, value in required if name not in present]
-            message = {**message, "headers": headers}
-        await send(message)
-
-    return send_completing_headers
-
-
-def _with_headers(send: Send, extra: RawHeaders) -> Send:
-    async def send_with_headers(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            # A new message and list: a Response's own header list must not grow.
-            message = {**message, "headers": [*message.get("headers", ()), *extra]}
-        await send(message)
-
-    return send_with_headers

@@ -35,7 +35,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from ratelimit_mw.asgi import route_path
+from ratelimit_mw.asgi import is_preflight, route_path
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
@@ -60,6 +60,27 @@ from ratelimit_mw.http.openapi import TOO_MANY_REQUESTS, document_rate_limits  #
 __all__ = ["TOO_MANY_REQUESTS", "Config", "RateLimitDependency", "RateLimitHTTPException",
            "document_rate_limits", "rate_limit_exception_handler"]
 
+# Options a dependency could only ignore (a user who sets one expects it to act): the
+# Config fields that say so, and what to write instead.
+_MIDDLEWARE_ONLY = {
+    ("count_when", "rule_list", "defaults"):
+        "RateLimitDependency takes its limit as `rates`; count_when, rules and default "
+        "belong to the middleware (ratelimit_mw.asgi.RateLimitMiddleware)",
+    ("on_blocked",):
+        "on_blocked belongs to the middleware: a dependency answers a refusal by raising "
+        "RateLimitHTTPException; shape that answer with an exception handler instead, "
+        "app.add_exception_handler(RateLimitHTTPException, your_handler) (the exception "
+        "carries .decision, .headers and .body)",
+    ("per_method",):
+        "per_method applies to the middleware's default limit; a dependency counts for "
+        "the endpoints it sits on: put it on the one method's route, or give each method "
+        "its own RateLimitDependency (name= to choose which share a quota)",
+    ("charge_method_not_allowed",):
+        "charge_method_not_allowed applies to the middleware: FastAPI answers 405 before "
+        "any dependency runs, so a dependency never sees one; drop the option, or set it "
+        "on RateLimitMiddleware",
+}
+
 
 class RateLimitHTTPException(HTTPException):
     """A 429 (refused) or 503 (backend down, ``on_backend_error="deny"``) from the dependency.
@@ -82,29 +103,6 @@ async def rate_limit_exception_handler(request: Request, exc: Exception) -> Resp
         raise exc
     return Response(exc.body, status_code=exc.status_code, headers=exc.headers,
                     media_type="application/json")
-
-
-def _refuse_middleware_only(config: Config) -> None:
-    """Options a dependency could only ignore: a user who sets one expects it to act."""
-    if config.on_blocked is not None:
-        raise ConfigurationError(
-            "on_blocked belongs to the middleware: a dependency answers a refusal by raising "
-            "RateLimitHTTPException; shape that answer with an exception handler instead, "
-            "app.add_exception_handler(RateLimitHTTPException, your_handler) (the exception "
-            "carries .decision, .headers and .body)"
-        )
-    if config.per_method:
-        raise ConfigurationError(
-            "per_method applies to the middleware's default limit; a dependency counts for "
-            "the endpoints it sits on: put it on the one method's route, or give each method "
-            "its own RateLimitDependency (name= to choose which share a quota)"
-        )
-    if config.charge_method_not_allowed:
-        raise ConfigurationError(
-            "charge_method_not_allowed applies to the middleware: FastAPI answers 405 before "
-            "any dependency runs, so a dependency never sees one; drop the option, or set it "
-            "on RateLimitMiddleware"
-        )
 
 
 class DependencyOptions(TypedDict, total=False):
@@ -151,29 +149,23 @@ class RateLimitDependency:
                     "name= applies to a rate string; a Policy is already named: "
                     f'Policy({";".join(map(str, rates.rates))!r}, name={name!r})'
                 )
-            shared: Policy | None = rates
+            probe: Policy = rates
         elif isinstance(rates, str):
-            shared = Policy(rates, name=name) if name is not None else None
-            if shared is None:
-                Policy(rates)  # a typo fails here, at import time, not on a request
+            probe = Policy(rates, name=name)  # a typo fails here, at import time
         else:
             raise ConfigurationError(
                 f'RateLimitDependency takes a rate string such as "5/minute" or a Policy, '
                 f"got {rates!r}"
             )
+        shared = probe if isinstance(rates, Policy) or name is not None else None
         self.rates = rates
-        probe = shared if shared is not None else Policy(str(rates))
         self.cost = validate_cost(cost, probe)
         self.config = build_config(config, options)
-        if self.config.count_when is not None or self.config.rule_list or self.config.defaults:
-            raise ConfigurationError(
-                "RateLimitDependency takes its limit as `rates`; count_when, rules and default "
-                "belong to the middleware (ratelimit_mw.asgi.RateLimitMiddleware)"
-            )
-        _refuse_middleware_only(self.config)
+        for fields, message in _MIDDLEWARE_ONLY.items():
+            if any(getattr(self.config, field) not in (None, False, ()) for field in fields):
+                raise ConfigurationError(message)
         self.key = key or self.config.key_func
-        self.guard = Guard(self.config, self.limiter,
-                           timeout=self.config.backend_timeout)
+        self.guard = Guard(self.config, self.limiter, timeout=self.config.backend_timeout)
         self._shared = None if shared is None else self._selection_of(shared, shared.name)
         if shared is not None:  # one quota under a name: it may meet the limiter's others
             self.limiter._shared_logs.add((shared,))
@@ -200,22 +192,17 @@ class RateLimitDependency:
 
     async def __call__(self, request: Request, response: Response) -> Decision | None:
         scope = request.scope
-        guard = self.guard
-        if not guard.enabled:
+        if not self.guard.enabled:
             request.state.ratelimit = None
             return None
-        if self._resolver is not None and ROUTE_SCOPE_KEY not in scope:
-            # The middleware sets the template when it runs; without it, resolve it here,
-            # relative to the app that routed the request.
-            resolved = self._resolver.resolve(scope, scope.get("app"), scope["method"],
-                                              route_path(scope))
-            if resolved is not None and resolved[0] is not None:
-                scope[ROUTE_SCOPE_KEY] = resolved[0]
         method: str = scope["method"]
-        preflight = method == "OPTIONS" and "access-control-request-method" in request.headers
-        selection = self._selection(scope.get("endpoint"))
-        verdict = await guard.decide_async(self.limiter, selection, request, method,
-                                           preflight)
+        if self._resolver is not None and ROUTE_SCOPE_KEY not in scope:
+            # The middleware leaves the template when it runs; without it, resolve it here,
+            # relative to the app that routed the request.
+            self._resolver.resolve(scope, scope.get("app"), method, route_path(scope))
+        verdict = await self.guard.decide_async(self.limiter,
+                                                self._selection(scope.get("endpoint")), request,
+                                                method, method == "OPTIONS" and is_preflight(scope))
         if verdict is None:
             return None
         decision = verdict.decision if isinstance(verdict, (Admit, Refuse)) else None

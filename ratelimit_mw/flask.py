@@ -29,6 +29,7 @@ so one extension object serves any number of apps built by an app factory.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # annotations only (strings at run time)
@@ -40,26 +41,21 @@ from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
+from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection, Unavailable
 from ratelimit_mw.http.headers import Headers, retry_after_seconds
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import Limiter, require_sync_limiter
-from ratelimit_mw.routing import (
-    ATTRIBUTE,
-    EXEMPT,
-    Cost,
-    RouteLimit,
-    limit_decorator,
-    route_limits,
-)
+from ratelimit_mw.routing import ATTRIBUTE, Cost, RouteLimit, limit_decorator, route_limits
 from ratelimit_mw.routing import exempt as _exempt
 
 require("flask", "flask", "ratelimit_mw.flask")
 from flask import Blueprint, Flask, Response  # noqa: E402
 from flask import g as _g  # noqa: E402
 from flask import request as _request_proxy  # noqa: E402
-from werkzeug.exceptions import ServiceUnavailable, TooManyRequests  # noqa: E402
+from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests  # noqa: E402
+
+from ratelimit_mw.wsgi import PREFLIGHT, json_headers, missing, sync_guard  # noqa: E402
 
 __all__ = ["EXTENSION_KEY", "BackendUnavailable", "Config", "RateLimit", "RateLimited", "Rule"]
 
@@ -107,20 +103,26 @@ class _Refund:
         self.guard.refund_sync(self.limiter, back)
 
 
-_JSON = ("Content-Type", "application/json")
+class _JSONAnswer(HTTPException):
+    """A refusal that ``@app.errorhandler`` can render; without a handler it is the JSON the
+    middleware answers. ``ratelimit_headers``: those it carries (also added to whatever a
+    handler returns, unless it sets them itself)."""
+
+    ratelimit_headers: Headers
+    _body: str
+
+    def get_body(self, environ: Any = None, scope: Any = None) -> str:
+        return self._body
+
+    def get_headers(self, environ: Any = None, scope: Any = None) -> list[tuple[str, str]]:
+        return json_headers(self.ratelimit_headers)
 
 
-def _json_headers(headers: Headers) -> Headers:
-    return [_JSON, *(item for item in headers if item[0] != "Content-Type")]
-
-
-class RateLimited(TooManyRequests):
+class RateLimited(_JSONAnswer, TooManyRequests):
     """The refusal, raised in ``before_request``; ``@app.errorhandler(429)`` receives it.
 
-    ``decision`` is the limiter's `Decision`, ``retry_after`` the Retry-After seconds and
-    ``ratelimit_headers`` the headers the 429 carries (they are also added to whatever a
-    handler returns, unless it sets them itself). Without a handler the response is JSON:
-    ``{"detail": ..., "retry_after": N}``.
+    ``decision`` is the limiter's `Decision` and ``retry_after`` the Retry-After seconds.
+    Without a handler the response is JSON: ``{"detail": ..., "retry_after": N}``.
     """
 
     def __init__(self, refusal: Refuse) -> None:
@@ -129,14 +131,8 @@ class RateLimited(TooManyRequests):
         self.ratelimit_headers = refusal.headers
         self._body = refusal.body.decode()
 
-    def get_body(self, environ: Any = None, scope: Any = None) -> str:
-        return self._body
 
-    def get_headers(self, environ: Any = None, scope: Any = None) -> list[tuple[str, str]]:
-        return _json_headers(self.ratelimit_headers)
-
-
-class BackendUnavailable(ServiceUnavailable):
+class BackendUnavailable(_JSONAnswer, ServiceUnavailable):
     """``on_backend_error`` refused a request while the store is down: a 503 that
     ``@app.errorhandler(503)`` can render; without a handler it is JSON with Retry-After."""
 
@@ -144,16 +140,6 @@ class BackendUnavailable(ServiceUnavailable):
         super().__init__(retry_after=retry_after)
         self.ratelimit_headers = headers
         self._body = body.decode()
-
-    def get_body(self, environ: Any = None, scope: Any = None) -> str:
-        return self._body
-
-    def get_headers(self, environ: Any = None, scope: Any = None) -> list[tuple[str, str]]:
-        return _json_headers(self.ratelimit_headers)
-
-
-def _blueprint_name(bp: Blueprint) -> str:
-    return f"blueprint {bp.name}"
 
 
 class _AppState:
@@ -163,7 +149,7 @@ class _AppState:
 
     def __init__(self, app: Flask, config: Config, limiter: Limiter) -> None:
         self.app = app
-        self.guard = Guard(config, limiter, timeout=None, awaits="the Flask extension")
+        self.guard = sync_guard(config, limiter, "the Flask extension")
         self.limiter = limiter
         # blueprint chain -> whether an error handler answers a 429 there.
         self.handles_429: dict[tuple[str, ...], bool] = {}
@@ -178,47 +164,39 @@ class _AppState:
             None if config.rule_list else {}
         )
 
-    # -- route metadata --------------------------------------------------------------------
     def route_for(self, endpoint: str, request: Any) -> object:
+        """What applies to the endpoint: the view's (a class-based view's on its class), else
+        its innermost blueprint's that has limits."""
         try:
             return self.routes[endpoint]
         except KeyError:
             pass
         view = self.app.view_functions.get(endpoint)
-        found: object = route_limits(view)
-        if found is None:
-            # A class-based view carries its decorators on the class.
-            found = route_limits(getattr(view, "view_class", None))
-        if found is None:
-            for name in request.blueprints:  # innermost first
-                bp = self.app.blueprints.get(name)
-                found = self._blueprint_limits(bp) if bp is not None else None
-                if found is not None:
-                    break
+        found: object = route_limits(view) or route_limits(getattr(view, "view_class", None))
+        for name in request.blueprints if found is None else ():  # innermost first
+            bp = self.app.blueprints.get(name)
+            found = None if bp is None else self._blueprint_limits(bp)
+            if found is not None:
+                break
         # Kept whole (the selection cache holds its id), also when it is None.
         self.routes[endpoint] = found
         return found
 
     def _blueprint_limits(self, bp: Any) -> object:
         found = route_limits(bp)
-        if found is None or found == EXEMPT:
+        if not isinstance(found, tuple):
             return found
         # @limiter.limit(...) applied to a blueprint names its policy after the Blueprint
         # class; rename it after the blueprint, so that blueprints count apart.
-        limits: tuple[RouteLimit, ...] = found  # type: ignore[assignment]
         renamed = tuple(
-            RouteLimit.make(item.rates, key=item.key, cost=item.cost,
-                            name=_blueprint_name(bp), methods=item.methods,
-                            exempt_when=item.exempt_when,
-                            count_when=item.count_when).bound_to(bp)
+            replace(item, policy=None, name=f"blueprint {bp.name}").bound_to(bp)
             if item.name is None and isinstance(item.rates, str) else item
-            for item in limits
+            for item in found
         )
-        if renamed != limits:
+        if renamed != found:
             setattr(bp, ATTRIBUTE, renamed)
-        return getattr(bp, ATTRIBUTE)
+        return renamed
 
-    # -- the request hooks -----------------------------------------------------------------
     def _selection(self, endpoint: str | None, request: Any) -> Selection | None:
         """What applies to this request; without path rules, once per endpoint."""
         selections = self.selections
@@ -242,31 +220,28 @@ class _AppState:
         rule = request.url_rule
         if rule is not None:
             environ[ROUTE_SCOPE_KEY] = rule.rule
-        selection = self._selection(request.endpoint, request)
-        if selection is None:
-            # Always there for the view: None unless the limiter decided.
-            environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
-            return None
-        guard = self.guard
         method: str = request.method
-        preflight = method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
-        verdict = guard.decide_sync(self.limiter, selection, request, method, preflight)
-        if verdict is None:
-            environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
-            return None
+        selection = self._selection(request.endpoint, request)
+        verdict = None if selection is None else self.guard.decide_sync(
+            self.limiter, selection, request, method,
+            method == "OPTIONS" and PREFLIGHT in environ)
+        # Always there for the view: None unless the limiter decided.
+        environ[DECISION_KEY] = _g._get_current_object().ratelimit = getattr(
+            verdict, "decision", None)
         if isinstance(verdict, Admit):
-            environ[DECISION_KEY] = _g._get_current_object().ratelimit = verdict.decision
             if verdict.headers:
                 environ[_PENDING] = (verdict.headers, False)
             if verdict.refund is not None:
-                environ[_REFUND] = _Refund(guard, self.limiter, verdict)
-            return None
-        if not isinstance(verdict, Refuse):
-            environ[DECISION_KEY] = _g._get_current_object().ratelimit = None
+                environ[_REFUND] = _Refund(self.guard, self.limiter, verdict)
+        elif verdict is not None:
             environ[_PENDING] = (verdict.headers, True)
+            return self._refuse(request, verdict)
+        return None
+
+    def _refuse(self, request: Any, verdict: Refuse | Unavailable) -> Any:
+        guard = self.guard
+        if isinstance(verdict, Unavailable):
             raise BackendUnavailable(guard.breaker.retry_after(), verdict.headers, verdict.body)
-        environ[DECISION_KEY] = _g._get_current_object().ratelimit = verdict.decision
-        environ[_PENDING] = (verdict.headers, True)
         on_blocked = guard.config.on_blocked
         if on_blocked is not None:
             try:
@@ -285,16 +260,15 @@ class _AppState:
         if handled is None:
             # Error handlers are set up before the first request (Flask refuses them after),
             # so whether one answers a 429 is known per blueprint chain once asked.
-            probe = RateLimited(verdict)
-            handled = self.app._find_error_handler(probe, list(blueprints)) is not None
-            self.handles_429[blueprints] = handled
-        if not handled:
-            # No @app.errorhandler(429): answer directly. Raising would cost Flask's whole
-            # exception path for every request of a flood, to render the same response. It
-            # carries every rate-limit header already: nothing left for after_request.
-            del environ[_PENDING]
-            return Response(verdict.body, 429, _json_headers(verdict.headers))
-        raise RateLimited(verdict)
+            handled = self.handles_429[blueprints] = self.app._find_error_handler(
+                RateLimited(verdict), list(blueprints)) is not None
+        if handled:
+            raise RateLimited(verdict)
+        # No @app.errorhandler(429): answer directly. Raising would cost Flask's whole
+        # exception path for every request of a flood, to render the same response. It
+        # carries every rate-limit header already: nothing left for after_request.
+        del request.environ[_PENDING]
+        return Response(verdict.body, 429, json_headers(verdict.headers))
 
     def after_request(self, response: Response) -> Response:
         environ = _request_proxy._get_current_object().environ  # type: ignore[attr-defined]
@@ -302,20 +276,13 @@ class _AppState:
         if refund is not None:
             refund.on(response)
         pending = environ.pop(_PENDING, None)
-        if pending is None:
-            return response
-        headers, fill_only = pending
-        if headers:
+        if pending is not None:
+            headers, fill_only = pending
             target = response.headers
-            if fill_only:
-                for name, value in headers:
-                    if name not in target:
-                        target[name] = value
-            else:
-                # add() one by one: extend() first works out what kind of mapping it got.
-                add = target.add
-                for name, value in headers:
-                    add(name, value)
+            # add() one by one: extend() first works out what kind of mapping it got.
+            add = target.add
+            for name, value in missing(target, headers) if fill_only else headers:
+                add(name, value)
         return response
 
     def teardown_request(self, exc: BaseException | None) -> None:
@@ -386,7 +353,7 @@ class RateLimit:
         refuse_async("the Flask extension", [("key", key),
                                              ("cost", cost if callable(cost) else None)])
         route_limit = RouteLimit.make(rates, key=key, cost=cost,
-                                      name=name or _blueprint_name(blueprint))
+                                      name=name or f"blueprint {blueprint.name}")
         return limit_decorator(route_limit)(cast(Any, blueprint))  # type: ignore[no-any-return]
 
     def exempt_blueprint(self, blueprint: Blueprint) -> Blueprint:

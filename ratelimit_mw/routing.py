@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeAlias, TypeVar
 
 from ratelimit_mw.core.errors import ConfigurationError
@@ -31,10 +31,10 @@ Predicate: TypeAlias = Callable[[Any], bool]
 ATTRIBUTE = "__ratelimit_mw__"
 EXEMPT = "exempt"
 
-
 # RFC 9110 token characters: what a method name may be made of.
 _TOKEN_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
                          "abcdefghijklmnopqrstuvwxyz")
+_DYNAMIC_CACHE_SIZE = 1024
 
 
 def validate_methods(methods: Iterable[str] | None) -> frozenset[str] | None:
@@ -106,13 +106,9 @@ def validate_cost(cost: Cost, policy: Policy | None) -> Cost:
 
 
 def checked_cost(cost: Callable[[Any], int], value: object) -> int:
-    """What the cost callable `cost` said (`value`) as a cost: an int (at least 1), or
-    ConfigurationError.
-
-    A float or any other type is the app's bug, reported as such rather than truncated (an
-    exception inside the callable, e.g. it parsed hostile input, is the caller's to handle:
-    it counts 1).
-    """
+    """What the cost callable `cost` said (`value`) as a cost (at least 1). A float or any
+    other type is the app's bug, reported as such rather than truncated (an exception inside
+    the callable, e.g. it parsed hostile input, is the caller's to handle: it counts 1)."""
     if type(value) is not int:
         raise ConfigurationError(
             f"the cost callable {getattr(cost, '__qualname__', cost)!r} returned {value!r}; "
@@ -120,9 +116,6 @@ def checked_cost(cost: Callable[[Any], int], value: object) -> int:
             "math.ceil(size / 1024)"
         )
     return max(1, value)
-
-
-_DYNAMIC_CACHE_SIZE = 1024
 
 
 class DynamicLimit:
@@ -145,13 +138,13 @@ class DynamicLimit:
         """The policy for what `func` answered for a request."""
         if text is None:
             return None
-        found = self._cache.get(text) if isinstance(text, str) else None
+        if not isinstance(text, str):
+            raise ConfigurationError(
+                f"the dynamic limit {getattr(self.func, '__qualname__', self.func)!r} "
+                f'returned {text!r}; it must return rate text such as "100/hour" or None'
+            )
+        found = self._cache.get(text)
         if found is None:
-            if not isinstance(text, str):
-                raise ConfigurationError(
-                    f"the dynamic limit {getattr(self.func, '__qualname__', self.func)!r} "
-                    f'returned {text!r}; it must return rate text such as "100/hour" or None'
-                )
             found = Policy(text, name=f"{self.base} {text}")
             if len(self._cache) >= _DYNAMIC_CACHE_SIZE:
                 self._cache.clear()
@@ -161,13 +154,10 @@ class DynamicLimit:
 
 def stable_module(func: object) -> str:
     """The module part of a counter name: the module's full dotted name, also when it runs
-    as ``__main__``."""
+    as ``__main__`` (the name an import would give it, e.g. ``uvicorn pkg.app:app``)."""
     module = str(getattr(func, "__module__", None) or "?")
-    return _main_module_name() if module == "__main__" else module
-
-
-def _main_module_name() -> str:
-    """The name an import would give the ``__main__`` module (e.g. ``uvicorn pkg.app:app``)."""
+    if module != "__main__":
+        return module
     main = sys.modules.get("__main__")
     spec = getattr(main, "__spec__", None)
     if spec is not None and getattr(spec, "name", None):  # python -m pkg.app
@@ -203,27 +193,23 @@ class RouteLimit:
 
     @classmethod
     def make(cls, rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | None,
-             cost: Cost,
-             name: str | None, methods: Iterable[str] | None = None,
+             cost: Cost, name: str | None, methods: Iterable[str] | None = None,
              exempt_when: Predicate | None = None,
              count_when: Callable[[int], bool] | None = None) -> RouteLimit:
         validate_key(key)
         validate_predicate("exempt_when", exempt_when)
         validate_count_when(count_when)
-        policy: Policy | None = None
-        if isinstance(rates, Policy):
-            policy = rates
-        elif isinstance(rates, str):
+        policy = rates if isinstance(rates, Policy) else None
+        if isinstance(rates, str):
             Policy(rates)  # validate now: a typo must fail at import time, not on a request
-        elif not callable(rates):
+        elif policy is None and not callable(rates):
             raise ConfigurationError(
                 f'limit() takes a rate string such as "5/minute", a Policy or a callable '
                 f"(request) -> rate text, got {rates!r}"
             )
-        verbs = validate_methods(methods)
         label = policy.name if policy is not None else (name or "route")
-        return cls(policy, rates, key, validate_cost(cost, policy), name, verbs, exempt_when,
-                   label, None, count_when)
+        return cls(policy, rates, key, validate_cost(cost, policy), name,
+                   validate_methods(methods), exempt_when, label, None, count_when)
 
     def bound_to(self, target: object) -> RouteLimit:
         """The limit with its policy named after the endpoint, so each route counts apart."""
@@ -231,19 +217,19 @@ class RouteLimit:
             return self
         qualname = getattr(target, "__qualname__", None) or getattr(target, "name", "?")
         label = str(self.name or qualname)
+        base = self.name or f"route {stable_module(target)}.{qualname}"
         if not isinstance(self.rates, str):
-            base = self.name or f"route {stable_module(target)}.{qualname}"
-            dynamic = DynamicLimit(self.rates, base)  # type: ignore[arg-type]
-            return RouteLimit(None, self.rates, self.key, self.cost, self.name, self.methods,
-                              self.exempt_when, label, dynamic, self.count_when)
-        counter = self.name or f"route {stable_module(target)}.{qualname} {self.rates}"
-        policy = Policy(self.rates, name=counter)
-        return RouteLimit(policy, self.rates, self.key, validate_cost(self.cost, policy),
-                          self.name, self.methods, self.exempt_when, label, None,
-                          self.count_when)
+            return replace(self, label=label, dynamic=DynamicLimit(self.rates, base))  # type: ignore[arg-type]
+        policy = Policy(self.rates, name=self.name or f"{base} {self.rates}")
+        return replace(self, policy=policy, cost=validate_cost(self.cost, policy), label=label)
 
     def applies_to(self, method: str) -> bool:
         return self.methods is None or method in self.methods
+
+
+def _both(func: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"{getattr(func, '__qualname__', func)!r} is both exempt and limited; keep one")
 
 
 def limit_decorator(route_limit: RouteLimit,
@@ -253,9 +239,7 @@ def limit_decorator(route_limit: RouteLimit,
     def decorate(func: F) -> F:
         current = getattr(func, ATTRIBUTE, ())
         if current == EXEMPT:
-            raise ConfigurationError(
-                f"{getattr(func, '__qualname__', func)!r} is both exempt and limited; keep one"
-            )
+            raise _both(func)
         bound = route_limit.bound_to(func)
         if logs is not None and bound.policy is not None:
             logs.add((bound.policy,))
@@ -267,16 +251,13 @@ def limit_decorator(route_limit: RouteLimit,
 
 def exempt(func: F) -> F:
     if getattr(func, ATTRIBUTE, ()) not in ((), EXEMPT):
-        raise ConfigurationError(
-            f"{getattr(func, '__qualname__', func)!r} is both exempt and limited; keep one"
-        )
+        raise _both(func)
     setattr(func, ATTRIBUTE, EXEMPT)
     return func
 
 
 def route_limits(endpoint: Any) -> tuple[RouteLimit, ...] | str | None:
-    """What the endpoint carries: its limits, EXEMPT, or None (undecorated)."""
+    """What the endpoint carries: its limits, EXEMPT, or None (undecorated). Only the two
+    shapes the decorators write are believed: a mock or proxy may answer any attribute."""
     value = getattr(endpoint, ATTRIBUTE, None)
-    if value == EXEMPT or isinstance(value, tuple):
-        return value
-    return None
+    return value if value == EXEMPT or isinstance(value, tuple) else None

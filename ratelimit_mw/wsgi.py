@@ -8,7 +8,7 @@
 
 What to do with a request is decided by the shared guard (`ratelimit_mw.http.guard`); this
 module reads ``environ``, makes the one backend call and answers through
-``start_response``.
+``start_response``. It also holds what the Flask extension renders alike.
 
 A plain WSGI app has no router the middleware could ask, so only ``default`` and ``rules``
 apply here; route decorators and route templates need the Flask extension
@@ -23,13 +23,14 @@ once, then one request probes it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Selection
+from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
@@ -55,31 +56,34 @@ ExcInfo: TypeAlias = (
 StartResponse: TypeAlias = Callable[..., Callable[[bytes], object]]
 WSGIApp: TypeAlias = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
-_JSON = ("Content-Type", "application/json")
-_STATUS_LINES = {429: "429 Too Many Requests", 503: "503 Service Unavailable"}
+#: The environ key of a CORS preflight's Access-Control-Request-Method.
+PREFLIGHT = "HTTP_ACCESS_CONTROL_REQUEST_METHOD"
 
 
-def _status_code(status: str) -> int:
-    try:
-        return int(status[:3])
-    except (TypeError, ValueError):
-        return 500
+def sync_guard(config: Config, limiter: Limiter, adapter: str) -> Guard:
+    """The guard of a WSGI adapter: no deadline it could enforce, no async hook it could
+    await (`adapter` names it in the ConfigurationError)."""
+    return Guard(config, limiter, timeout=None, awaits=adapter)
 
 
-def _missing(present: Iterable[tuple[str, str]], extra: Headers) -> Headers:
+def json_headers(headers: Headers) -> Headers:
+    """A default 429 or 503's headers: JSON, and the verdict's own (no second Content-Type)."""
+    return [("Content-Type", "application/json"),
+            *(item for item in headers if item[0] != "Content-Type")]
+
+
+def missing(present: Iterable[tuple[str, str]], extra: Headers) -> Headers:
+    """The `extra` headers that `present` does not set: what the app's own rendering of a
+    refusal lacks of those every 429 carries."""
     names = {name.lower() for name, _ in present}
     return [item for item in extra if item[0].lower() not in names]
 
 
 class _DeferredRequest(Request):
-    """The werkzeug ``Request`` the middleware hands key functions and hooks, parsed on first use.
-
-    Most key functions read only ``environ`` (``keys.client_ip()`` does), and parsing the rest
-    (server, path, query string, the headers view) would cost about as much as the key
-    function itself on every request. The attributes werkzeug's ``Request.__init__`` sets are
-    filled in when one of them is first read; apart from when that work happens, this is a
-    ``Request`` like any other.
-    """
+    """The werkzeug ``Request`` the middleware hands key functions and hooks, parsed on first
+    use: most key functions read only ``environ`` (``keys.client_ip()`` does), and parsing the
+    rest would cost about as much as the key function itself on every request. The attributes
+    ``Request.__init__`` sets are filled in when one of them is first read."""
 
     def __init__(self, environ: dict[str, Any]) -> None:  # parsing waits for _Parsed
         self.environ = environ
@@ -93,12 +97,10 @@ class _DeferredRequest(Request):
 
 
 class _Parsed:
-    """One attribute of `_DeferredRequest`: reading it parses the request.
-
-    A non-data descriptor, so that once parsing has put the value in the instance's
-    ``__dict__`` reads no longer come here. Not ``__getattr__``: that would turn every
-    ``hasattr`` miss (keys.py's ASGI-or-WSGI test) into a raised exception.
-    """
+    """One attribute of `_DeferredRequest`: reading it parses the request. A non-data
+    descriptor, so that once parsing has put the value in the instance's ``__dict__`` reads
+    no longer come here; not ``__getattr__``, which would turn every ``hasattr`` miss
+    (keys.py's ASGI-or-WSGI test) into a raised exception."""
 
     __slots__ = ("name",)
 
@@ -144,10 +146,7 @@ class _Refunding:
             if close is not None:
                 close()
         finally:
-            status = self._status[-1] if self._status else "500"
-            guard = self._middleware.guard
-            guard.refund_sync(self._middleware.limiter,
-                              guard.given_back(self._admit, _status_code(status)))
+            self._middleware._refund(self._admit, self._status[-1] if self._status else "500")
 
 
 class RateLimitMiddleware:
@@ -171,8 +170,7 @@ class RateLimitMiddleware:
         self.app = app
         self.limiter = require_sync_limiter(limiter, "RateLimitMiddleware")
         self.config = build_config(config, options)
-        self.guard = Guard(self.config, self.limiter, timeout=None,
-                           awaits="the WSGI middleware")
+        self.guard = sync_guard(self.config, self.limiter, "the WSGI middleware")
         # Without path rules the same policies (the defaults) apply to every request: select
         # them once instead of decoding the path and looking them up per request. A
         # per-method default depends on the method, which select() caches cheaply.
@@ -184,60 +182,56 @@ class RateLimitMiddleware:
 
     def __call__(self, environ: dict[str, Any],
                  start_response: StartResponse) -> Iterable[bytes]:
-        guard = self.guard
         # Always present for the app: None unless the limiter decided.
         environ[DECISION_KEY] = None
         method: str = environ.get("REQUEST_METHOD", "GET")
-        selection = self._select(environ, method) if self._per_path else self._fixed
+        if self._per_path:
+            path: str = environ.get("PATH_INFO") or "/"
+            if not path.isascii():
+                # PEP 3333 hands over the raw bytes as latin-1; rules are written in Unicode.
+                path = path.encode("latin-1", "replace").decode("utf-8", "replace")
+            selection = self.guard.select(method, path, None)
+        else:
+            selection = self._fixed
         if selection is None:
             return self.app(environ, start_response)
         request = _DeferredRequest(environ)
-        preflight = method == "OPTIONS" and "HTTP_ACCESS_CONTROL_REQUEST_METHOD" in environ
-        verdict = guard.decide_sync(self.limiter, selection, request, method, preflight)
+        verdict = self.guard.decide_sync(self.limiter, selection, request, method,
+                                         method == "OPTIONS" and PREFLIGHT in environ)
         if verdict is None:
             return self.app(environ, start_response)
-        if isinstance(verdict, Admit):
-            environ[DECISION_KEY] = verdict.decision
-            return self._serve(verdict, environ, start_response)
-        if isinstance(verdict, Refuse):
-            environ[DECISION_KEY] = verdict.decision
-            return self._refuse(request, verdict, start_response)
-        return _answer(start_response, verdict.status, verdict.headers, verdict.body)
-
-    def _select(self, environ: dict[str, Any], method: str) -> Selection | None:
-        path: str = environ.get("PATH_INFO") or "/"
-        if not path.isascii():
-            # PEP 3333 hands over the raw bytes as latin-1; rules are written in Unicode.
-            path = path.encode("latin-1", "replace").decode("utf-8", "replace")
-        return self.guard.select(method, path, None)
-
-    def _serve(self, admit: Admit, environ: dict[str, Any],
-               start_response: StartResponse) -> Iterable[bytes]:
-        extra = admit.headers
-        if admit.refund is None:
-            if not extra:
-                return self.app(environ, start_response)
-
-            def start(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
-                # A new list: the app may reuse its own header list for every response.
-                return start_response(status_line, headers + extra, exc_info)
-
-            return self.app(environ, start)
+        if not isinstance(verdict, Admit):
+            if isinstance(verdict, Refuse):
+                environ[DECISION_KEY] = verdict.decision
+                return self._refuse(request, verdict, start_response)
+            return _answer(start_response, verdict.status, verdict.headers, verdict.body)
+        environ[DECISION_KEY] = verdict.decision
+        extra = verdict.headers
+        if verdict.refund is None and not extra:
+            return self.app(environ, start_response)
         status: list[str] = []
 
-        def start_watching(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
+        def start(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
             status.append(status_line)
-            if extra:
-                headers = headers + extra
-            return start_response(status_line, headers, exc_info)
+            # A new list: the app may reuse its own header list for every response.
+            return start_response(status_line, headers + extra if extra else headers, exc_info)
 
+        if verdict.refund is None:
+            return self.app(environ, start)
         try:
-            body = self.app(environ, start_watching)
+            body = self.app(environ, start)
         except BaseException:
-            # The app raised before answering: the server's answer will be a 500.
-            self.guard.refund_sync(self.limiter, self.guard.given_back(admit, 500))
+            self._refund(verdict, "500")  # the server's answer to what the app raised
             raise
-        return _Refunding(body, status, self, admit)
+        return _Refunding(body, status, self, verdict)
+
+    def _refund(self, admit: Admit, status: str) -> None:
+        """Give back what a response with this status line gives back."""
+        try:
+            code = int(status[:3])
+        except (TypeError, ValueError):
+            code = 500
+        self.guard.refund_sync(self.limiter, self.guard.given_back(admit, code))
 
     def _refuse(self, request: Any, refusal: Refuse,
                 start_response: StartResponse) -> Iterable[bytes]:
@@ -251,13 +245,9 @@ class RateLimitMiddleware:
                 self.guard.log_failure("ratelimit_mw on_blocked failed; answering the JSON 429",
                                        exc)
             else:
-                required = refusal.headers
-
-                def start(status_line: str, app_headers: Headers,
-                          exc_info: ExcInfo = None) -> Any:
+                def start(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
                     return start_response(status_line,
-                                          app_headers + _missing(app_headers, required),
-                                          exc_info)
+                                          headers + missing(headers, refusal.headers), exc_info)
 
                 return response(request.environ, start)  # type: ignore[no-any-return]
         return _answer(start_response, refusal.status, refusal.headers, refusal.body)
@@ -265,7 +255,6 @@ class RateLimitMiddleware:
 
 def _answer(start_response: StartResponse, status: int, headers: Headers,
             body: bytes) -> Iterable[bytes]:
-    start_response(_STATUS_LINES[status],
-                   [_JSON, ("Content-Length", str(len(body))),
-                    *[item for item in headers if item[0] != "Content-Type"]])
+    start_response(f"{status} {HTTPStatus(status).phrase}",
+                   [*json_headers(headers), ("Content-Length", str(len(body)))])
     return [body]

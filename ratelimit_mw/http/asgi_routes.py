@@ -18,23 +18,17 @@ from collections.abc import Callable, Iterable, MutableMapping, Sequence
 from typing import Any
 
 from ratelimit_mw import keys as _keys
-from ratelimit_mw.routing import ATTRIBUTE, EXEMPT
+from ratelimit_mw.keys import ROUTE_SCOPE_KEY
+from ratelimit_mw.routing import route_limits
 
 RouteMeta = Any  # tuple[RouteLimit, ...] | EXEMPT | None, as routing.route_limits gives it
 Resolved = tuple["str | None", RouteMeta]  # (template, metadata)
 
 _CACHE_SIZE = 4096
 _MAX_DEPTH = 16  # nesting of mounts/routers; deeper trees are treated as unresolvable
-_HTTP_METHODS = ("get", "head", "post", "put", "patch", "delete", "options")
+_HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 _UNRESOLVED: Resolved = (None, None)
 _MOUNT_SUFFIX = "/{path}"
-
-
-def _meta(obj: object) -> RouteMeta:
-    # getattr on arbitrary objects: a mock or proxy may answer any attribute, so only the
-    # two shapes the decorators write are believed.
-    value = getattr(obj, ATTRIBUTE, None)
-    return value if value == EXEMPT or isinstance(value, tuple) else None
 
 
 def endpoint_meta(endpoint: object, method: str) -> RouteMeta:
@@ -46,14 +40,11 @@ def endpoint_meta(endpoint: object, method: str) -> RouteMeta:
         if method == "HEAD" and not hasattr(endpoint, "head"):
             name = "get"  # what HTTPEndpoint.dispatch calls
         handler = getattr(endpoint, name, None)
-        if handler is not None:
-            found = endpoint_meta(handler, method)
-            if found is not None:
-                return found
-        return _meta(endpoint)
+        found = None if handler is None else endpoint_meta(handler, method)
+        return found if found is not None else route_limits(endpoint)
     current: Any = endpoint
     for _ in range(16):
-        found = _meta(current)
+        found = route_limits(current)
         if found is not None or current is None:
             return found
         is_partial = isinstance(current, functools.partial)
@@ -62,15 +53,13 @@ def endpoint_meta(endpoint: object, method: str) -> RouteMeta:
 
 
 def _carries_any(endpoint: object) -> bool:
-    if inspect.isclass(endpoint):
-        return any(endpoint_meta(endpoint, m.upper()) is not None for m in _HTTP_METHODS)
-    return endpoint_meta(endpoint, "GET") is not None
+    methods = _HTTP_METHODS if inspect.isclass(endpoint) else ("GET",)
+    return any(endpoint_meta(endpoint, method) is not None for method in methods)
 
 
 def flatten_routes(routes: Iterable[Any]) -> Iterable[Any]:
     """The routes as the router tries them, included FastAPI routers expanded."""
-    fastapi_routing = sys.modules.get("fastapi.routing")
-    iterate = getattr(fastapi_routing, "iter_route_contexts", None)
+    iterate = getattr(sys.modules.get("fastapi.routing"), "iter_route_contexts", None)
     return routes if iterate is None else iterate(list(routes))
 
 
@@ -146,10 +135,10 @@ def _match(routes: Iterable[Any], scope: dict[str, Any], method: str, prefix: st
             return _descend(route, scope, child, method, prefix, depth)
         if level == 1 and partial is None:  # Match.PARTIAL
             partial = (route, child)
-    if partial is not None:
-        resolved = _descend(partial[0], scope, partial[1], method, prefix, depth)
-        return None if resolved is None else (resolved[0], None)
-    return None
+    if partial is None:
+        return None
+    resolved = _descend(partial[0], scope, partial[1], method, prefix, depth)
+    return None if resolved is None else (resolved[0], None)
 
 
 def _descend(route: Any, scope: dict[str, Any], child: Any, method: str, prefix: str,
@@ -187,27 +176,24 @@ class RouteResolver:
         self._app: object = None
         self._routes: Sequence[Any] | None = None
         self._size = -1
-        self._enabled = False
-        self._host = False
+        self._enabled = self._host = False
         self._cache: dict[tuple[str, ...], Resolved] = {}
 
     def _rebuild(self, app: object) -> None:
         self._app = app
-        self._routes = routes_of(app)
+        self._routes = routes = routes_of(app)
         self._cache.clear()
-        if self._routes is None:
-            self._size, self._enabled, self._host = -1, False, False
-            return
-        self._size = len(self._routes)
+        self._size = -1 if routes is None else len(routes)
         try:
-            decorated, self._host = _walk(self._routes, 0, set())
+            decorated, self._host = (False, False) if routes is None else _walk(routes, 0, set())
         except Exception:  # an odd route object: resolve per request, which is safe
             decorated = self._host = True
-        self._enabled = self._always or decorated
+        self._enabled = routes is not None and (self._always or decorated)
 
     def resolve(self, scope: MutableMapping[str, Any], app: object, method: str,
-                path: str) -> Resolved | None:
-        """(template, metadata) for the request, or None when nothing needs resolving."""
+                path: str) -> RouteMeta:
+        """What the request's endpoint carries (None: nothing, or nothing needs resolving);
+        its template, when found, is left in ``scope[ROUTE_SCOPE_KEY]``."""
         routes = self._routes
         if app is not self._app or (routes is not None and len(routes) != self._size):
             self._rebuild(app)
@@ -222,7 +208,10 @@ class RouteResolver:
             if len(self._cache) >= _CACHE_SIZE:  # paths are client text: dropped whole
                 self._cache.clear()
             self._cache[cache_key] = found
-        return found
+        template, meta = found
+        if template is not None:
+            scope[ROUTE_SCOPE_KEY] = template
+        return meta
 
 
 def _host_of(scope: MutableMapping[str, Any]) -> str:
@@ -230,4 +219,3 @@ def _host_of(scope: MutableMapping[str, Any]) -> str:
         if name == b"host":
             return str(value.decode("latin-1").lower())
     return ""
-

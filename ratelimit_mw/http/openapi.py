@@ -24,10 +24,8 @@ from ratelimit_mw.http.guard import Guard
 
 #: The class attribute that marks a FastAPI dependency as a rate limit.
 DEPENDENCY_MARK = "__ratelimit_mw_dependency__"
-
-
-def is_fastapi(app: object) -> bool:
-    return isinstance(app, FastAPI)
+# Marks an ``openapi`` function that documents already.
+_MARK = "_ratelimit_mw"
 
 _HEADERS = {
     "Retry-After": ("Seconds until a retry can be admitted (whole seconds, at least 1)",
@@ -48,48 +46,37 @@ TOO_MANY_REQUESTS: dict[str, Any] = {
     }}},
 }
 
+# The guards of middleware instances around an app (not in its `user_middleware`).
+_GUARDS: weakref.WeakKeyDictionary[Any, list[Guard]] = weakref.WeakKeyDictionary()
 
-def _uses_dependency(dependant: Any, seen: int = 0) -> bool:
-    if seen > 32:
-        return False
-    for sub in getattr(dependant, "dependencies", ()):
-        if getattr(getattr(sub, "call", None), DEPENDENCY_MARK, False):
-            return True
-        if _uses_dependency(sub, seen + 1):
-            return True
-    return False
+
+def _uses_dependency(dependant: Any, depth: int = 0) -> bool:
+    return depth <= 32 and any(
+        getattr(getattr(sub, "call", None), DEPENDENCY_MARK, False)
+        or _uses_dependency(sub, depth + 1)
+        for sub in getattr(dependant, "dependencies", ()))
 
 
 def _limited(route: Any, path: str, method: str, guards: list[Guard]) -> bool:
     """Whether a limit applies to this operation: the route's decorator, the dependency
     among its dependencies, or the default and rules of a middleware on the app."""
     meta = endpoint_meta(getattr(route, "endpoint", None), method)
-    if isinstance(meta, tuple) and any(limit.applies_to(method) for limit in meta):
-        return True
-    if _uses_dependency(getattr(route, "dependant", None)):
-        return True
-    return any(guard.select(method, path, meta) is not None for guard in guards)
-
-
-# The guards of middleware instances around an app (not in its `user_middleware`).
-_GUARDS: weakref.WeakKeyDictionary[Any, list[Guard]] = weakref.WeakKeyDictionary()
-
-
-def _guards(app: Any) -> list[Guard]:
-    """The guards of every RateLimitMiddleware on `app`: those that wrap it, and those added
-    with ``app.add_middleware``, which Starlette builds only on the first request."""
-    added = [entry.cls.guard_of(app.router, *entry.args, **entry.kwargs)
-             for entry in getattr(app, "user_middleware", ())
-             if callable(getattr(entry.cls, "guard_of", None))]
-    return [*_GUARDS.get(app, ()), *added]
+    return ((isinstance(meta, tuple) and any(limit.applies_to(method) for limit in meta))
+            or _uses_dependency(getattr(route, "dependant", None))
+            or any(guard.select(method, path, meta) is not None for guard in guards))
 
 
 def _documented(app: Any, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The schema `build` answers, documented when this call built it."""
+    """The schema `build` answers, documented when this call built it. The guards: those of
+    every RateLimitMiddleware that wraps `app`, and of those added with
+    ``app.add_middleware``, which Starlette builds only on the first request."""
     before = app.openapi_schema
     schema = build()
     if schema is not before:
-        _document(app, schema, _guards(app))
+        added = [entry.cls.guard_of(app.router, *entry.args, **entry.kwargs)
+                 for entry in getattr(app, "user_middleware", ())
+                 if callable(getattr(entry.cls, "guard_of", None))]
+        _document(app, schema, [*_GUARDS.get(app, ()), *added])
     return schema
 
 
@@ -97,13 +84,13 @@ def _hook_openapi() -> None:
     """Every FastAPI app's schema documents its 429s whenever it is built: served, or
     exported by a script before any request (``json.dump(app.openapi(), f)``)."""
     original = FastAPI.openapi
-    if getattr(original, "_ratelimit_mw", False):
+    if getattr(original, _MARK, False):
         return
 
     def openapi(self: FastAPI) -> dict[str, Any]:
         return _documented(self, lambda: original(self))
 
-    openapi._ratelimit_mw = True  # type: ignore[attr-defined]
+    setattr(openapi, _MARK, True)
     FastAPI.openapi = openapi  # type: ignore[method-assign]
 
 
@@ -120,13 +107,20 @@ def document_rate_limits(app: Any, guard: Guard | None = None) -> Any:
     if guard is not None and guard not in _GUARDS.setdefault(app, []):
         _GUARDS[app].append(guard)
     own = vars(app).get("openapi")
-    if own is not None and not getattr(own, "_ratelimit_mw", False):
+    if own is not None and not getattr(own, _MARK, False):
         def openapi() -> dict[str, Any]:
             return _documented(app, own)
 
-        openapi._ratelimit_mw = True  # type: ignore[attr-defined]
+        setattr(openapi, _MARK, True)
         app.openapi = openapi
     return app
+
+
+def document_fastapi(app: object, guard: Guard) -> None:
+    """`document_rate_limits(app, guard)` when `app` is a FastAPI app (the ASGI middleware
+    asks of every app it meets)."""
+    if isinstance(app, FastAPI):
+        document_rate_limits(app, guard)
 
 
 def _document(app: Any, schema: dict[str, Any], guards: list[Guard]) -> None:
