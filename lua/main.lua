@@ -3,13 +3,15 @@
 --
 -- KEYS: one per tier (tiers of one sliding-log policy share their log key), then the ban keys
 --       of the policies that have a penalty.
--- ARGV: [1] op: H hit, P peek, R refund, X reset, B book (reserve), C cancel a booking
+-- ARGV: [1] op: H hit, P peek, R refund (for an in-flight tier: give its slots back), X reset,
+--           B book (reserve), C cancel a booking, N renew in-flight leases, F charge
+--           (a hit recorded whether or not it is admitted: a settled cost's overshoot)
 --       [2] now in microseconds, or "" to read Redis TIME (the normal case)
 --       [3] a token unique to this call (sliding-log members; for C, the booking's token;
 --           for R, the refunded hit's token, or "" for the newest entries)
 --       [4] the booking time in ms for B, else ""
 --       [5] the number of tiers n
---       then 7 values per tier: algorithm (fw, sl, sw, gc), limit, period ms, cost,
+--       then 7 values per tier: algorithm (fw, sl, sw, gc, cc), limit, period ms, cost,
 --       ban key index in KEYS (0: no penalty), ban end ("" none, "d<ms>" a duration from the
 --       refusal, "a<ms>" an absolute end), a time zone's UTC-offset schedule for the whole-day
 --       tiers of a fixed-window policy with tz= ("" otherwise; see fixed_window.lua)
@@ -43,7 +45,7 @@ local token = argv[3]
 local n = argv[5] + 0
 -- Tier i's seven values are argv[7 * i - 1] .. argv[7 * i + 5].
 
-local fw_check, sw_check, gc_check, sl_check, sl_commit  -- built on first use
+local fw_check, sw_check, gc_check, sl_check, sl_commit, cc_check, cc_take  -- built on first use
 local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
 
 -- The common shape first: a hit on one tier without a penalty, admitted, decided without the
@@ -55,7 +57,7 @@ local values  -- MGET of every key (false where none): fw/sw/gc state and bans, 
 -- check.) A refusal, or a booking ahead in a sliding log, goes on to the general path below
 -- with what was read here (`values`, the built checks), so it reads nothing twice but the
 -- sliding log's counts.
-if n == 1 and op == 'H' and argv[10] == '0' then
+if n == 1 and op == 'H' and argv[10] == '0' and argv[6] ~= 'cc' then
   local algo, key = argv[6], keys[1]
   local limit, period, cost = argv[7] + 0, argv[8] + 0, argv[9] + 0
   local ok, before, retry, reset_now, reset_hit, value, px, _
@@ -154,7 +156,7 @@ if op == 'X' then
   return {1}
 end
 
-if op == 'R' or op == 'C' then
+if op == 'R' or op == 'C' or op == 'N' then
   -- A log shrinks, so its expiry is recomputed from the longest tier that reads it.
   local longest = {}
   for i = 1, n do
@@ -175,6 +177,10 @@ if op == 'R' or op == 'C' then
           local _, cancel = sliding_log_upkeep()
           cancel(key, token, cost, longest[key], now)
         end
+      elseif algo == 'cc' then
+        local _, _, release, renew = concurrency()
+        if op == 'N' then renew(key, period, cost, token, now) else release(key, cost, token) end
+      elseif op == 'N' then  -- leases are in-flight tiers' only
       elseif algo == 'fw' then
         local _, refund = fixed_window()
         refund(key, period, cost, argv[b + 7], now)
@@ -247,6 +253,10 @@ for i = 1, n do
     ok, before, retry, reset_now, reset_hit, ahead = sl_check(keys[i], limit, period, cost, at, now)
     if ahead then tied = true end
     value = false
+  elseif algo == 'cc' then
+    if cc_check == nil then cc_check, cc_take = concurrency() end
+    ok, before, retry, reset_now, reset_hit = cc_check(keys[i], limit, period, cost, now)
+    value = true
   else
     local v
     if values ~= nil then
@@ -290,14 +300,17 @@ for i = 1, n do
   if not ok then all_ok = false end
 end
 
-if all_ok then
+if all_ok or op == 'F' then
   if hit then
-    -- Phase 2: every tier admits, so record the hit in each.
+    -- Phase 2: every tier admits (or the cost is charged regardless), so record the hit in
+    -- each.
     for i = 1, n do
       local j = 4 * i - 4
       local value, px = other[j + 3], other[j + 4]
       if not value then
         sl_commit(keys[i], at, argv[7 * i + 2] + 0, token, now)
+      elseif value == true then
+        cc_take(keys[i], argv[7 * i + 1] + 0, argv[7 * i + 2] + 0, token, now)
       elseif px then
         -- Numbers given to redis.call go through "%.17g" in Redis; "%d" here is cheaper.
         -- (Not PSETEX: fakeredis rounds its expiry down to whole seconds.)
@@ -307,6 +320,7 @@ if all_ok then
         redis.call('SET', keys[i], value, 'KEEPTTL')
       end
     end
+    if op == 'F' then return {1} end  -- charged: nothing to decide
   end
   reply[1] = 1
   return reply
@@ -407,6 +421,8 @@ if op == 'H' then
       end
     elseif reply[k + 1] == 0 and argv[b + 5] ~= '0' then
       stable = 0  -- refused under a penalty that started no ban: a later hit may start one
+    elseif algo == 'cc' then
+      stable = 0  -- a slot frees whenever a response ends
     elseif algo == 'sl' then
       stable = 0  -- entries ahead (bookings) make the peak rise and fall
       if not tied then

@@ -3,8 +3,10 @@ fakeredis+lupa (the same script, no server needed).
 
 Hypothesis draws policies (every algorithm, one to three tiers, with and without a penalty,
 calendar days and weeks in zones with and without DST, with the app's clock up to 30 days
-off the script's) and a sequence of operations: time advances, hits of several policies at
-once under several identities, peeks, refunds, resets, bookings and cancellations, starting
+off the script's; in-flight limits) and a sequence of operations: time advances, hits of
+several policies at once under several identities, peeks, refunds (of a hit by its token:
+in-flight slots given back), lease renewals, charges (a hit recorded whether or not
+admitted), resets, bookings and cancellations, starting
 at an ordinary time or hours before a DST change. Each operation is built ONCE (same keys,
 same explicit `now`, same token) and run on both backends; the raw replies must be equal,
 reply for reply. On the real Redis a fresh key prefix per example keeps the shared server
@@ -55,7 +57,7 @@ class Op:
 
 @st.composite
 def policies(draw: st.DrawFn) -> rl.Policy:
-    algorithm = draw(st.sampled_from(sorted(rl.ALGORITHMS)))
+    algorithm = draw(st.sampled_from(sorted([*rl.ALGORITHMS, "concurrency"])))
     periods = draw(st.lists(st.sampled_from(PERIODS), min_size=1, max_size=3, unique=True))
     if algorithm == "fixed-window" and draw(st.booleans()):
         # Calendar days or weeks (an odd offset, or DST) beside epoch-aligned tiers.
@@ -70,6 +72,8 @@ def policies(draw: st.DrawFn) -> rl.Policy:
     # Penalties shorter than most periods (0.25, 1, 3.5 s) and longer than every one (90 s).
     penalty = draw(st.sampled_from([None, None, None, 0.25, 1, 3.5, 90]))
     name = f"p{draw(st.integers(0, 10**6))}"
+    if algorithm == "concurrency":  # one number of slots, one lease
+        return rl.Policy.in_flight(rates[0].limit, lease=periods[0] / 1000, name=name)
     if algorithm == "sliding-log":
         # Namesakes share one log, which each call trims and keeps alive by its own longest
         # window: sharing it needs one longest window (the documented rule, see
@@ -83,7 +87,7 @@ ops = st.builds(
     advance_ms=st.sampled_from([0, 0, 1, 7, 250, 999, 1_000, 1_001, 2_500, 9_999, 61_000,
                                 3_600_000, 43_200_000]),
     kind=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund", "uncheck", "reset",
-                          "book", "cancel"]),
+                          "book", "cancel", "renew", "charge"]),
     picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
                              st.sampled_from([1, 1, 1, 2, 3, 6, 12, 25])),
                    min_size=1, max_size=3).map(tuple),
@@ -163,11 +167,20 @@ def _client(store: str, request: pytest.FixtureRequest) -> redis.Redis:
     return fakeredis.FakeRedis(server=fakeredis.FakeServer())
 
 
+def _checks(call: plans.ScriptCall) -> list[plans.Check]:
+    """The checks a hit's call was built from (its costs are in its tier arguments)."""
+    out, b = [], 5
+    for policy, identity in call.layout:
+        out.append(plans.Check(policy, identity, int(call.args[b + 3])))
+        b += 7 * len(policy.rates)
+    return out
+
+
 def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
           setting: Setting = Setting(START_MS, 0)) -> None:
     twin = Twin(client, "d" + uuid.uuid4().hex[:12], setting.start_ms, setting.skew_ms)
     bookings: list[rl.Booking] = []
-    admitted: list[list[plans.Check]] = []
+    admitted: list[plans.ScriptCall] = []
     try:
         for op in sequence:
             twin.now_ms += op.advance_ms
@@ -178,13 +191,19 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
                 call = twin.build(plans.HIT, checks)
                 decision = plans.decide(call, twin.run(call))
                 if decision.allowed:
-                    admitted.append(checks)
+                    admitted.append(call)
             elif op.kind == "peek":
                 twin.run(twin.build(plans.PEEK, single))
             elif op.kind == "refund":
                 twin.run(twin.build(plans.REFUND, single))
             elif op.kind == "uncheck" and admitted:
-                twin.run(twin.build(plans.REFUND, admitted.pop()))
+                hit = admitted.pop()
+                twin.run(twin.build(plans.REFUND, _checks(hit), token=hit.args[2]))
+            elif op.kind == "renew" and admitted:
+                hit = admitted[-1]
+                twin.run(twin.build(plans.RENEW, _checks(hit), token=hit.args[2]))
+            elif op.kind == "charge":
+                twin.run(twin.build(plans.CHARGE, checks))
             elif op.kind == "reset":
                 twin.run(twin.build(plans.RESET, single))
             elif op.kind == "book" and single[0].policy.algorithm == "sliding-log":

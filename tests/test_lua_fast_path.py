@@ -39,7 +39,8 @@ from ratelimit_mw.core import plans, scripts
 
 START_MS = 1_800_000_000_000
 # The first line of each shortcut block in lua/main.lua: one tier, then several fixed windows.
-SHORTCUTS = ("if n == 1 and op == 'H' and argv[10] == '0' then", "if n > 1 and op == 'H' then")
+SHORTCUTS = ("if n == 1 and op == 'H' and argv[10] == '0' and argv[6] ~= 'cc' then",
+            "if n > 1 and op == 'H' then")
 
 
 @functools.cache

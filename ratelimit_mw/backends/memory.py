@@ -42,7 +42,9 @@ _SWEEP_PER_CALL = 64
 _SWEEP_PER_MS = 16
 _SWEEP_MAX_MS = 4_096  # at most ~65k entries in one call, however long the backend idled
 
-_UPKEEP = frozenset(("X", "R", "C"))  # reset, refund, cancel: the operations that decide nothing
+# Reset, refund (an in-flight tier: give its slots back), cancel a booking, renew leases: the
+# operations that decide nothing.
+_UPKEEP = frozenset(("X", "R", "C", "N"))
 # One tier of ARGV: algorithm, limit, period ms, cost, ban key index (1-based in KEYS, 0:
 # none), ban end, calendar schedule, then the tier's key.
 _Tier = tuple[str, int, int, int, int, str, str, str]
@@ -239,7 +241,7 @@ class MemoryBackend:
         # Phase 1 by algorithm code: a lookup, not a chain of tests.
         self._checks: dict[str, Callable[[str, int, int, int, str, int, int, int], _Result]] = {
             "fw": self._fw_check, "sw": self._sw_check, "gc": self._gc_check,
-            "sl": self._sl_check}
+            "sl": self._sl_check, "cc": self._cc_check}
 
     def __repr__(self) -> str:
         return f"MemoryBackend(keys={len(self._data)})"
@@ -311,7 +313,7 @@ class MemoryBackend:
                     elif logs.get(key, 0) < period:
                         logs[key] = period
                 b += 7
-            if not admitted:
+            if not admitted and op != "F":  # F: charged whether or not admitted
                 return self._refused(op, keys, _read_tiers(keys, argv, n), results, bans, at,
                                      now, now_us)
             if not record:
@@ -324,9 +326,11 @@ class MemoryBackend:
                     expires[key] = until = now + px
                     if key not in scheduled:
                         self._schedule(key, until)
+                elif argv[5 + 7 * i] == "cc":
+                    self._cc_take(key, result[5], argv[7 + 7 * i], argv[8 + 7 * i], argv[2], now)
                 elif logs is not None and (longest := logs.pop(key, 0)):  # a sliding log
                     self._sl_commit(key, result[5], at, argv[8 + 7 * i], argv[2], longest, now)
-            return reply
+            return [1] if op == "F" else reply
         finally:
             lock.release()
 
@@ -483,6 +487,8 @@ class MemoryBackend:
                     reset = max(reset, left)
             elif reply[5 * i + 1] == 0 and ban > 0:
                 stable = 0  # refused under a penalty that started no ban: a later hit may
+            elif algo == "cc":
+                stable = 0  # a slot frees whenever a response ends
             elif algo == "sl":
                 stable = 0 if tied else us(self._sl_stable(key, period, now))
             elif algo == "fw":
@@ -512,6 +518,10 @@ class MemoryBackend:
             if op == "C":
                 if algo == "sl":
                     self._sl_refund(key, _members(token, cost), cost, spans[key], now)
+            elif algo == "cc":
+                self._cc_upkeep(op, key, period, cost, token, now)
+            elif op == "N":  # leases are in-flight tiers' only
+                continue
             elif algo == "fw":
                 self._fw_refund(key, period, cost, cal, now)
             elif algo == "sw":
@@ -521,6 +531,41 @@ class MemoryBackend:
             else:
                 self._sl_refund(key, _members(token, cost) if token else None, cost,
                                 spans[key], now)
+
+    # -- concurrency (lua/concurrency.lua): the value is {member: lease end ms} -------------
+    def _cc_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,
+                  now: int, now_us: int) -> _Result:
+        slots: dict[str, int] | None = self._get(key, now)
+        ends = [end for end in slots.values() if end > now] if slots else []
+        ok = len(ends) + cost <= limit
+        retry = -1 if cost > limit else 0 if ok else min(min(ends) - now, 1000)
+        return (ok, max(0, limit - len(ends)), retry, max(ends) - now if ends else 0, period,
+                slots, 0)
+
+    def _cc_take(self, key: str, slots: dict[str, int] | None, lease: int, cost: int,
+                 token: str, now: int) -> None:
+        live = {m: end for m, end in slots.items() if end > now} if slots else {}
+        for member in _members(token, cost):
+            live[member] = now + lease
+        self._set(key, live, now, lease)
+
+    def _cc_upkeep(self, op: str, key: str, lease: int, cost: int, token: str,
+                   now: int) -> None:
+        """Give a holder's slots back (R), or renew its leases that have not ended (N)."""
+        slots: dict[str, int] | None = self._get(key, now)
+        if slots is None or not token:
+            return
+        renewed = False
+        for member in _members(token, cost):
+            if op == "R":
+                slots.pop(member, None)
+            elif slots.get(member, 0) > now:
+                slots[member] = now + lease
+                renewed = True
+        if not slots:
+            self._delete(key)  # Redis drops an empty sorted set
+        elif renewed:
+            self._set(key, slots, now, lease)
 
     # -- fixed-window (lua/fixed_window.lua): the value is (window start, count) --------------
     def _fw_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,

@@ -28,6 +28,7 @@ from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
 from ratelimit_mw.core.plans import (
     HIT,
+    TOKENED,
     Check,
     Layout,
     ScriptCall,
@@ -65,8 +66,8 @@ class Compiled:
         self.costs = tuple(cost for _, cost in items)
         self.prefix = prefix
         forms = [wire(policy) for policy in self.policies]
-        # A sliding log names each hit's members by a token unique to the call.
-        self.log = any(form.code == "sl" for form in forms)
+        # A sliding log's entries and in-flight slots are named by a token unique to the call.
+        self.log = any(form.code in TOKENED for form in forms)
         only = self.policies[0]
         self.rate = only.rates[0] if len(items) == 1 and len(only.rates) == 1 else None
         # Arguments fixed by the costs alone, each policy once: the call is assembled here.

@@ -31,6 +31,12 @@ REFUND = "R"
 RESET = "X"
 BOOK = "B"
 CANCEL = "C"
+RENEW = "N"  # push an in-flight holder's leases on
+CHARGE = "F"  # a hit recorded whether or not admitted: what a settled cost overshot
+
+# Algorithms whose calls name their members by a token: a sliding log's entries, an in-flight
+# limit's slots (given back, renewed by the same token).
+TOKENED = frozenset(("sl", "cc"))
 
 
 class Check(NamedTuple):
@@ -135,7 +141,7 @@ def build(
         form = wire(policy)
         head = identity_head(prefix, identity)
         cost = 1 if op == PEEK else check.cost
-        if form.code == "sl":
+        if form.code in TOKENED:
             uses_log = True
         keys += [head + suffix for suffix in form.suffixes]
         layout.append((policy, identity))
@@ -167,7 +173,7 @@ def build(
                 tier_args[i] = n - index  # -k -> position n + k in KEYS (1-based)
         keys += ban_keys
     if token is None:
-        token = new_token() if uses_log and op in (HIT, BOOK) else ""
+        token = new_token() if uses_log and op in (HIT, BOOK, CHARGE) else ""
     args: list[Arg] = [
         op,
         "" if now_us is None else now_us,
@@ -246,9 +252,11 @@ def decode_generic(
             if not allowed:
                 if not tier_ok and retry > best_wait:
                     governing, best_wait = state, retry
+            elif policy.algorithm == "concurrency" and governing is not None:
+                pass  # admitted: a rate's quota governs the headers, not slots in flight
             elif remaining < best_remaining or (
                 remaining == best_remaining and reset > best_reset
-            ):
+            ) or (governing is not None and governing.policy.algorithm == "concurrency"):
                 governing, best_remaining, best_reset = state, remaining, reset
     if governing is None:  # refused with every tier admitting: cannot happen, but never crash
         governing = tiers[0]

@@ -15,9 +15,12 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.rates import Rate, parse_rates, unit_ms
 
-Algorithm: TypeAlias = Literal["fixed-window", "sliding-log", "sliding-window", "gcra"]
-ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+Algorithm: TypeAlias = Literal["fixed-window", "sliding-log", "sliding-window", "gcra",
+                               "concurrency"]
+# The rate algorithms; "concurrency" (in flight, `Policy.in_flight`) counts no rate.
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)[:4]
 DEFAULT_ALGORITHM: Algorithm = "sliding-log"
+DEFAULT_LEASE = 60.0  # seconds an in-flight slot is held at most without a renewal
 
 Penalty: TypeAlias = int | float | str | _dt.timedelta | Callable[[], _dt.datetime] | None
 
@@ -47,7 +50,8 @@ class Policy:
 
     - ``algorithm``: ``"sliding-log"`` (default, exact), ``"sliding-window"`` (O(1), an
       approximation), ``"gcra"`` (O(1), smooth) or ``"fixed-window"`` (O(1), bursts of up to
-      2 x limit across a window boundary).
+      2 x limit across a window boundary); ``"concurrency"`` counts what is in flight
+      (``Policy.in_flight(4)``: slots held until given back, or until their lease ends).
     - ``name``: names the counters (two policies with one name and algorithm share them) and
       the headers; defaults to the rate text.
     - ``penalty``: refuse every hit for this long after a refusal: seconds, ``"1 hour"``, a
@@ -84,7 +88,7 @@ class Policy:
                 '"5/minute;100/hour"'
             )
         # Checked at run time too: mypy catches a typo only where the caller is type-checked.
-        if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        if not isinstance(algorithm, str) or algorithm not in get_args(Algorithm):
             raise ConfigurationError(
                 f"unknown algorithm {algorithm!r}; choose one of "
                 + ", ".join(repr(a) for a in ALGORITHMS)
@@ -95,6 +99,11 @@ class Policy:
         elif not isinstance(name, str) or not name:
             raise ConfigurationError(
                 f'a policy name must be a non-empty string, got {name!r}; e.g. name="login"'
+            )
+        if algorithm == "concurrency" and (len(parsed) > 1 or penalty is not None):
+            raise ConfigurationError(
+                f"an in-flight limit has one number and one lease, and no penalty, got "
+                f"{rates!r}; write Policy.in_flight(4) or Policy.in_flight(4, lease=300)"
             )
         zone: ZoneInfo | None = None
         if tz is not None:
@@ -119,7 +128,26 @@ class Policy:
         # Reserved for core.wire: what this policy becomes on the wire, built on first use.
         self._wire: object = None
 
+    @classmethod
+    def in_flight(cls, slots: int, *, lease: float = DEFAULT_LEASE,
+                  name: str | None = None) -> Policy:
+        """At most `slots` at once per identity, across every process sharing the store: a
+        slot is held until given back, or for `lease` seconds at most (a holder that died;
+        a long holder renews it)."""
+        if type(slots) is not int or slots < 1:
+            raise ConfigurationError(
+                f"an in-flight limit is a whole number of slots (at least 1), got {slots!r}; "
+                "e.g. concurrency=4")
+        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease < 0.01:
+            raise ConfigurationError(
+                f"an in-flight lease is seconds (at least 0.01), got {lease!r}; e.g. lease=60")
+        return cls([Rate(slots, int(lease * 1000))], algorithm="concurrency",
+                   name=name or f"{slots} in flight")
+
     def __repr__(self) -> str:
+        if self.algorithm == "concurrency":
+            return (f"Policy.in_flight({self.rates[0].limit}, "
+                    f"lease={self.rates[0].period_ms / 1000:g}, name={self.name!r})")
         extra = "" if self.penalty is None else f", penalty={self.penalty!r}"
         extra += "" if self.tz is None else f", tz={self.tz.key!r}"
         rates = ";".join(map(str, self.rates))

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from importlib.abc import Traversable
 
-ALGORITHM_FILES = ("fixed_window.lua", "sliding_window.lua", "gcra.lua", "sliding_log.lua")
+ALGORITHM_FILES = ("fixed_window.lua", "sliding_window.lua", "gcra.lua", "sliding_log.lua",
+                   "concurrency.lua")
 ENTRY_FILE = "main.lua"
 
 

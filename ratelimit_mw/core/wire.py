@@ -39,7 +39,8 @@ from ratelimit_mw.core.policy import Policy
 
 Arg: TypeAlias = str | int
 
-CODES = {"fixed-window": "fw", "sliding-log": "sl", "sliding-window": "sw", "gcra": "gc"}
+CODES = {"fixed-window": "fw", "sliding-log": "sl", "sliding-window": "sw", "gcra": "gc",
+         "concurrency": "cc"}
 
 DAY_MS = 86_400_000
 # The schedule covers this much either side of the app clock's bucket, and is rebuilt when the

@@ -1,0 +1,69 @@
+-- concurrency: requests in flight. A slot is held while a response runs, then given back;
+-- a holder that dies without giving it back loses it when its lease ends.
+-- KEYS: the tier's key, a sorted set: members "<token>:<n>" (the holder's token, one member
+--       per slot it holds), scored by the ms its lease ends. Lease ends in the past are
+--       slots already free (removed on the next take).
+-- ARGV (per tier, read by main.lua): limit (slots), period ms (the lease), cost (slots).
+-- Reply (to main.lua): concurrency() builds check, take, release and renew.
+
+local function concurrency()
+  -- As the other checks: admitted, free before the hit, retry ms (-1: never), reset ms now
+  -- and after the hit. A slot frees when some response ends, which nobody can foresee: a
+  -- refusal's retry is the first lease end, at most a second away.
+  local function check(key, limit, lease, cost, now)
+    local live = '(' .. now
+    local held = redis.call('ZCOUNT', key, live, '+inf')
+    local ok = held + cost <= limit
+    local before = limit - held
+    if before < 0 then before = 0 end
+    local retry, reset_now = 0, 0
+    if held > 0 then
+      reset_now = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] - now
+    end
+    if cost > limit then
+      retry = -1
+    elseif not ok then
+      retry = redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2] - now
+      if retry > 1000 then retry = 1000 end
+    end
+    return ok, before, retry, reset_now, lease
+  end
+
+  local function members(token, cost)
+    local out = {}
+    for j = 1, cost do out[j] = token .. ':' .. j end
+    return out
+  end
+
+  -- Hold `cost` slots until now + lease; the key lives as long as its latest lease.
+  local function take(key, lease, cost, token, now)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    local args = {}
+    for _, member in ipairs(members(token, cost)) do
+      args[#args + 1] = now + lease
+      args[#args + 1] = member
+    end
+    redis.call('ZADD', key, unpack(args))
+    redis.call('PEXPIRE', key, lease)
+  end
+
+  local function release(key, cost, token)
+    if token ~= '' then redis.call('ZREM', key, unpack(members(token, cost))) end
+  end
+
+  -- Push a holder's lease to now + lease. A lease already ended stays ended: its slot may be
+  -- someone else's by now.
+  local function renew(key, lease, cost, token, now)
+    local renewed = false
+    for _, member in ipairs(members(token, cost)) do
+      local ends = redis.call('ZSCORE', key, member)
+      if ends and ends + 0 > now then
+        redis.call('ZADD', key, now + lease, member)
+        renewed = true
+      end
+    end
+    if renewed then redis.call('PEXPIRE', key, lease) end
+  end
+
+  return check, take, release, renew
+end
