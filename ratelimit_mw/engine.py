@@ -264,11 +264,12 @@ class _Shared:
         return compiled.call(identities, self._now_us(), token,
                              0 if compiled.static else self._clock_ms(), op, at_ms)
 
-    def _slot_calls(self, op: str, checks: Sequence[Check]) -> list[ScriptCall]:
+    def _slot_calls(self, op: str, checks: Sequence[Check],
+                    token: str | None = None) -> list[ScriptCall]:
         """The calls of `op` for `checks`: one, or on a cluster one per identity's slot."""
         groups: Sequence[Sequence[Check]] = (plans.group_by_slot(checks)
                                              if self._backend.is_cluster else [checks])
-        return [self._call(*self._compiled_checks(group), op) for group in groups]
+        return [self._call(*self._compiled_checks(group), op, token=token) for group in groups]
 
     def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1,
                 at: _dt.datetime | None = None, token: str | None = None) -> ScriptCall:

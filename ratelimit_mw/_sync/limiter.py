@@ -54,13 +54,15 @@ class Limiter(_Shared):
         self._flights = Flights()
 
     def _decide(self, compiled: Compiled, identities: Sequence[str],
-               timeout: float | None = None, *, cached: bool = True) -> Decision:
+               timeout: float | None = None, *, cached: bool = True,
+               token: str | None = None) -> Decision:
         """The hit of `compiled` (`_compile`) for these identities, one per check, all or
         nothing: the deny cache's answer (no I/O, no deadline), else the store's within
         `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
         takes this way. `cached` False: the store answers, and the cache is neither asked
         nor told (the middleware's breaker probes so: a cached answer would close it on a
-        store that was never asked).
+        store that was never asked). `token` names what the hit holds (`Compiled.token`:
+        a sliding log's entries, in-flight slots), to give them back by it later.
 
         A refusal of this very hit that has just lapsed is asked about once for every
         request that comes while the question is out (`_refresh`)."""
@@ -74,19 +76,22 @@ class Limiter(_Shared):
                     self._report(checks, REFUSED, 0.0)
                     return found
                 if isinstance(found, Lapsed):
-                    return bounded(self._refresh(compiled, identities, checks), timeout)
+                    return bounded(self._refresh(compiled, identities, checks, token),
+                                         timeout)
             if self._flights:
                 checks = checks or compiled.checks(identities)
                 if checks in self._flights:
-                    return bounded(self._refresh(compiled, identities, checks), timeout)
+                    return bounded(self._refresh(compiled, identities, checks, token),
+                                         timeout)
         if self._backend.is_cluster and compiled.spans_slots(identities):
             return bounded(
-                self._across_slots(checks or compiled.checks(identities), cached), timeout)
-        return self._asked(compiled, identities, checks, cached, timeout)
+                self._across_slots(checks or compiled.checks(identities), cached, token),
+                timeout)
+        return self._asked(compiled, identities, checks, cached, timeout, token)
 
     def _asked(self, compiled: Compiled, identities: Sequence[str],
                checks: tuple[Check, ...] | None, cached: bool,
-               timeout: float | None) -> Decision:
+               timeout: float | None, token: str | None = None) -> Decision:
         """The store's answer to one call, within `timeout`. (Written out: every admitted
         request takes this way.)"""
         deny, metrics, clock = self._deny, self.metrics, self.clock
@@ -97,7 +102,8 @@ class Limiter(_Shared):
         sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
                                        else now_us)
         started = time.perf_counter() if metrics is not None else 0.0
-        call = compiled.call(identities, now_us, None, 0 if compiled.static else self._clock_ms())
+        call = compiled.call(identities, now_us, token,
+                             0 if compiled.static else self._clock_ms())
         try:
             reply = self._backend.run(call, timeout)
         except BackendError:
@@ -108,7 +114,7 @@ class Limiter(_Shared):
         return self._settled(call, compiled, identities, checks, reply, sent, cached, started)
 
     def _refresh(self, compiled: Compiled, identities: Sequence[str],
-                 checks: tuple[Check, ...]) -> Decision:
+                 checks: tuple[Check, ...], token: str | None = None) -> Decision:
         """A refusal of this hit has lapsed (its age bound, or its numbers' validity), or
         another request is asking about one: ask the store once for every request of the
         same hit that comes while the question is out, then decide as if this request came
@@ -121,20 +127,21 @@ class Limiter(_Shared):
             leader = flights.lead(checks)
             answered = False
             try:
-                decision = self._asked(compiled, identities, checks, True, None)
+                decision = self._asked(compiled, identities, checks, True, None, token)
                 answered = True
                 return decision
             finally:
                 flights.land(checks, leader, answered)
         if flights.follow(leader):
-            return self._refresh(compiled, identities, checks)
+            return self._refresh(compiled, identities, checks, token)
         deny = self._deny
         found = None if deny is None else deny.find(checks, self._cache_now())
         if type(found) is Decision:
             return found
-        return self._asked(compiled, identities, checks, True, None)
+        return self._asked(compiled, identities, checks, True, None, token)
 
-    def _across_slots(self, checks: tuple[Check, ...], cached: bool) -> Decision:
+    def _across_slots(self, checks: tuple[Check, ...], cached: bool,
+                      token: str | None = None) -> Decision:
         """A hit whose checks live in several cluster slots: a call per slot, in order; if
         one refuses, what the earlier ones admitted is given back, so that a refused
         request consumes nothing as nearly as two slots allow.
@@ -152,7 +159,7 @@ class Limiter(_Shared):
         recorded: list[plans.ScriptCall] = []
         refused = False
         try:
-            for call in self._slot_calls(plans.HIT, checks):
+            for call in self._slot_calls(plans.HIT, checks, token):
                 if not refused:
                     decision = plans.decide(call, backend.run(call))
                     if decision.allowed:
@@ -201,11 +208,19 @@ class Limiter(_Shared):
         return Messages(self, _check(policy, "conn", 1).policy,
                         "conn:" + secrets.token_hex(8))
 
-    def _give_back(self, checks: Sequence[Check], timeout: float | None = None) -> None:
-        """Give back what an admitted `check` recorded (the middleware's count_when), each
-        call within `timeout`."""
+    def _give_back(self, checks: Sequence[Check], timeout: float | None = None,
+                   token: str | None = None) -> None:
+        """Give back what an admitted `check` recorded (the middleware's count_when, the
+        slots a response held), each call within `timeout`; by the hit's `token`, exactly
+        what it recorded."""
         self._forget(checks)
-        for call in self._slot_calls(plans.REFUND, checks):
+        for call in self._slot_calls(plans.REFUND, checks, token):
+            self._backend.run(call, timeout)
+
+    def _renew(self, checks: Sequence[Check], token: str,
+               timeout: float | None = None) -> None:
+        """Push the leases of the in-flight slots that the hit named `token` holds."""
+        for call in self._slot_calls(plans.RENEW, checks, token):
             self._backend.run(call, timeout)
 
     def peek(self, policy: Policy | str, identity: str,
