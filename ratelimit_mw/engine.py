@@ -162,6 +162,7 @@ class _Shared:
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
         self._deny = deny if deny_cache else None
         self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
+        self._semaphores: dict[tuple[str, int, float], Policy] = {}
         # Last: everything an isolation saves and replaces is set by now.
         _LIVE.add(self)
         for isolate in list(_ON_NEW):  # noqa: PERF101 - a copy: one may end meanwhile
@@ -243,6 +244,21 @@ class _Shared:
             if len(self._compiled) >= _COMPILED_CACHE_SIZE:
                 self._compiled.clear()
             self._compiled[key] = found
+        return found
+
+    def _in_flight(self, name: str, slots: int, lease: float) -> Policy:
+        """The in-flight policy of a named semaphore, one per (name, slots, lease): its
+        compiled calls are then built once."""
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(f'a semaphore is named by a non-empty string, got {name!r}; '
+                                     'e.g. concurrent("vendor", 50)')
+        key = (name, slots, lease)
+        found = self._semaphores.get(key)
+        if found is None:
+            found = Policy.in_flight(slots, lease=lease, name=name)
+            if len(self._semaphores) >= _COMPILED_CACHE_SIZE:
+                self._semaphores.clear()
+            self._semaphores[key] = found
         return found
 
     def _compiled_hit(self, policy: Policy | str, identity: str, cost: int) -> Compiled:

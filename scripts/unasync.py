@@ -45,6 +45,8 @@ SUBSTITUTIONS = [
     (r"\barun\b", "run"),
     (r"\baping\b", "ping"),
     (r"\baclose\b", "close"),
+    (r"\b__aenter__\b", "__enter__"),
+    (r"\b__aexit__\b", "__exit__"),
     (r"\bratelimit_mw\._async\b", "ratelimit_mw._sync"),
     (r"\bAwaitable\[(\w+)\]", r"\1"),
     (r"^(from collections\.abc import .*)\bAwaitable, ", r"\1"),

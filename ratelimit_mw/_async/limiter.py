@@ -25,7 +25,7 @@ from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
 from ratelimit_mw.core.plans import Check
-from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.policy import DEFAULT_LEASE, Policy
 from ratelimit_mw.engine import LimiterOptions, _check, _Shared, ping_failed, pinger
 from ratelimit_mw.metrics import ADMITTED, REFUSED
 
@@ -244,14 +244,22 @@ class AsyncLimiter(_Shared):
         errors are retried with backoff while `timeout` leaves time (`plans.backoff_wait`),
         then raised as BackendError; at once when no timeout is given, since waiting for
         quota must not turn into waiting forever for a store that is down."""
+        return await self._wait(self._compiled_hit(policy, identity, cost), (identity,),
+                                timeout)
+
+    async def _wait(self, compiled: Compiled, identities: Sequence[str],
+                    timeout: float | None, token: str | None = None) -> Decision:
+        """`acquire`'s loop for any compiled hit (every try under the same `token`). A
+        refusal for a slot in flight is asked about again soon, 10 ms then twice as late up
+        to 200 ms: a holder may give its slot back at any moment."""
         if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
             raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
-        compiled = self._compiled_hit(policy, identity, cost)
         started = self._monotonic()
         failures = 0
+        poll = 0.01
         while True:
             try:
-                decision = await self._decide(compiled, (identity,))
+                decision = await self._decide(compiled, identities, token=token)
             except BackendError:
                 failures += 1
                 left = None if timeout is None else timeout - (self._monotonic() - started)
@@ -263,7 +271,11 @@ class AsyncLimiter(_Shared):
             failures = 0
             if decision.allowed:
                 return decision
-            wait = plans.acquire_wait(decision, self._monotonic() - started, timeout, self._rng)
+            cap = None
+            if decision.policy is not None and decision.policy.algorithm == "concurrency":
+                cap, poll = poll, min(poll * 2, 0.2)
+            wait = plans.acquire_wait(decision, self._monotonic() - started, timeout, self._rng,
+                                      cap)
             if wait is None:
                 raise RateLimitExceeded(decision)
             await self._sleep(wait)
@@ -278,6 +290,31 @@ class AsyncLimiter(_Shared):
         """Take back an admitted reservation (``decision.booking``)."""
         await self._backend.arun(self._cancel_call(booking))
 
+    def concurrent(self, name: str, slots: int, *, lease: float = DEFAULT_LEASE,
+                   timeout: float | None = None) -> Slot:
+        """A semaphore shared by every process on the store: ``async with
+        limiter.concurrent("vendor", 50):`` runs the block holding one of `slots`, waiting
+        up to `timeout` seconds for one (None: as long as it takes; RateLimitExceeded
+        after it). A holder that dies loses its slot when its `lease` (seconds) ends; a
+        live one renews it every third of the lease."""
+        return Slot(self, self._in_flight(name, slots, lease), timeout)
+
+    async def charge(self, policy: Policy | str, identity: str, estimate: int, *,
+                     calls: Policy | str | None = None, timeout: float | None = None
+                     ) -> Ticket:
+        """Reserve an `estimate` of a cost known only afterwards (an LLM call's tokens),
+        waiting as `acquire` does; settle it with ``await ticket.settle(actual)``. `calls`
+        counts the call itself (e.g. "500/minute" requests beside "90000/minute" tokens),
+        in the same atomic call."""
+        check = _check(policy, identity, estimate)
+        items = [(check.policy, estimate)]
+        if calls is not None:
+            items.append((_check(calls, identity, 1).policy, 1))
+        compiled = self._compile(items)
+        token = compiled.token() or ""
+        decision = await self._wait(compiled, (identity,) * len(items), timeout, token)
+        return Ticket(self, check, token, decision)
+
     async def ping(self) -> dict[str, Any]:
         """Ask the store whether it is there (a start-up check, e.g. in a lifespan handler):
         the backend's own report. Raises BackendError when it cannot answer."""
@@ -288,6 +325,83 @@ class AsyncLimiter(_Shared):
             raise
         except Exception as exc:
             raise ping_failed(exc) from exc
+
+
+class Slot:
+    """One slot of a fleet-wide semaphore (`AsyncLimiter.concurrent`), held while its
+    ``async with`` block runs; ``decision`` is the admission's."""
+
+    __slots__ = ("_check", "_compiled", "_renewal", "_token", "decision", "limiter", "timeout")
+
+    def __init__(self, limiter: AsyncLimiter, policy: Policy, timeout: float | None) -> None:
+        self.limiter = limiter
+        self.timeout = timeout
+        self._check = Check(policy, "slots", 1)
+        self._compiled = limiter._compile(((policy, 1),))
+        self._token = ""
+        self._renewal: Any = None
+        self.decision: Decision | None = None
+
+    def __repr__(self) -> str:
+        return f"Slot({self._check.policy!r}, held={self._renewal is not None})"
+
+    async def __aenter__(self) -> Decision:
+        if self._renewal is not None:
+            raise ConfigurationError("a Slot is held once at a time; call concurrent() again "
+                                     "for another")
+        self._token = token = self._compiled.token() or ""
+        limiter = self.limiter
+        self.decision = await limiter._wait(self._compiled, ("slots",), self.timeout, token)
+        lease = self._check.policy.rates[0].period_ms / 1000
+        self._renewal = primitives.every(lease / 3, self._renew)
+        return self.decision
+
+    async def _renew(self) -> None:
+        await self.limiter._renew((self._check,), self._token)
+
+    async def __aexit__(self, *exc: object) -> None:
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None:
+            await renewal.stop()
+        await self.limiter._give_back((self._check,), None, self._token)
+
+
+class Ticket:
+    """An estimated cost reserved by `AsyncLimiter.charge`, to settle once the actual cost
+    is known: ``await ticket.settle(actual)`` gives back what was overestimated or charges
+    what was under (a window may go into debt: later calls wait until what was really used
+    has left it). A ticket never settled keeps its estimate."""
+
+    __slots__ = ("check", "decision", "limiter", "settled", "token")
+
+    def __init__(self, limiter: AsyncLimiter, check: Check, token: str,
+                 decision: Decision) -> None:
+        self.limiter = limiter
+        self.check = check
+        self.token = token
+        self.decision = decision
+        self.settled: int | None = None
+
+    def __repr__(self) -> str:
+        return (f"Ticket({self.check.policy.name!r}, {self.check.identity!r}, "
+                f"estimate={self.check.cost}, settled={self.settled})")
+
+    async def settle(self, actual: int) -> None:
+        """Make the charge `actual` (a whole number >= 0), once."""
+        if isinstance(actual, bool) or not isinstance(actual, int) or actual < 0:
+            raise ConfigurationError(f"a ticket settles at a whole cost >= 0, got {actual!r}; "
+                                     "e.g. ticket.settle(usage.total_tokens)")
+        if self.settled is not None:
+            raise ConfigurationError(f"this ticket was settled at {self.settled} already")
+        self.settled = actual
+        policy, identity, estimate = self.check
+        limiter = self.limiter
+        if actual < estimate:
+            await limiter._give_back((Check(policy, identity, estimate - actual),), None,
+                                     self.token)
+        elif actual > estimate:
+            await limiter._backend.arun(
+                limiter._single(plans.CHARGE, policy, identity, actual - estimate))
 
 
 class Messages:

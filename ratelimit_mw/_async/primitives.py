@@ -6,11 +6,13 @@ code imports those instead."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 
 from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.core.plans import Check
 
-__all__ = ["ASYNC", "Flights", "bounded", "sleep"]
+__all__ = ["ASYNC", "Every", "Flights", "bounded", "every", "sleep"]
 
 #: Which side this is: an async limiter's routes may have async hooks.
 ASYNC = True
@@ -40,3 +42,29 @@ class Flights(dict[tuple[Check, ...], "asyncio.Future[bool]"]):
         """Wait for another request's call; True if it got no answer. Shielded: a
         follower's deadline must not cancel the leader's future."""
         return await asyncio.shield(future)
+
+
+class Every:
+    """`every`'s task: stop() cancels it and waits until it has stopped."""
+
+    __slots__ = ("_task",)
+
+    def __init__(self, seconds: float, action: Callable[[], Awaitable[None]]) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(seconds, action))
+
+    @staticmethod
+    async def _run(seconds: float, action: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            with contextlib.suppress(Exception):  # a failed renewal is tried again next time
+                await action()
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+def every(seconds: float, action: Callable[[], Awaitable[None]]) -> Every:
+    """Run `action` every `seconds` on this event loop until stopped (a lease's renewal)."""
+    return Every(seconds, action)

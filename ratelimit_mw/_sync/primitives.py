@@ -4,12 +4,15 @@ it), ``time.sleep``, and no waiting on another thread's call."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Callable
 from typing import TypeVar
 
 from ratelimit_mw.core.plans import Check
 
-__all__ = ["ASYNC", "Flights", "bounded", "sleep"]
+__all__ = ["ASYNC", "Every", "Flights", "bounded", "every", "sleep"]
 
 T = TypeVar("T")
 ASYNC = False
@@ -35,3 +38,32 @@ class Flights(dict[tuple[Check, ...], object]):
     @staticmethod
     def follow(future: object) -> bool:
         return True
+
+
+class Every:
+    """`every`'s thread (a daemon: it never keeps a process alive): stop() ends it and
+    waits until it has."""
+
+    __slots__ = ("_stopped", "_thread")
+
+    def __init__(self, seconds: float, action: Callable[[], None]) -> None:
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(seconds, action),
+                                        name="ratelimit_mw-renewal", daemon=True)
+        self._thread.start()
+
+    def _run(self, seconds: float, action: Callable[[], None]) -> None:
+        while not self._stopped.wait(seconds):
+            with contextlib.suppress(Exception):  # a failed renewal is tried again next time
+                action()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+
+def every(seconds: float, action: Callable[[], None]) -> Every:
+    """Run `action` every `seconds` in a thread of its own until stopped (a lease's
+    renewal)."""
+    return Every(seconds, action)

@@ -372,17 +372,21 @@ def merge(decisions: Sequence[Decision]) -> Decision:
 
 
 def acquire_wait(
-    decision: Decision, waited: float, timeout: float | None, rng: random.Random
+    decision: Decision, waited: float, timeout: float | None, rng: random.Random,
+    cap: float | None = None,
 ) -> float | None:
     """How long `acquire` sleeps before trying again, or None to give up now.
 
     The wait is the decision's retry_after plus up to 10% (at most 50 ms) of jitter, so that a
     fleet refused together does not retry in lockstep; the jitter never carries the wait past
     the timeout (the retry is admitted by then, and the caller was promised an answer).
+    `cap`: the longest wait, for a refusal that may lift sooner than it says.
     """
     retry = decision.retry_after
     if retry == math.inf:
         return None
+    if cap is not None and retry > cap:  # asked again sooner than the refusal says
+        retry = cap
     if timeout is not None and waited + retry > timeout:
         return None
     jitter = rng.uniform(0.0, min(0.05, retry * 0.1 + 0.001))
