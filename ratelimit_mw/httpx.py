@@ -2,9 +2,11 @@
 
     client = httpx.Client(transport=RateLimitTransport(limiter, "100/second", key="payments"))
 
-Before a request is sent, the transport calls ``limiter.acquire`` (which sleeps until the
-shared quota admits it), then hands the request to the wrapped transport: every process whose
-limiter shares the Redis shares the quota. ``AsyncRateLimitTransport`` is the same for
+Before a request is sent, the transport charges its cost with ``limiter.charge`` (which
+waits until the shared quota admits it), then hands the request to the wrapped transport:
+every process whose limiter shares the Redis shares the quota. A cost known only from the
+response (an LLM call's tokens) is settled from it: ``settle=lambda r:
+r.json()["usage"]["total_tokens"]``. ``AsyncRateLimitTransport`` is the same for
 ``httpx.AsyncClient`` and an ``AsyncLimiter``.
 """
 
@@ -27,6 +29,7 @@ __all__ = ["AsyncRateLimitTransport", "RateLimitTransport", "host_key"]
 
 RequestKey: TypeAlias = Callable[[httpx.Request], "str | None"]
 RequestCost: TypeAlias = Callable[[httpx.Request], int]
+ResponseCost: TypeAlias = Callable[[httpx.Response], int]
 
 def host_key(request: httpx.Request) -> str:
     """The default key: the request's host, with its port when the URL names a non-default one."""
@@ -53,6 +56,8 @@ class _Throttled(Generic[L]):
         timeout: float | None = None,
         on_backend_error: str = "allow",
         wrapped: Any = None,
+        calls: Policy | str | None = None,
+        settle: ResponseCost | None = None,
     ) -> None:
         if not isinstance(limiter, self._limiter_type):
             raise ConfigurationError(
@@ -83,6 +88,12 @@ class _Throttled(Generic[L]):
                 f"(BackendError), got {on_backend_error!r}"
             )
         self._allow_on_error = on_backend_error == "allow"
+        self.calls = None if calls is None else as_policy(calls)
+        if settle is not None and not callable(settle):
+            raise ConfigurationError(
+                f"settle is a callable (response) -> the actual cost, got {settle!r}; e.g. "
+                'settle=lambda r: r.json()["usage"]["total_tokens"]')
+        self._settle = settle
         self._log_failure = ThrottledLog()
         self.wrapped = wrapped if wrapped is not None else self._sender()
 
@@ -100,6 +111,22 @@ class _Throttled(Generic[L]):
         plans.validate_cost(cost)
         return identity, cost
 
+    def _actual(self, response: httpx.Response) -> int | None:
+        """What `settle` makes of the (read) response, or None: the estimate stands (no
+        `settle`, or it failed on this response: logged)."""
+        if self._settle is None:
+            return None
+        try:
+            actual = self._settle(response)
+        except Exception as exc:
+            self._log_failure("ratelimit_mw: settle= raised; the estimate stays charged", exc)
+            return None
+        if isinstance(actual, bool) or not isinstance(actual, int) or actual < 0:
+            self._log_failure(f"ratelimit_mw: settle= returned {actual!r}, not a whole cost "
+                              ">= 0; the estimate stays charged")
+            return None
+        return actual
+
     def _failed(self, exc: BackendError) -> None:
         """A backend failure: re-raise, or log (throttled) and let the call through."""
         if not self._allow_on_error:
@@ -111,10 +138,14 @@ class RateLimitTransport(_Throttled[Limiter], httpx.BaseTransport):
     """An httpx transport that waits for ``limiter.acquire`` before sending each request
     (docs/scenarios.md#the-httpx-transport).
 
-    - ``limiter``: a sync ``Limiter``; ``policy``: a ``Policy`` or a rate string.
+    - ``limiter``: a sync ``Limiter``; ``policy``: a ``Policy`` or a rate string; ``calls``:
+      another, counting each request once beside its cost (tokens and requests per minute).
     - ``key``: ``None`` (default) throttles per host; a string puts every request under one
       identity; a callable ``(request) -> str | None`` chooses per request (``None``: not
-      throttled). ``cost``: units per request, or a callable ``(request) -> int``.
+      throttled). ``cost``: units per request, or a callable ``(request) -> int``: the
+      estimate, when ``settle`` gives the actual cost from the response, ``(response) ->
+      int``; the response is then read before it is returned, and a response that cannot
+      say (``settle`` raised) or a request that failed keeps its estimate.
     - ``timeout``: the longest wait for the quota in seconds, past which ``RateLimitExceeded``
       is raised unsent; ``None`` waits as long as it takes, ``0`` tries once.
     - ``on_backend_error``: ``"allow"`` (default) sends unthrottled and logs when the backend
@@ -130,12 +161,23 @@ class RateLimitTransport(_Throttled[Limiter], httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         quota = self._quota(request)
+        ticket = None
         if quota is not None:
             try:
-                self.limiter.acquire(self.policy, *quota, timeout=self.timeout)
+                ticket = self.limiter.charge(self.policy, *quota, calls=self.calls,
+                                             timeout=self.timeout)
             except BackendError as exc:
                 self._failed(exc)
-        return self.wrapped.handle_request(request)
+        response = self.wrapped.handle_request(request)
+        if ticket is not None and self._settle is not None:
+            response.read()
+            actual = self._actual(response)
+            if actual is not None:
+                try:
+                    ticket.settle(actual)
+                except BackendError as exc:
+                    self._failed(exc)
+        return response
 
     def close(self) -> None:
         self.wrapped.close()
@@ -155,12 +197,23 @@ class AsyncRateLimitTransport(_Throttled[AsyncLimiter], httpx.AsyncBaseTransport
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         quota = self._quota(request)
+        ticket = None
         if quota is not None:
             try:
-                await self.limiter.acquire(self.policy, *quota, timeout=self.timeout)
+                ticket = await self.limiter.charge(self.policy, *quota, calls=self.calls,
+                                                   timeout=self.timeout)
             except BackendError as exc:
                 self._failed(exc)
-        return await self.wrapped.handle_async_request(request)
+        response = await self.wrapped.handle_async_request(request)
+        if ticket is not None and self._settle is not None:
+            await response.aread()
+            actual = self._actual(response)
+            if actual is not None:
+                try:
+                    await ticket.settle(actual)
+                except BackendError as exc:
+                    self._failed(exc)
+        return response
 
     async def aclose(self) -> None:
         await self.wrapped.aclose()

@@ -200,3 +200,59 @@ def test_without_httpx_the_import_error_says_what_to_install() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert "pip install 'ratelimit_mw[httpx]'" in out
+
+
+class LLM:
+    """A fake LLM API: each answer says how many tokens it used (`usage.total_tokens`)."""
+
+    def __init__(self, used: list[int]) -> None:
+        self.used = list(used)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if not self.used:
+            return httpx.Response(500, text="no usage")
+        return httpx.Response(200, json={"usage": {"total_tokens": self.used.pop(0)}})
+
+
+def total_tokens(response: httpx.Response) -> int:
+    return int(response.json()["usage"]["total_tokens"])
+
+
+def test_the_actual_cost_is_settled_from_the_response(limiter: rl.Limiter) -> None:
+    tokens, calls = rl.Policy("1000/minute", name="tokens"), rl.Policy("10/minute", name="calls")
+    transport = RateLimitTransport(limiter, tokens, key="llm", cost=200, calls=calls,
+                                   settle=total_tokens, wrapped=httpx.MockTransport(
+                                       LLM([120, 310, 0])))
+    with httpx.Client(transport=transport) as http:
+        for _ in range(3):
+            assert http.post("https://llm.example.com/v1/chat").status_code == 200
+    assert limiter.peek(tokens, "llm").remaining == 1000 - 430  # what was used, not 3 x 200
+    assert limiter.peek(calls, "llm").remaining == 7
+
+
+def test_a_response_that_cannot_say_keeps_its_estimate(limiter: rl.Limiter,
+                                                       caplog: Any) -> None:
+    tokens = rl.Policy("1000/minute", name="tokens")
+    transport = RateLimitTransport(limiter, tokens, key="llm", cost=200, settle=total_tokens,
+                                   wrapped=httpx.MockTransport(LLM([])))
+    with httpx.Client(transport=transport) as http:
+        assert http.post("https://llm.example.com/v1/chat").status_code == 500
+    assert limiter.peek(tokens, "llm").remaining == 800
+    assert "the estimate stays charged" in caplog.text
+
+
+def test_settle_must_be_a_function_of_the_response(limiter: rl.Limiter) -> None:
+    with pytest.raises(rl.ConfigurationError, match="settle is a callable"):
+        RateLimitTransport(limiter, "10/minute", settle=5)  # type: ignore[arg-type]
+
+
+async def test_the_async_transport_settles_alike(alimiter: rl.AsyncLimiter) -> None:
+    tokens = rl.Policy("1000/minute", name="tokens")
+    transport = AsyncRateLimitTransport(alimiter, tokens, key="llm", cost=200,
+                                        settle=total_tokens,
+                                        wrapped=httpx.MockTransport(LLM([50, 650])))
+    async with httpx.AsyncClient(transport=transport) as http:
+        for _ in range(2):
+            response = await http.post("https://llm.example.com/v1/chat")
+            assert response.json()["usage"]["total_tokens"] in (50, 650)
+    assert (await alimiter.peek(tokens, "llm")).remaining == 300
