@@ -22,7 +22,6 @@ from ratelimit_mw.core.decision import Booking, Decision, TierState
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.identity import identity_head
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.core.rates import Rate
 from ratelimit_mw.core.wire import Arg, ban_end, wire
 
 HIT = "H"
@@ -194,36 +193,28 @@ def _seconds(ms: int) -> float:
 
 
 def decide(call: ScriptCall, reply: Sequence[int]) -> Decision:
-    """Read the script's reply into a Decision."""
-    return _decode(call.layout, reply, call.booking)
-
-
-def _decode(
-    layout: tuple[tuple[Policy, str], ...], reply: Sequence[int], booking: Booking | None
-) -> Decision:
-    allowed = reply[0] == 1
+    """Read the script's reply into a Decision. (The common reply, one tier, which governs,
+    is read here: every request's decision takes this way.)"""
+    layout = call.layout
     if len(layout) == 1:
         policy, identity = layout[0]
         rates = policy.rates
-        if len(rates) == 1:  # the common reply: one tier, which governs
-            return decode_one(policy, rates[0], identity, allowed, reply, booking)
-    return decode_generic(layout, reply, booking)
-
-
-def decode_one(policy: Policy, rate: Rate, identity: str, allowed: bool,
-                reply: Sequence[int], booking: Booking | None) -> Decision:
-    """`decode_generic` of a one-tier reply: that tier governs."""
-    remaining = reply[2]
-    if remaining < 0:
-        remaining = 0
-    tier_ok = reply[1] == 1
-    retry = 0.0 if tier_ok else _seconds(reply[3])
-    reset = reply[4] / 1000
-    banned = reply[5] == 1
-    state = _new(TierState, (policy, rate, identity, tier_ok, remaining, retry, reset, banned))
-    return _new(Decision, (allowed, rate.limit, remaining, 0.0 if allowed else retry,
-                           reset, policy, rate, identity, banned, (state,),
-                           booking if allowed else None))
+        if len(rates) == 1:
+            allowed = reply[0] == 1
+            rate = rates[0]
+            remaining = reply[2]
+            if remaining < 0:
+                remaining = 0
+            tier_ok = reply[1] == 1
+            retry = 0.0 if tier_ok else _seconds(reply[3])
+            reset = reply[4] / 1000
+            banned = reply[5] == 1
+            state = _new(TierState, (policy, rate, identity, tier_ok, remaining, retry, reset,
+                                     banned))
+            return _new(Decision, (allowed, rate.limit, remaining, 0.0 if allowed else retry,
+                                   reset, policy, rate, identity, banned, (state,),
+                                   call.booking if allowed else None))
+    return decode_generic(layout, reply, call.booking)
 
 
 def decode_generic(
@@ -318,7 +309,7 @@ def replay(
                 changes = exact - 1000 * (ms - 1)
                 if changes < same_until:
                     same_until = changes
-    return _decode(layout, now, None), same_until
+    return decide(_new(ScriptCall, ([], [], layout, HIT, None, None)), now), same_until
 
 
 def group_by_slot(checks: Sequence[Check]) -> list[list[Check]]:
