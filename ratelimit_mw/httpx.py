@@ -12,9 +12,12 @@ r.json()["usage"]["total_tokens"]``. ``AsyncRateLimitTransport`` is the same for
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeAlias, TypeVar
 
+from ratelimit_mw._async.limiter import Ticket as AsyncTicket
+from ratelimit_mw._sync.limiter import Ticket
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.policy import Policy, as_policy
@@ -58,6 +61,7 @@ class _Throttled(Generic[L]):
         wrapped: Any = None,
         calls: Policy | str | None = None,
         settle: ResponseCost | None = None,
+        concurrency: Policy | int | None = None,
     ) -> None:
         if not isinstance(limiter, self._limiter_type):
             raise ConfigurationError(
@@ -94,6 +98,14 @@ class _Throttled(Generic[L]):
                 f"settle is a callable (response) -> the actual cost, got {settle!r}; e.g. "
                 'settle=lambda r: r.json()["usage"]["total_tokens"]')
         self._settle = settle
+        if concurrency is not None and not isinstance(concurrency, Policy):
+            concurrency = Policy.in_flight(concurrency, name=f"{self.policy.name} in flight")
+        if concurrency is not None and concurrency.algorithm != "concurrency":
+            raise ConfigurationError(f"concurrency is a number of slots or a "
+                                     f"Policy.in_flight(...), got {concurrency!r}")
+        self.concurrency = concurrency
+        self._lease = (concurrency.rates[0].period_ms / 1000 if concurrency is not None
+                       else 0.0)
         self._log_failure = ThrottledLog()
         self.wrapped = wrapped if wrapped is not None else self._sender()
 
@@ -127,6 +139,10 @@ class _Throttled(Generic[L]):
             return None
         return actual
 
+    def _gave_up(self, what: str, exc: Exception) -> None:
+        """A slot's release or renewal failed: logged, never raised (the lease ends it)."""
+        self._log_failure(f"ratelimit_mw: could not {what}", exc)
+
     def _failed(self, exc: BackendError) -> None:
         """A backend failure: re-raise, or log (throttled) and let the call through."""
         if not self._allow_on_error:
@@ -152,6 +168,9 @@ class RateLimitTransport(_Throttled[Limiter], httpx.BaseTransport):
       fails; ``"raise"`` raises ``BackendError``.
     - ``wrapped``: the transport that sends, default ``httpx.HTTPTransport()``: configure TLS,
       proxies and retries on it (a client's own such options do not reach a custom one).
+    - ``concurrency``: at most this many requests of one identity open at once across the
+      fleet (or a ``Policy.in_flight``), taken with the quota and held until the response is
+      closed (its lease renewed while its body is read).
     """
 
     _limiter_type = Limiter
@@ -165,19 +184,36 @@ class RateLimitTransport(_Throttled[Limiter], httpx.BaseTransport):
         if quota is not None:
             try:
                 ticket = self.limiter.charge(self.policy, *quota, calls=self.calls,
+                                             concurrency=self.concurrency,
                                              timeout=self.timeout)
             except BackendError as exc:
                 self._failed(exc)
-        response = self.wrapped.handle_request(request)
-        if ticket is not None and self._settle is not None:
-            response.read()
-            actual = self._actual(response)
-            if actual is not None:
-                try:
-                    ticket.settle(actual)
-                except BackendError as exc:
-                    self._failed(exc)
+        try:
+            response = self.wrapped.handle_request(request)
+            if ticket is not None and self._settle is not None:
+                response.read()
+                actual = self._actual(response)
+                if actual is not None:
+                    try:
+                        ticket.settle(actual)
+                    except BackendError as exc:
+                        self._failed(exc)
+        except BaseException:
+            if ticket is not None:
+                self._release(ticket)
+            raise
+        if ticket is not None and ticket.held:
+            if response.is_closed:  # a body made in memory, read already: the call is over
+                self._release(ticket)
+            else:
+                response.stream = _Held(self, response.stream, ticket)  # type: ignore[arg-type]
         return response
+
+    def _release(self, ticket: Ticket) -> None:
+        try:
+            ticket.release()
+        except Exception as exc:
+            self._gave_up("give back an in-flight slot; it comes back with its lease", exc)
 
     def close(self) -> None:
         self.wrapped.close()
@@ -201,19 +237,88 @@ class AsyncRateLimitTransport(_Throttled[AsyncLimiter], httpx.AsyncBaseTransport
         if quota is not None:
             try:
                 ticket = await self.limiter.charge(self.policy, *quota, calls=self.calls,
+                                                   concurrency=self.concurrency,
                                                    timeout=self.timeout)
             except BackendError as exc:
                 self._failed(exc)
-        response = await self.wrapped.handle_async_request(request)
-        if ticket is not None and self._settle is not None:
-            await response.aread()
-            actual = self._actual(response)
-            if actual is not None:
-                try:
-                    await ticket.settle(actual)
-                except BackendError as exc:
-                    self._failed(exc)
+        try:
+            response = await self.wrapped.handle_async_request(request)
+            if ticket is not None and self._settle is not None:
+                await response.aread()
+                actual = self._actual(response)
+                if actual is not None:
+                    try:
+                        await ticket.settle(actual)
+                    except BackendError as exc:
+                        self._failed(exc)
+        except BaseException:
+            if ticket is not None:
+                await self._release(ticket)
+            raise
+        if ticket is not None and ticket.held:
+            if response.is_closed:  # a body made in memory, read already: the call is over
+                await self._release(ticket)
+            else:
+                response.stream = _AsyncHeld(self, response.stream,  # type: ignore[arg-type]
+                                             ticket)
         return response
+
+    async def _release(self, ticket: AsyncTicket) -> None:
+        try:
+            await ticket.release()
+        except Exception as exc:
+            self._gave_up("give back an in-flight slot; it comes back with its lease", exc)
 
     async def aclose(self) -> None:
         await self.wrapped.aclose()
+
+
+class _Held(httpx.SyncByteStream):
+    """A response body whose request holds an in-flight slot: given back when it is closed,
+    its lease renewed while its chunks are read (a third of the lease apart at least)."""
+
+    def __init__(self, owner: RateLimitTransport, stream: httpx.SyncByteStream,
+                 ticket: Ticket) -> None:
+        self.owner, self.stream, self.ticket = owner, stream, ticket
+
+    def __iter__(self) -> Iterator[bytes]:
+        renewed = time.monotonic()
+        for chunk in self.stream:
+            if time.monotonic() - renewed > self.owner._lease / 3:
+                renewed = time.monotonic()
+                try:
+                    self.ticket.renew()
+                except Exception as exc:
+                    self.owner._gave_up("renew an in-flight lease", exc)
+            yield chunk
+
+    def close(self) -> None:
+        try:
+            self.stream.close()
+        finally:
+            self.owner._release(self.ticket)
+
+
+class _AsyncHeld(httpx.AsyncByteStream):
+    """`_Held` for `AsyncRateLimitTransport`."""
+
+    def __init__(self, owner: AsyncRateLimitTransport, stream: httpx.AsyncByteStream,
+                 ticket: AsyncTicket) -> None:
+        self.owner, self.stream, self.ticket = owner, stream, ticket
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        renewed = time.monotonic()
+        async for chunk in self.stream:
+            if time.monotonic() - renewed > self.owner._lease / 3:
+                renewed = time.monotonic()
+                try:
+                    await self.ticket.renew()
+                except Exception as exc:
+                    self.owner._gave_up("renew an in-flight lease", exc)
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self.stream.aclose()
+        finally:
+            await self.owner._release(self.ticket)

@@ -301,20 +301,31 @@ class Limiter(_Shared):
         return Slot(self, self._in_flight(name, slots, lease), timeout)
 
     def charge(self, policy: Policy | str, identity: str, estimate: int, *,
-               calls: Policy | str | None = None, timeout: float | None = None
-               ) -> Ticket:
+               calls: Policy | str | None = None,
+               concurrency: Policy | int | None = None,
+               timeout: float | None = None) -> Ticket:
         """Reserve an `estimate` of a cost known only afterwards (an LLM call's tokens),
-        waiting as `acquire` does; settle it with ``ticket.settle(actual)``. `calls`
-        counts the call itself (e.g. "500/minute" requests beside "90000/minute" tokens),
-        in the same atomic call."""
+        waiting as `acquire` does; settle it with ``ticket.settle(actual)``. In the
+        same atomic call, `calls` counts the call itself (e.g. "500/minute" requests beside
+        "90000/minute" tokens) and `concurrency` takes a slot of this identity's in-flight
+        limit (N, or `Policy.in_flight`), held until the ticket is settled or released."""
         check = _check(policy, identity, estimate)
         items = [(check.policy, estimate)]
         if calls is not None:
             items.append((_check(calls, identity, 1).policy, 1))
+        held: tuple[Check, ...] = ()
+        if concurrency is not None:
+            slots = concurrency if isinstance(concurrency, Policy) else self._in_flight(
+                f"{check.policy.name} in flight", concurrency, DEFAULT_LEASE)
+            if slots.algorithm != "concurrency":
+                raise ConfigurationError(f"concurrency is a number of slots or a "
+                                         f"Policy.in_flight(...), got {concurrency!r}")
+            held = (Check(slots, identity, 1),)
+            items.append((slots, 1))
         compiled = self._compile(items)
         token = compiled.token() or ""
         decision = self._wait(compiled, (identity,) * len(items), timeout, token)
-        return Ticket(self, check, token, decision)
+        return Ticket(self, check, token, decision, held)
 
     def ping(self) -> dict[str, Any]:
         """Ask the store whether it is there (a start-up check, e.g. in a lifespan handler):
@@ -371,16 +382,18 @@ class Ticket:
     """An estimated cost reserved by `Limiter.charge`, to settle once the actual cost
     is known: ``ticket.settle(actual)`` gives back what was overestimated or charges
     what was under (a window may go into debt: later calls wait until what was really used
-    has left it). A ticket never settled keeps its estimate."""
+    has left it). A ticket never settled keeps its estimate. An in-flight slot it holds is
+    given back when it is settled, or by ``release()``."""
 
-    __slots__ = ("check", "decision", "limiter", "settled", "token")
+    __slots__ = ("check", "decision", "held", "limiter", "settled", "token")
 
     def __init__(self, limiter: Limiter, check: Check, token: str,
-                 decision: Decision) -> None:
+                 decision: Decision, held: tuple[Check, ...] = ()) -> None:
         self.limiter = limiter
         self.check = check
         self.token = token
         self.decision = decision
+        self.held = held  # in-flight slots, until given back
         self.settled: int | None = None
 
     def __repr__(self) -> str:
@@ -397,12 +410,27 @@ class Ticket:
         self.settled = actual
         policy, identity, estimate = self.check
         limiter = self.limiter
-        if actual < estimate:
-            limiter._give_back((Check(policy, identity, estimate - actual),), None,
+        held, self.held = self.held, ()
+        if actual < estimate:  # one call gives back the difference and the slot
+            limiter._give_back((Check(policy, identity, estimate - actual), *held), None,
                                      self.token)
-        elif actual > estimate:
+            return
+        if actual > estimate:
             limiter._backend.run(
                 limiter._single(plans.CHARGE, policy, identity, actual - estimate))
+        if held:
+            limiter._give_back(held, None, self.token)
+
+    def release(self) -> None:
+        """Give back the in-flight slot now (once; the estimate stands until settled)."""
+        held, self.held = self.held, ()
+        if held:
+            self.limiter._give_back(held, None, self.token)
+
+    def renew(self) -> None:
+        """Push the lease of the in-flight slot on (a response that runs long)."""
+        if self.held:
+            self.limiter._renew(self.held, self.token)
 
 
 class Messages:

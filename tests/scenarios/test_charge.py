@@ -143,3 +143,19 @@ async def test_tickets_and_semaphores_on_every_redis_deployment(
                 limiter.reset("10/minute", who)
         limiter.backend.close()
         await alimiter.backend.aclose()
+
+
+def test_a_ticket_may_hold_an_in_flight_slot_until_it_is_settled(limiter: rl.Limiter) -> None:
+    tokens = rl.Policy("1000/minute", name="tokens")
+    slots = rl.Policy.in_flight(1, name="llm calls")
+    ticket = limiter.charge(tokens, "llm", 100, concurrency=slots)
+    with pytest.raises(rl.RateLimitExceeded) as refused:
+        limiter.charge(tokens, "llm", 100, concurrency=slots, timeout=0)
+    assert refused.value.decision.policy is slots
+    assert limiter.peek(tokens, "llm").remaining == 900  # refused for the slot: no tokens
+    ticket.settle(40)  # one call gives back 60 tokens and the slot
+    assert limiter.peek(slots, "llm").remaining == 1
+    second = limiter.charge(tokens, "llm", 100, concurrency=2)  # a number: named for tokens
+    second.release()
+    second.release()  # once
+    assert limiter.peek(tokens, "llm").remaining == 860  # released, not settled: 100 stands

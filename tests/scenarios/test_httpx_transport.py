@@ -256,3 +256,95 @@ async def test_the_async_transport_settles_alike(alimiter: rl.AsyncLimiter) -> N
             response = await http.post("https://llm.example.com/v1/chat")
             assert response.json()["usage"]["total_tokens"] in (50, 650)
     assert (await alimiter.peek(tokens, "llm")).remaining == 300
+
+
+def ok(request: httpx.Request) -> httpx.Response:
+    """A streamed body (as a real server's): open until it is read and closed."""
+    return httpx.Response(200, content=iter([b"chunk"] * 3))
+
+
+def test_concurrency_holds_a_slot_until_the_response_is_closed(limiter: rl.Limiter) -> None:
+    transport = RateLimitTransport(limiter, "100/minute", key="vendor", concurrency=2,
+                                   timeout=0, wrapped=httpx.MockTransport(ok))
+    with httpx.Client(transport=transport) as http:
+        first = http.send(http.build_request("GET", "https://v.example.com/"), stream=True)
+        second = http.send(http.build_request("GET", "https://v.example.com/"), stream=True)
+        with pytest.raises(rl.RateLimitExceeded) as refused:
+            http.get("https://v.example.com/")
+        assert refused.value.decision.policy is transport.concurrency
+        first.read()
+        first.close()  # the slot comes back
+        assert http.get("https://v.example.com/").status_code == 200  # read and closed
+        second.close()
+    assert limiter.peek(transport.concurrency, "vendor").remaining == 2
+    assert limiter.peek("100/minute", "vendor").remaining == 97  # the refused call: nothing
+
+
+def test_a_request_that_fails_gives_its_slot_back(limiter: rl.Limiter) -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    transport = RateLimitTransport(limiter, "100/minute", key="vendor", concurrency=1,
+                                   wrapped=httpx.MockTransport(down))
+    with httpx.Client(transport=transport) as http:
+        for _ in range(2):
+            with pytest.raises(httpx.ConnectError):
+                http.get("https://v.example.com/")
+    assert limiter.peek(transport.concurrency, "vendor").remaining == 1
+
+
+def test_a_long_body_renews_the_lease_while_it_is_read(
+    limiter: rl.Limiter, clock: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ratelimit_mw.httpx as module
+
+    ticks = iter(range(0, 10_000, 25))  # the transport's clock: 25 s a look
+    monkeypatch.setattr(module.time, "monotonic", lambda: float(next(ticks)))
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        def body() -> Any:
+            for _ in range(4):
+                clock.advance(25)  # the store's clock: 100 s in all, past the 60 s lease
+                yield b"chunk"
+        return httpx.Response(200, content=body())
+
+    transport = RateLimitTransport(limiter, "100/minute", key="vendor", concurrency=1,
+                                   timeout=0, wrapped=httpx.MockTransport(slow))
+    other = RateLimitTransport(limiter, "100/minute", key="vendor", concurrency=1,
+                               timeout=0, wrapped=httpx.MockTransport(ok))
+    with httpx.Client(transport=transport) as http, httpx.Client(transport=other) as second:
+        with http.stream("GET", "https://v.example.com/") as response:
+            for n, _ in enumerate(response.iter_bytes(), 1):
+                if n == 3:  # 75 s in: held still, its lease renewed
+                    with pytest.raises(rl.RateLimitExceeded):
+                        second.get("https://v.example.com/")
+        # Read to its end, the response is closed: the slot is back.
+        assert second.get("https://v.example.com/").status_code == 200
+
+
+async def test_the_async_transport_holds_and_gives_back_alike(
+    alimiter: rl.AsyncLimiter,
+) -> None:
+    async def chunks() -> Any:
+        for _ in range(3):
+            yield b"chunk"
+
+    def aok(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=chunks())
+
+    transport = AsyncRateLimitTransport(alimiter, "100/minute", key="vendor", concurrency=1,
+                                        timeout=0, wrapped=httpx.MockTransport(aok))
+    async with httpx.AsyncClient(transport=transport) as http:
+        request = http.build_request("GET", "https://v.example.com/")
+        held = await http.send(request, stream=True)
+        with pytest.raises(rl.RateLimitExceeded):
+            await http.get("https://v.example.com/")
+        await held.aclose()
+        assert (await http.get("https://v.example.com/")).status_code == 200
+    assert transport.concurrency is not None
+    assert (await alimiter.peek(transport.concurrency, "vendor")).remaining == 1
+
+
+def test_concurrency_must_be_slots_or_an_in_flight_policy(limiter: rl.Limiter) -> None:
+    with pytest.raises(rl.ConfigurationError, match="in_flight"):
+        RateLimitTransport(limiter, "10/minute", concurrency=rl.Policy("5/minute"))
