@@ -1,6 +1,6 @@
 """Middleware throughput and latency: hello-world apps under real servers, side by side.
 
-ASGI: Starlette and FastAPI under uvicorn (one worker). WSGI: Flask under gunicorn (sync
+ASGI: Starlette, FastAPI and Litestar under uvicorn (one worker). WSGI: Flask under gunicorn (sync
 workers). Every configuration of a section runs as its own server on its own loopback port
 for the whole section. Each round loads every configuration once, right beside a run of its
 bare app (A/B, the order within the pair flipped every other round, the pairs rotated every
@@ -91,6 +91,13 @@ def asgi_configs() -> list[HttpConfig]:
         HttpConfig("fastapi-bare", "FastAPI bare", "fastapi-bare", ("fastapi",)),
         HttpConfig("fastapi-rl-redis", "FastAPI + ratelimit_mw (Redis)", "fastapi-bare",
                    ("fastapi", *rl), target=TARGETS["asgi"]),
+        HttpConfig("litestar-bare", "Litestar bare", "litestar-bare", ("litestar",)),
+        HttpConfig("litestar-floor", "Litestar + floor (1 EVALSHA, redis.asyncio)",
+                   "litestar-bare", ("litestar",)),
+        HttpConfig("litestar-rl-redis", "Litestar + ratelimit_mw (Redis)", "litestar-bare",
+                   ("ratelimit_mw.litestar",), target=TARGETS["asgi"]),
+        HttpConfig("litestar-own", "Litestar + its own RateLimitConfig (Redis store)",
+                   "litestar-bare", ("litestar.stores.redis",)),
         HttpConfig("starlette-rl-redis", "flood, 1 refused client: ratelimit_mw (Redis)",
                    "starlette-bare", rl, flood=True, target=TARGETS["flood"]),
         HttpConfig("starlette-slowapi-asgi", "flood, 1 refused client: slowapi ASGI (Redis)",

@@ -326,7 +326,7 @@ def render(results: dict[str, Any]) -> str:
         "core": "Per-check latency",
         "redis_time": "Time inside Redis per check",
         "capacity": "Fleet capacity per Redis core",
-        "asgi": "ASGI throughput (Starlette, FastAPI)",
+        "asgi": "ASGI throughput (Starlette, FastAPI, Litestar)",
         "wsgi": "WSGI throughput (Flask)",
         "memory": "Redis memory per identity",
     }

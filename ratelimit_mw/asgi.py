@@ -27,10 +27,17 @@ if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
 from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route, routes_of
+from ratelimit_mw.http.asgi_send import (
+    Answers,
+    Watch,
+    deny_handshake,
+    is_preflight,
+    serve_admitted,
+)
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Guard, Refuse, Unavailable
-from ratelimit_mw.http.headers import RawHeaders, encode_raw
+from ratelimit_mw.http.headers import encode_raw
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 
@@ -39,7 +46,7 @@ from starlette.requests import Request  # noqa: E402
 
 # Starlette's own ASGI types: `app.add_middleware(RateLimitMiddleware, ...)` then type-checks
 # under mypy --strict against its middleware factory protocol.
-from starlette.types import ASGIApp, Message, Receive, Scope, Send  # noqa: E402
+from starlette.types import ASGIApp, Receive, Scope, Send  # noqa: E402
 from starlette.websockets import WebSocket  # noqa: E402
 
 try:  # where FastAPI is installed, its schema documents the 429s whenever it is built
@@ -48,12 +55,7 @@ except ImportError:
     def document_fastapi(app: object, guard: Guard) -> None:
         return None
 
-__all__ = ["Config", "RateLimitMiddleware", "Rule"]
-
-
-def is_preflight(scope: Scope) -> bool:
-    """Whether an OPTIONS request is a CORS preflight (it names the method it asks about)."""
-    return any(name == b"access-control-request-method" for name, _ in scope.get("headers", ()))
+__all__ = ["Config", "RateLimitMiddleware", "Rule", "is_preflight"]
 
 
 def route_path(scope: Scope) -> str:
@@ -93,8 +95,7 @@ class RateLimitMiddleware:
         # scope["app"], which Starlette sets before running its middleware stack.
         self._root: object = app if routes_of(app) is not None else None
         self._resolver = RouteResolver(always=any(map(needs_route, self.guard.keys_in_use)))
-        # The last default answer's encoded headers, with the verdict they encode (_answer).
-        self._last_raw: tuple[Refuse | Unavailable, RawHeaders] | None = None
+        self._answers = Answers()  # the default 429 and 503
         # The app the requests come through (scope["app"]; or the app wrapped here): a FastAPI
         # app's OpenAPI schema documents the 429 of its limited operations.
         self._seen_app: object = None
@@ -134,16 +135,7 @@ class RateLimitMiddleware:
                                                method == "OPTIONS" and is_preflight(scope))
             if isinstance(verdict, Admit):
                 state["ratelimit"] = verdict.decision
-                if verdict.refund is None and verdict.raw is None:
-                    await self.app(scope, receive, send)
-                    return
-                watch = _Watch(send, verdict.raw)
-                try:
-                    await self.app(scope, receive, watch.send)
-                finally:
-                    back = guard.given_back(verdict, watch.status)
-                    if back:
-                        await guard.refund_async(self.limiter, back)
+                await serve_admitted(guard, self.limiter, verdict, self.app, scope, receive, send)
                 return
             if isinstance(verdict, Refuse):
                 state["ratelimit"] = verdict.decision
@@ -181,20 +173,9 @@ class RateLimitMiddleware:
             state["ratelimit"] = None if verdict is None else verdict.decision
             await self.app(scope, receive, send)
             return
-        refused = isinstance(verdict, Refuse)
         if isinstance(verdict, Refuse):
             state["ratelimit"] = verdict.decision
-        message = await receive()
-        if message.get("type") != "websocket.connect":
-            return  # the client has gone already
-        if "websocket.http.response" in (scope.get("extensions") or {}):
-            await self._answer(verdict, send, "websocket.http.response")
-            return
-        retry = next((value for name, value in verdict.headers if name == "Retry-After"), "1")
-        # 1008: policy violation; 1013: try again later (the store is out, "deny").
-        await send({"type": "websocket.close", "code": 1008 if refused else 1013,
-                    "reason": f"{'rate limited' if refused else 'unavailable'}; "
-                              f"retry after {retry} s"})
+        await deny_handshake(verdict, scope, receive, send, self._answers)
 
     async def _refuse(self, request: Request, refusal: Refuse, scope: Scope, receive: Receive,
                       send: Send) -> None:
@@ -212,25 +193,14 @@ class RateLimitMiddleware:
             else:
                 # A 429 always carries Retry-After and the RateLimit fields: the user's response
                 # gets those it does not set itself.
-                watch = _Watch(send, encode_raw(refusal.headers), fill=True)
+                watch = Watch(send, encode_raw(refusal.headers), fill=True)
                 await response(scope, receive, watch.send)
                 return
         await self._answer(refusal, send)
 
-    async def _answer(self, verdict: Refuse | Unavailable, send: Send,
-                      kind: str = "http.response") -> None:
+    async def _answer(self, verdict: Refuse | Unavailable, send: Send) -> None:
         """The default 429 or 503, as JSON."""
-        last = self._last_raw
-        if last is not None and last[0] is verdict:
-            raw = last[1]
-        else:  # the guard hands a flood the same verdict while its numbers hold: encode once
-            raw = [(b"content-type", b"application/json"),
-                   (b"content-length", str(len(verdict.body)).encode()),
-                   *encode_raw([item for item in verdict.headers if item[0] != "Content-Type"])]
-            self._last_raw = (verdict, raw)
-        # A copy: a server or an outer middleware may add to the list it is given.
-        await send({"type": f"{kind}.start", "status": verdict.status, "headers": [*raw]})
-        await send({"type": f"{kind}.body", "body": verdict.body})
+        await self._answers.send(verdict, send)
 
 
 class _Handshake(WebSocket):
@@ -239,28 +209,3 @@ class _Handshake(WebSocket):
 
     method = "GET"
 
-
-class _Watch:
-    """The ``send`` of a response the limiter adds headers to (`fill`: only those it lacks):
-    remembers the status, for a response that may give its hit back."""
-
-    __slots__ = ("extra", "fill", "send_on", "status")
-
-    def __init__(self, send: Send, extra: RawHeaders | None, fill: bool = False) -> None:
-        self.send_on = send
-        self.extra = extra
-        self.fill = fill
-        self.status = 500  # an exception before the response starts will be a server error
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            extra = self.extra
-            if extra is not None:
-                headers = message.get("headers", ())
-                if self.fill:
-                    present = {name.lower() for name, _ in headers}
-                    extra = [item for item in extra if item[0] not in present]
-                # A new message and list: a Response's own header list must not grow.
-                message = {**message, "headers": [*headers, *extra]}
-        await self.send_on(message)

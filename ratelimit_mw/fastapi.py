@@ -55,7 +55,8 @@ else:  # pragma: no cover - Python 3.10 (FastAPI depends on typing_extensions)
 require("fastapi", "fastapi", "ratelimit_mw.fastapi")
 from fastapi import HTTPException, Request, Response  # noqa: E402
 
-from ratelimit_mw.http.openapi import TOO_MANY_REQUESTS, document_rate_limits  # noqa: E402
+from ratelimit_mw.http.headers import TOO_MANY_REQUESTS  # noqa: E402
+from ratelimit_mw.http.openapi import document_rate_limits  # noqa: E402
 
 __all__ = ["TOO_MANY_REQUESTS", "Config", "RateLimitDependency", "RateLimitHTTPException",
            "document_rate_limits", "rate_limit_exception_handler"]

@@ -14,6 +14,7 @@ routes.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Callable, Iterable
@@ -232,6 +233,14 @@ def _both(func: object) -> ConfigurationError:
         f"{getattr(func, '__qualname__', func)!r} is both exempt and limited; keep one")
 
 
+def _function_of(endpoint: object) -> object:
+    """What a limit is named after: the endpoint, or the function a framework's route object
+    keeps as ``fn`` when the decorator sits above its route decorator (Litestar's ``@get``)."""
+    fn = getattr(endpoint, "fn", None)
+    plain = isinstance(endpoint, type) or inspect.isroutine(endpoint)
+    return fn if callable(fn) and not plain else endpoint
+
+
 def limit_decorator(route_limit: RouteLimit,
                     logs: SharedLogs | None = None) -> Callable[[F], F]:
     """The decorator attaching `route_limit` to an endpoint; `logs`: the limiter's record of
@@ -240,7 +249,7 @@ def limit_decorator(route_limit: RouteLimit,
         current = getattr(func, ATTRIBUTE, ())
         if current == EXEMPT:
             raise _both(func)
-        bound = route_limit.bound_to(func)
+        bound = route_limit.bound_to(_function_of(func))
         if logs is not None and bound.policy is not None:
             logs.add((bound.policy,))
         setattr(func, ATTRIBUTE, (*current, bound))

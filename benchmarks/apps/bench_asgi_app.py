@@ -115,6 +115,39 @@ def _fastapi(rate_limited: bool) -> Any:
     return app
 
 
+def _litestar(kind: str) -> Any:
+    """Litestar bare, with the floor, with ratelimit_mw's plugin, or with its own
+    ``RateLimitConfig`` on a Redis store (Litestar's logging off in all four alike)."""
+    from litestar import Litestar, get
+    from litestar.middleware import DefineMiddleware
+
+    @get("/", media_type="text/plain", sync_to_thread=False)
+    def root() -> str:
+        return "Hello, world!"
+
+    middleware: list[Any] = []
+    options: dict[str, Any] = {}
+    if kind == "floor":
+        middleware.append(DefineMiddleware(FloorMiddleware))
+    elif kind == "rl-redis":
+        from ratelimit_mw import AsyncLimiter, AsyncRedisBackend, Policy
+        from ratelimit_mw.litestar import RateLimitPlugin
+
+        limiter = AsyncLimiter(AsyncRedisBackend.from_url(REDIS_URL), prefix=PREFIX)
+        options["plugins"] = [RateLimitPlugin(limiter,
+                                              default=Policy(LIMIT, algorithm=ALGORITHM))]
+    elif kind == "own":
+        from litestar.middleware.rate_limit import RateLimitConfig
+        from litestar.stores.redis import RedisStore
+
+        limit, window = _limit_parts()
+        unit = {1: "second", 60: "minute", 3600: "hour", 86400: "day"}[window]
+        middleware.append(RateLimitConfig(rate_limit=(unit, limit), store="bench").middleware)  # type: ignore[arg-type]
+        options["stores"] = {"bench": RedisStore.with_client(REDIS_URL, namespace=PREFIX)}
+    return Litestar([root], middleware=middleware, openapi_config=None, logging_config=None,
+                    **options)
+
+
 BUILDERS: dict[str, Callable[[], Any]] = {
     "starlette-bare": lambda: _starlette(),
     "starlette-floor": lambda: _starlette([Middleware(FloorMiddleware)]),
@@ -124,6 +157,10 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "starlette-slowapi-asgi": lambda: _slowapi_app("SlowAPIASGIMiddleware"),
     "fastapi-bare": lambda: _fastapi(False),
     "fastapi-rl-redis": lambda: _fastapi(True),
+    "litestar-bare": lambda: _litestar("bare"),
+    "litestar-floor": lambda: _litestar("floor"),
+    "litestar-rl-redis": lambda: _litestar("rl-redis"),
+    "litestar-own": lambda: _litestar("own"),
 }
 
 app = BUILDERS[os.environ.get("BENCH_APP", "starlette-bare")]()

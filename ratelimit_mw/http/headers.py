@@ -16,6 +16,7 @@ import functools
 import json
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.policy import Policy
@@ -145,3 +146,24 @@ def _body(detail: str, retry_after: int) -> bytes:
     # A flood refused for the same number of seconds gets the same bytes: render them once.
     body = {"detail": detail, "retry_after": retry_after}
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+_SCHEMA_HEADERS = {
+    "Retry-After": ("Seconds until a retry can be admitted (whole seconds, at least 1)",
+                    "integer"),
+    "RateLimit": ('The governing limit: "<name>";r=<remaining>;t=<seconds> (IETF draft)',
+                  "string"),
+    "RateLimit-Policy": ('Every limit that applies: "<name>";q=<quota>;w=<window seconds>',
+                         "string"),
+}
+#: The 429 as an OpenAPI response object: what FastAPI's and Litestar's schemas document.
+TOO_MANY_REQUESTS: dict[str, Any] = {
+    "description": "Too Many Requests: a rate limit is exhausted; retry after Retry-After "
+                   "seconds",
+    "headers": {name: {"description": text, "schema": {"type": kind}}
+                for name, (text, kind) in _SCHEMA_HEADERS.items()},
+    "content": {"application/json": {"schema": {
+        "type": "object",
+        "properties": {"detail": {"type": "string"}, "retry_after": {"type": "integer"}},
+    }}},
+}

@@ -21,30 +21,12 @@ from fastapi import FastAPI
 
 from ratelimit_mw.http.asgi_routes import endpoint_meta, flatten_routes
 from ratelimit_mw.http.guard import Guard
+from ratelimit_mw.http.headers import TOO_MANY_REQUESTS
 
 #: The class attribute that marks a FastAPI dependency as a rate limit.
 DEPENDENCY_MARK = "__ratelimit_mw_dependency__"
 # Marks an ``openapi`` function that documents already.
 _MARK = "_ratelimit_mw"
-
-_HEADERS = {
-    "Retry-After": ("Seconds until a retry can be admitted (whole seconds, at least 1)",
-                    "integer"),
-    "RateLimit": ('The governing limit: "<name>";r=<remaining>;t=<seconds> (IETF draft)',
-                  "string"),
-    "RateLimit-Policy": ('Every limit that applies: "<name>";q=<quota>;w=<window seconds>',
-                         "string"),
-}
-TOO_MANY_REQUESTS: dict[str, Any] = {
-    "description": "Too Many Requests: a rate limit is exhausted; retry after Retry-After "
-                   "seconds",
-    "headers": {name: {"description": text, "schema": {"type": kind}}
-                for name, (text, kind) in _HEADERS.items()},
-    "content": {"application/json": {"schema": {
-        "type": "object",
-        "properties": {"detail": {"type": "string"}, "retry_after": {"type": "integer"}},
-    }}},
-}
 
 # The guards of middleware instances around an app (not in its `user_middleware`).
 _GUARDS: weakref.WeakKeyDictionary[Any, list[Guard]] = weakref.WeakKeyDictionary()

@@ -10,9 +10,10 @@ in ``ratelimit_mw.keys.client_ip``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeAlias
+from uuid import UUID
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.keys.client_ip import (
@@ -53,7 +54,8 @@ ASGI, WSGI, DJANGO = "asgi", "wsgi", "django"
 _KINDS: dict[type, str] = {}
 # Only the frameworks' own request classes have their kind remembered per class: any other
 # object (a test's SimpleNamespace, a Mock) is looked at every time.
-_FRAMEWORKS = frozenset({"starlette", "fastapi", "werkzeug", "flask", "django", "ratelimit_mw"})
+_FRAMEWORKS = frozenset({"starlette", "fastapi", "werkzeug", "flask", "django", "litestar",
+                         "ratelimit_mw"})
 
 
 def kind(request: Any) -> str:
@@ -72,6 +74,12 @@ def kind(request: Any) -> str:
     if module in _FRAMEWORKS:
         _KINDS[cls] = found
     return found
+
+
+def _header_lines(headers: Any) -> Callable[[str], list[str]]:
+    """Every line of a header: Starlette's ``getlist``, or multidict's ``getall`` (Litestar)."""
+    getlist = getattr(headers, "getlist", None)
+    return getlist if getlist is not None else lambda name: headers.getall(name, [])
 
 
 def _joined(values: list[str]) -> str | None:
@@ -109,9 +117,9 @@ class _ClientIP:
             known = self._by_peer.get(peer) if type(peer) is str else None
             return known if known is not None else self._peer_key(peer)
         if found == ASGI:
-            headers = request.headers
-            forwarded = _joined(headers.getlist("forwarded"))
-            xff = None if forwarded is not None else _joined(headers.getlist("x-forwarded-for"))
+            lines = _header_lines(request.headers)
+            forwarded = _joined(lines("forwarded"))
+            xff = None if forwarded is not None else _joined(lines("x-forwarded-for"))
         else:  # the server (or Django) has already joined repeated header lines
             forwarded = environ.get("HTTP_FORWARDED")
             xff = None if forwarded is not None else environ.get("HTTP_X_FORWARDED_FOR")
@@ -195,6 +203,8 @@ def _default_user(request: Any) -> object:
         try:
             if user is None or not user.is_authenticated:
                 return None
+        except AttributeError:
+            return _plain_user(user)
         except Exception:
             return None
         for attribute in ("identity", "display_name"):
@@ -213,6 +223,18 @@ def _default_user(request: Any) -> object:
             return None
     environ = getattr(request, "environ", None)
     return environ.get("REMOTE_USER") if environ is not None else None
+
+
+def _plain_user(user: object) -> object:
+    """Litestar's ``scope["user"]``: whatever the app's authentication retrieved, set only once
+    it authenticated: a plain id itself, else its ``id`` (None when it has none)."""
+    if isinstance(user, (str, int)) and not isinstance(user, bool):
+        return user
+    try:
+        found = user.get("id") if isinstance(user, Mapping) else getattr(user, "id", None)
+    except Exception:
+        return None
+    return found if isinstance(found, (str, int, UUID)) and not isinstance(found, bool) else None
 
 
 class _User:
@@ -243,7 +265,8 @@ def user(getter: Callable[[Any], object] | None = None) -> KeyFunc:
     """Key by authenticated user: ``"user:<id>"``; ``None`` when there is none.
 
     By default the user is ``scope["user"]`` as Starlette's ``AuthenticationMiddleware`` sets
-    it (its ``identity``, else its ``display_name``), Django's ``request.user.pk``, or WSGI's
+    it (its ``identity``, else its ``display_name``), Litestar's ``scope["user"]`` (its ``id``,
+    or the user itself when it is a plain id), Django's ``request.user.pk``, or WSGI's
     ``REMOTE_USER``; else ``getter(request)``'s id or ``None`` (what it raises propagates).
     """
     return _User(getter)

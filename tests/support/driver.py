@@ -1,5 +1,6 @@
-"""The adapter driver of the conformance suite: one app, six ways (ASGI, FastAPI, WSGI,
-Flask, Django under WSGI and under ASGI), on memory and on Redis over every transport.
+"""The adapter driver of the conformance suite: one app, seven ways (ASGI, FastAPI, WSGI,
+Flask, Django under WSGI and under ASGI, Litestar), on memory and on Redis over every
+transport.
 
 A test asks ``driver.build(config, ...)`` for the standard app (below) behind one adapter
 and calls ``driver.request(method, path, headers)``; the answer is a `Reply` (status,
@@ -30,7 +31,7 @@ from ratelimit_mw import keys
 from ratelimit_mw.http.config import Config
 from support import REDIS_URL, Recorder
 
-ADAPTERS = ["asgi", "fastapi", "wsgi", "flask", "django", "django-asgi"]
+ADAPTERS = ["asgi", "fastapi", "wsgi", "flask", "django", "django-asgi", "litestar"]
 ROUTES = {"/": ["GET"], "/items": ["GET", "POST"], "/login": ["POST"], "/limited": ["GET"],
           "/exempt": ["GET"], "/keyed": ["GET", "POST"]}
 
@@ -65,9 +66,11 @@ class Driver:
         self.prefix = prefix
         self.clock = clock
         self.routes = adapter != "wsgi"
-        # FastAPI answers HEAD on a GET route 405 (Starlette, Flask and the WSGI app serve
-        # it with the GET handler).
-        self.serves_head = adapter != "fastapi"
+        # FastAPI and Litestar answer HEAD on a GET route 405 (Starlette, Flask and the WSGI
+        # app serve it with the GET handler).
+        self.serves_head = adapter not in ("fastapi", "litestar")
+        # Litestar's router answers 404 and 405 before any route's middleware runs.
+        self.sees_405 = adapter != "litestar"
         self.recorder = Recorder()
         self.backend: Any = None
         self._send: Callable[..., Reply] | None = None
@@ -77,7 +80,7 @@ class Driver:
     def build(self, config: Config, *, backend: Any = None,
               route_key: keys.KeyFunc | None = None, route_rates: Any = "2/minute",
               route_options: dict[str, Any] | None = None) -> Driver:
-        asynchronous = self.adapter in ("asgi", "fastapi", "django-asgi")
+        asynchronous = self.adapter in ("asgi", "fastapi", "django-asgi", "litestar")
         if backend is None:
             if self.store == "memory":
                 backend = rl.MemoryBackend()
@@ -257,6 +260,46 @@ class Driver:
 
     def _build_django_asgi(self, config: Config, limiter: Any, route_key: Any) -> None:
         self._build_django(config, limiter, route_key, asynchronous=True)
+
+    def _build_litestar(self, config: Config, limiter: Any, route_key: Any) -> None:
+        from litestar import Litestar, Request, Response, route
+        from litestar.testing import TestClient
+
+        from ratelimit_mw.litestar import RateLimitPlugin
+
+        decorators = self._decorate(limiter, route_key)
+
+        def handler_for(path: str, methods: list[str]) -> Any:
+            async def view(request: Request[Any, Any, Any]) -> Response[bytes]:
+                code = int(request.path_params.get("code", 200))
+                return Response(b"ok", status_code=code, media_type="text/plain")
+
+            view.__name__ = view.__qualname__ = "view" + path.replace("/", "_")
+            decorate = decorators.get(path)
+            template = "/status/{code:int}" if path == "/status" else path
+            # The annotations are strings (this module's __future__ import), resolved here.
+            return route(template, http_method=methods, signature_namespace={
+                "Request": Request, "Response": Response, "Any": Any})(
+                decorate(view) if decorate else view)
+
+        handlers = [handler_for(path, methods) for path, methods in ROUTES.items()]
+        handlers.append(handler_for("/status", ["GET"]))
+        # No logging_config: Litestar's would replace the root logger's handlers (caplog's).
+        app = Litestar(handlers, plugins=[RateLimitPlugin(limiter, config=config)],
+                       openapi_config=None, logging_config=None)
+        client = TestClient(app, raise_server_exceptions=True)
+        client.__enter__()
+        self._close.append(lambda: client.__exit__(None, None, None))
+        backend = self.backend
+        if isinstance(backend, rl.AsyncRedisBackend):
+            # On the client's loop, before it ends: the redis.asyncio client is bound to it.
+            self._close.append(lambda: client.blocking_portal.call(backend.aclose))
+
+        def send(method: str, path: str, headers: dict[str, str]) -> Reply:
+            response = client.request(method, path, headers=headers)
+            return _reply(response, response.content)
+
+        self._send = send
 
     # -- using -----------------------------------------------------------------------------
     def request(self, method: str = "GET", path: str = "/",

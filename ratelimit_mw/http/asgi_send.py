@@ -1,0 +1,111 @@
+"""What the ASGI adapters send, with no framework imported (Starlette's and Litestar's share it).
+
+`serve_admitted` runs an admitted request with the rate-limit headers added and gives back
+what its status gives back; `Answers` sends the default 429 or 503; `deny_handshake` answers a
+refused WebSocket handshake before ``accept``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from ratelimit_mw.http.guard import Admit, Guard, Refuse, Unavailable
+from ratelimit_mw.http.headers import RawHeaders, encode_raw
+from ratelimit_mw.limiter import AsyncLimiter
+
+# Every framework's own ASGI types are narrower; these take them all.
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Any]]
+Send = Callable[[Any], Awaitable[None]]
+App = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+def is_preflight(scope: Scope) -> bool:
+    """Whether an OPTIONS request is a CORS preflight (it names the method it asks about)."""
+    return any(name == b"access-control-request-method" for name, _ in scope.get("headers", ()))
+
+
+async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, app: App,
+                         scope: Scope, receive: Receive, send: Send) -> None:
+    """Run the app for an admitted request: its headers added to the response, and the hits
+    its status gives back given back once it has been sent."""
+    if verdict.refund is None and verdict.raw is None:
+        await app(scope, receive, send)
+        return
+    watch = Watch(send, verdict.raw)
+    try:
+        await app(scope, receive, watch.send)
+    finally:
+        back = guard.given_back(verdict, watch.status)
+        if back:
+            await guard.refund_async(limiter, back)
+
+
+class Answers:
+    """The default 429 or 503, as JSON. The guard hands a flood the same verdict while its
+    numbers hold: its headers are encoded once (the last verdict's are kept)."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[Refuse | Unavailable, RawHeaders] | None = None
+
+    async def send(self, verdict: Refuse | Unavailable, send: Send,
+                   kind: str = "http.response") -> None:
+        last = self._last
+        if last is not None and last[0] is verdict:
+            raw = last[1]
+        else:
+            raw = [(b"content-type", b"application/json"),
+                   (b"content-length", str(len(verdict.body)).encode()),
+                   *encode_raw([item for item in verdict.headers if item[0] != "Content-Type"])]
+            self._last = (verdict, raw)
+        # A copy: a server or an outer middleware may add to the list it is given.
+        await send({"type": f"{kind}.start", "status": verdict.status, "headers": [*raw]})
+        await send({"type": f"{kind}.body", "body": verdict.body})
+
+
+async def deny_handshake(verdict: Refuse | Unavailable, scope: Scope, receive: Receive,
+                         send: Send, answers: Answers) -> None:
+    """A refused WebSocket handshake, answered before ``accept``: the 429 (or 503) with its
+    headers through the ASGI denial response where the server offers it, else a close whose
+    reason says when to retry."""
+    message = await receive()
+    if message.get("type") != "websocket.connect":
+        return  # the client has gone already
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        await answers.send(verdict, send, "websocket.http.response")
+        return
+    retry = next((value for name, value in verdict.headers if name == "Retry-After"), "1")
+    refused = isinstance(verdict, Refuse)
+    # 1008: policy violation; 1013: try again later (the store is out, "deny").
+    await send({"type": "websocket.close", "code": 1008 if refused else 1013,
+                "reason": f"{'rate limited' if refused else 'unavailable'}; "
+                          f"retry after {retry} s"})
+
+
+class Watch:
+    """The ``send`` of a response the limiter adds headers to (`fill`: only those it lacks):
+    remembers the status, for a response that may give its hit back."""
+
+    __slots__ = ("extra", "fill", "send_on", "status")
+
+    def __init__(self, send: Send, extra: RawHeaders | None, fill: bool = False) -> None:
+        self.send_on = send
+        self.extra = extra
+        self.fill = fill
+        self.status = 500  # an exception before the response starts will be a server error
+
+    async def send(self, message: Any) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            extra = self.extra
+            if extra is not None:
+                headers = message.get("headers", ())
+                if self.fill:
+                    present = {name.lower() for name, _ in headers}
+                    extra = [item for item in extra if item[0] not in present]
+                # A new message and list: a Response's own header list must not grow.
+                message = {**message, "headers": [*headers, *extra]}
+        await self.send_on(message)
