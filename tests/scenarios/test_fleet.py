@@ -15,6 +15,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -47,14 +48,11 @@ def most_spans_inside_any_window(spans: list[Span], width: float) -> int:
     )
 
 
-def run_fleet(prefix: str, modes: list[str]) -> list[list[Span]]:
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), REDIS_URL, prefix, mode, str(RUN_SECONDS)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )
-        for mode in modes
-    ]
+def run_together(commands: list[list[str]]) -> list[Any]:
+    """Run each command as a process; each prints "ready", then waits for a line on stdin
+    (so that all start together) and prints its JSON result: the results, in order."""
+    procs = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for command in commands]
     try:
         for proc in procs:
             assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
@@ -66,12 +64,18 @@ def run_fleet(prefix: str, modes: list[str]) -> list[list[Span]]:
         for proc in procs:
             out, _ = proc.communicate(timeout=60)
             assert proc.returncode == 0
-            results.append([tuple(span) for span in json.loads(out)])
-        return results  # type: ignore[return-value]
+            results.append(json.loads(out))
+        return results
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
+
+
+def run_fleet(prefix: str, modes: list[str]) -> list[list[Span]]:
+    return [[(before, after) for before, after in spans] for spans in run_together(
+        [[sys.executable, str(WORKER), REDIS_URL, prefix, mode, str(RUN_SECONDS)]
+         for mode in modes])]
 
 
 @pytest.mark.slow

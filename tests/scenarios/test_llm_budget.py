@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 import threading
 import uuid
@@ -30,7 +29,7 @@ import redis
 
 from ._llm_worker import CALLS, ESTIMATE, TOKENS, WINDOW
 from .conftest import REDIS_URL
-from .test_fleet import most_in_any_window
+from .test_fleet import most_in_any_window, run_together
 
 WORKER = Path(__file__).with_name("_llm_worker.py")
 RUN_SECONDS = 4.0
@@ -71,35 +70,13 @@ def api() -> Iterator[str]:
         server.server_close()
 
 
-def run_clients(prefix: str, api: str, modes: list[str]) -> list[list[int]]:
-    procs = [subprocess.Popen(
-        [sys.executable, str(WORKER), REDIS_URL, prefix, api, mode, str(RUN_SECONDS)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for mode in modes]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        results = []
-        for proc in procs:
-            out, _ = proc.communicate(timeout=60)
-            assert proc.returncode == 0
-            results.append(json.loads(out))
-        return results
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-
-
 @pytest.mark.slow
 def test_four_processes_stay_within_the_token_and_request_budgets(
     redis_client: redis.Redis, api: str
 ) -> None:
     prefix = "llm" + uuid.uuid4().hex[:10]
-    per_process = run_clients(prefix, api, ["sync", "sync", "sync", "async"])
+    per_process = run_together([[sys.executable, str(WORKER), REDIS_URL, prefix, api, mode,
+                                 str(RUN_SECONDS)] for mode in ("sync", "sync", "sync", "async")])
     logs = {key.decode().split(":")[2].split(".")[0]: key
             for key in redis_client.scan_iter(match=f"{prefix}:*")}
     try:
