@@ -6,14 +6,14 @@ arithmetic, same reply — so one core serves both and a differential test
 gunicorn or uvicorn with several workers needs Redis.
 
 Every call that decides (hit, peek, booking) takes one path, main.lua's: phase 1 asks each
-tier's algorithm — `_fw_check`, `_sw_check`, `_gc_check`, `_sl_check`, mirrors of
-lua/<algorithm>.lua with one signature, looked up by code — and writes nothing; phase 2
-stores what the checks computed if every tier admits (a counter or a TAT as main.lua SETs
-it, a sliding log through `_sl_commit`); a refusal goes on to the bans, the joint retry of
-one log's tiers and the deny cache's figures. That path runs on every request of an app
-without Redis, so it reads ARGV in place, makes one call per tier (its check, which returns
-a plain tuple: the reply's numbers and the exact value phase 2 stores) and keeps the rarer
-work (bans, refusals, refunds) in functions of its own.
+tier's algorithm — `_fw_check`, `_sw_check`, `_gc_check`, `_sl_check`, `_cc_check`,
+mirrors of lua/<algorithm>.lua with one signature, looked up by code — and writes nothing;
+phase 2 stores what the checks computed if every tier admits (a counter or a TAT as main.lua
+SETs it, a sliding log through `_sl_commit`, slots through `_cc_take`); a refusal goes on to
+the bans, the joint retry of one log's tiers and the deny cache's figures. That path runs on
+every request of an app without Redis, so it reads ARGV in place, makes one call per tier
+(its check, which returns a plain tuple: the reply's numbers and the exact value phase 2
+stores) and keeps the rarer work (bans, refusals, refunds) in functions of its own.
 
 Expiry is garbage collection only (as in the scripts, every value carries what makes it stale),
 so idle identities are forgotten: each written key is scheduled once, at its expiry, in a

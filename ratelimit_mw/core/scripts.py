@@ -1,4 +1,5 @@
-"""The Lua source: four algorithm files and the entry point, joined into one script.
+"""The Lua source: the algorithm files (four rates and in-flight slots) and the entry point,
+joined into one script.
 
 The files live in the top-level ``lua/`` folder of the project; the wheel carries them as
 ``ratelimit_mw/lua/`` (found through ``importlib.resources``), and a checkout or an editable
