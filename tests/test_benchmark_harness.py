@@ -60,6 +60,17 @@ def _spread(median: float) -> dict[str, float]:
     return {"median": median, "min": median * 0.9, "max": median * 1.1, "n": 3}
 
 
+def _tables(text: str) -> list[list[dict[str, str]]]:
+    """Every markdown table in `text`, as rows of {header: cell}."""
+    tables = []
+    for block in text.split("\n\n"):
+        lines = block.strip("\n").splitlines()
+        if lines and lines[0].startswith("| "):
+            cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+            tables.append([dict(zip(cells[0], row, strict=True)) for row in cells[2:]])
+    return tables
+
+
 def test_redis_time_table_marks_the_target_against_limits() -> None:
     section = {
         "rounds": 3, "checks_per_round": 100, "identities": 10, "target_x_limits": 0.8,
@@ -80,17 +91,24 @@ def test_redis_time_table_marks_the_target_against_limits() -> None:
              "x_limits": None, "calls_per_check": {"evalsha": 1, "time": 1}},
         ],
     }
-    table = report.redis_time_table(section)
-    lines = {line.split(" | ")[0] + line.split(" | ")[1]: line
-             for line in table.splitlines() if line.startswith("| ")}
-    assert "1.50 (1.35–1.65) ✗" in lines["| fixed-window1"]
-    assert "0.50 (0.45–0.55) ✓" in lines["| fixed-window3"]
-    assert "| — |" in lines["| gcra1"]  # limits has no GCRA: no ratio, no mark
+    against, floors, calls = _tables(report.redis_time_table(section))
+    ours = {(r["algorithm"], r["tiers"]): r for r in against}
+    assert ours["fixed-window", "1"]["ours × limits"] == "1.50 (1.35–1.65) ✗"
+    assert ours["fixed-window", "3"]["ours × limits"] == "0.50 (0.45–0.55) ✓"
+    # limits has no GCRA: no figure, no ratio, no mark.
+    assert ours["gcra", "1"]["limits µs"] == ours["gcra", "1"]["ours × limits"] == "—"
     # The Redis-clock floor, with its own ratio to limits where limits has the algorithm.
-    assert "| 4.00 (3.60–4.40) (0.67×) |" in lines["| fixed-window1"]
-    assert "| 4.00 (3.60–4.40) |" in lines["| gcra1"]
+    floor = {(r["algorithm"], r["tiers"]): r["TIME floor µs (× limits)"] for r in floors}
+    assert floor["fixed-window", "1"] == "4.00 (3.60–4.40) (0.67×)"
+    assert floor["gcra", "1"] == "4.00 (3.60–4.40)"
     # No INCR+PEXPIRE row and no floor row measured for it: dashes, not a crash.
-    assert lines["| fixed-window3"].endswith("| — | — | evalsha 1 / — |")
+    assert floor["fixed-window", "3"] == "—"
+    assert {r["INCR+PEXPIRE µs"] for r in floors} == {"—"}
+    # The commands each side sent, one row per implementation measured.
+    assert [(r["tiers"], r["implementation"], r["commands per check"]) for r in calls
+            if r["algorithm"] == "fixed-window"] == [
+        ("1", "ratelimit_mw", "evalsha 1"), ("1", "limits", "evalsha 1"),
+        ("3", "ratelimit_mw", "evalsha 1")]
 
 
 def test_capacity_table_divides_by_redis_cpu_and_compares_per_core() -> None:
@@ -106,6 +124,90 @@ def test_capacity_table_divides_by_redis_cpu_and_compares_per_core() -> None:
     ours = next(line for line in table.splitlines() if "| ratelimit_mw |" in line)
     assert "40,000 (36,000–44,000)" in ours
     assert ours.rstrip().endswith("| 2.00 |")
+
+
+def test_http_tables_mark_the_ratio_and_the_flood_call_bound_apart() -> None:
+    def row(label: str, rps: float, **extra: object) -> dict[str, object]:
+        return {"label": label, "baseline": "bare", "rps": _spread(rps),
+                "ratio": _spread(rps / 1000), "p50_ms": _spread(1.0), "p99_ms": _spread(2.0),
+                "non2xx_share": _spread(1.0 if extra.get("flood") else 0.0), **extra}
+
+    section = {
+        "server": {"server": "gunicorn", "version": "1", "workers": 2, "worker_class": "sync"},
+        "load": {"tool": "wrk", "threads": 1, "connections": 16, "duration_s": 2.0},
+        "rounds": 3, "limit_admitted": "1000/hour", "limit_flood": "1/day",
+        "algorithm": "fixed-window", "redis": "private",
+        "rows": [row("bare", 1000), row("ours", 600, target=0.7),
+                 row(report.FLOOD_PREFIX + "ours", 1000, target=0.9, flood=True,
+                     redis_calls=[{"evalsha": 3, "total": 9}, {"evalsha": 7, "total": 21}]),
+                 {"label": "peer", "skipped": "not installed"}],
+    }
+    text = report.http_table(section)
+    admitted, flood, calls = _tables(text)
+    assert [r["configuration, all admitted"] for r in admitted] == ["bare", "ours"]
+    assert "non-2xx" not in admitted[0]  # 0% on every admitted row: said once, in the notes
+    assert "non-2xx: 0% in every admitted run" in text
+    assert admitted[1]["× bare"] == "0.60 (0.54–0.66)" and admitted[1]["target"] == "≥ 0.70 ✗"
+    assert flood == [{"flood, 1 refused client": "ours", "req/s": "1,000 (900–1,100)",
+                      "× bare": "1.00 (0.90–1.10)", "p50 ms": "1.00", "p99 ms": "2.00",
+                      "non-2xx": "100%", "target": "≥ 0.90 ✓"}]
+    # Two workers, a 2 s run: at most 2 × (2 + 1) = 6 script calls; the second round made 7.
+    assert calls[0]["Redis script calls, per round"] == "3, 7"
+    assert calls[0]["every command, per round"] == "9, 21"
+    assert calls[0]["target"] == "≤ 6 ✗"
+    assert "- peer: skipped, not installed" in text
+
+
+def test_a_table_too_wide_is_dealt_into_tables_that_repeat_the_key_columns() -> None:
+    rows = [[f"key {i}", *(f"{i}{c}" * 9 for c in "abcdefghij")] for i in range(3)]
+    header = ["name", *(f"column {c}" for c in "abcdefghij")]
+    text = report.table(header, "l" + "r" * 10, rows)
+    tables = _tables(text)
+    assert len(tables) > 1
+    assert all(len(line) <= report.WIDTH for line in text.splitlines())
+    merged: dict[str, dict[str, str]] = {}
+    for part in tables:
+        for r in part:
+            merged.setdefault(r["name"], {}).update(r)
+    assert merged == {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+
+
+def test_wrapped_prose_never_opens_a_markdown_block() -> None:
+    text = "word " * 19 + "- then + and 1. and # here " + "x" * 30
+    for width in range(20, 40):
+        for line in report.wrap(text, width=width):
+            assert not line.startswith(("- ", "+ ", "1. ", "# ")), (width, line)
+
+
+def test_the_committed_results_render_within_the_page_width() -> None:
+    results = report.load(REPO / "docs" / "benchmarks.json")
+    assert set(report.SECTIONS) <= set(results)
+    markdown = report.render(results)
+    too_wide = [line for line in markdown.splitlines() if len(line) > report.WIDTH]
+    assert not too_wide, too_wide
+    # The page shows what the committed JSON renders to (python benchmarks/report.py redraws).
+    page = (REPO / "docs" / "performance.md").read_text()
+    assert f"{report.BEGIN}\n{markdown}" in page
+
+
+def test_the_performance_page_is_at_most_400_lines_of_120_characters() -> None:
+    lines = (REPO / "docs" / "performance.md").read_text().splitlines()
+    assert len(lines) <= 400
+    too_wide = [(n, len(line)) for n, line in enumerate(lines, 1) if len(line) > 120]
+    assert not too_wide, too_wide
+
+
+def test_report_redraws_the_block_from_the_json_without_measuring(tmp_path: Path) -> None:
+    shutil.copy(REPO / "docs" / "benchmarks.json", tmp_path / "benchmarks.json")
+    (tmp_path / "capacity.png").write_bytes(b"")
+    (tmp_path / "performance.md").write_text(f"# Page\n\n{report.BEGIN}\nold\n{report.END}\n")
+    proc = subprocess.run([sys.executable, str(BENCH / "report.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    page = (tmp_path / "performance.md").read_text()
+    results = report.load(tmp_path / "benchmarks.json")
+    assert page == (f"# Page\n\n{report.BEGIN}\n{report.render(results)}\n"
+                    f"![fleet capacity per Redis core](capacity.png)\n\n{report.END}\n")
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
