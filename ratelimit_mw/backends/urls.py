@@ -4,6 +4,9 @@ A mistake in a URL must stop the app at start-up with a message that shows what 
 never reach redis-py (whose ValueError names no fix) or be dropped silently. The schemes are
 `SCHEMES`, the query options `_CONVERT` (which scheme takes which: `_ALLOWED`, `_TLS`), as
 docs/backends.md lists them.
+
+Valkey speaks Redis's protocol: each ``valkey`` scheme means what its ``redis`` twin means
+(`VALKEY`) and is served by the same redis-py client.
 """
 
 from __future__ import annotations
@@ -25,8 +28,21 @@ SCHEMES = {
     "rediss+cluster": ("cluster", "rediss+cluster://10.0.0.1:7000"),
     "redis+sentinel": ("sentinel", "redis+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"),
     "rediss+sentinel": ("sentinel", "rediss+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"),
+    "valkey": ("redis", "valkey://127.0.0.1:6379/0"),
+    "valkeys": ("redis", "valkeys://:password@valkey.example.com:6380/0"),
+    "valkey+unix": ("redis", "valkey+unix:///var/run/valkey/valkey.sock?db=0"),
+    "valkey+cluster": ("cluster", "valkey+cluster://10.0.0.1:7000"),
+    "valkeys+cluster": ("cluster", "valkeys+cluster://10.0.0.1:7000"),
+    "valkey+sentinel": ("sentinel", "valkey+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"),
+    "valkeys+sentinel": ("sentinel",
+                         "valkeys+sentinel://10.0.0.1:26379,10.0.0.2:26379/mymaster/0"),
     "memory": ("memory", "memory://"),
 }
+# Each Valkey scheme → its Redis twin: what it means, and what redis-py reads (``valkey+unix``
+# names a Unix socket, as ``unix://`` does).
+VALKEY = {"valkey": "redis", "valkeys": "rediss", "valkey+unix": "unix",
+          "valkey+cluster": "redis+cluster", "valkeys+cluster": "rediss+cluster",
+          "valkey+sentinel": "redis+sentinel", "valkeys+sentinel": "rediss+sentinel"}
 SENTINEL_PORT = 26379
 
 
@@ -84,7 +100,11 @@ class BackendURL:
 
     @property
     def tls(self) -> bool:
-        return self.scheme.startswith("rediss")
+        return _is_tls(self.scheme)
+
+
+def _is_tls(scheme: str) -> bool:
+    return VALKEY.get(scheme, scheme).startswith("rediss")
 
 
 def _fail(url: str, problem: str, scheme: str = "redis") -> ConfigurationError:
@@ -120,7 +140,7 @@ def parse(url: str) -> BackendURL:
     scheme, sep, rest = url.partition("://")
     if not sep:
         raise _fail(url, "no scheme (redis://, rediss://, unix://, redis+cluster://, "
-                         "redis+sentinel:// or memory://)")
+                         "redis+sentinel://, their valkey:// twins or memory://)")
     scheme = scheme.lower()
     if scheme not in SCHEMES:
         raise _fail(url, f"unknown scheme {scheme + '://'!r}; one of "
@@ -141,7 +161,7 @@ def parse(url: str) -> BackendURL:
 
 
 def _options(url: str, query: str, kind: str, scheme: str) -> dict[str, Any]:
-    allowed = _ALLOWED[kind] | (_TLS if scheme.startswith("rediss") else frozenset())
+    allowed = _ALLOWED[kind] | (_TLS if _is_tls(scheme) else frozenset())
     options: dict[str, Any] = {}
     try:
         pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
@@ -150,7 +170,7 @@ def _options(url: str, query: str, kind: str, scheme: str) -> dict[str, Any]:
     for name, text in pairs:
         if name not in allowed:
             known = ", ".join(sorted(allowed))
-            hint = " (TLS options need rediss://)" if name in _TLS else ""
+            hint = " (TLS options need rediss:// or valkeys://)" if name in _TLS else ""
             raise _fail(url, f"unknown option {name!r}{hint}; known: {known}", scheme)
         if name in options:
             raise _fail(url, f"option {name!r} is given twice", scheme)
@@ -175,11 +195,11 @@ def _split(url: str, text: str, scheme: str) -> SplitResult:
 
 def _single_or_cluster(url: str, scheme: str, kind: str, body: str,
                        options: dict[str, Any]) -> BackendURL:
-    plain = scheme.replace("+cluster", "")
-    if scheme == "unix":
+    plain = VALKEY.get(scheme, scheme).replace("+cluster", "")  # what redis-py reads
+    if plain == "unix":
         path = body.rpartition("@")[2]
         if not path.startswith("/") or path == "/":
-            raise _fail(url, "unix:// needs the socket's absolute path", scheme)
+            raise _fail(url, f"{scheme}:// needs the socket's absolute path", scheme)
         return BackendURL(kind=kind, scheme=scheme, client_url=f"{plain}://{body}",
                           options=options, db=options.get("db", 0))
     parts = _split(url, f"{plain}://{body}", scheme)

@@ -27,8 +27,9 @@ def _common(defaults: bool) -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     url = os.environ.get(URL_VARIABLE) or DEFAULT_URL
     for flag, value, options in (
-        ("--url", url, {"help": "the store: redis://, rediss://, unix://, redis+cluster:// or "
-                        f"redis+sentinel:// (default: ${URL_VARIABLE}, else {DEFAULT_URL})"}),
+        ("--url", url, {"help": "the store: redis://, rediss://, unix://, redis+cluster://, "
+                        "redis+sentinel:// or their valkey:// twins (default: "
+                        f"${URL_VARIABLE}, else {DEFAULT_URL})"}),
         ("--prefix", "rl", {"help": "the key prefix the limiter was built with (default: rl)"}),
         ("--timeout", 2.0, {"type": float,
                             "help": "socket and connect timeout in seconds (default: 2)"}),

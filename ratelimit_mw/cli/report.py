@@ -193,7 +193,8 @@ def render_list(report: dict[str, Any]) -> str:
 
 
 def render_ping(url: str, report: dict[str, Any]) -> str:
-    kind = "Redis Cluster" if report["cluster"] else "Redis"
+    server = "Valkey" if report.get("server") == "valkey" else "Redis"
+    kind = f"{server} Cluster" if report["cluster"] else server
     nodes = report["nodes"]
     return (f"{url}: {kind} {report['version']}, {nodes} primar{'y' if nodes == 1 else 'ies'}\n"
             f"round trip {report['rtt_ms']:.3f} ms; script loaded (sha1 {report['script_sha']})")

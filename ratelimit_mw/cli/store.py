@@ -37,7 +37,8 @@ class Store:
             raise ConfigurationError(
                 "--url memory:// is this process's memory, empty and gone when the command "
                 "ends; the CLI reads a shared store: write --url redis://127.0.0.1:6379/0 "
-                "(or redis+cluster://host:port, redis+sentinel://host:26379/service)"
+                "(or redis+cluster://host:port, redis+sentinel://host:26379/service, or their "
+                "valkey:// twins)"
             )
         self.url = url
         backend = RedisBackend.from_url(url, socket_timeout=timeout,

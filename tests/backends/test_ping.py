@@ -16,12 +16,13 @@ from ratelimit_mw.core import scripts
 from tests.conftest import REDIS_URL
 
 URL = REDIS_URL
-KEYS = {"backend", "version", "cluster", "nodes", "rtt_ms", "script_sha"}
+KEYS = {"backend", "server", "version", "cluster", "nodes", "rtt_ms", "script_sha"}
 
 
 def check_report(report: dict[str, Any], backend: str, nodes: int) -> None:
     assert set(report) == KEYS
     assert report["backend"] == backend
+    assert report["server"] == "redis"  # Valkey's: tests/backends/test_valkey.py
     assert report["cluster"] is (backend == "redis-cluster")
     assert report["nodes"] == nodes
     assert isinstance(report["rtt_ms"], float) and report["rtt_ms"] >= 0.0

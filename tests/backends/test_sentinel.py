@@ -4,7 +4,8 @@ A real primary, a replica and three sentinels (``redis-server --sentinel``) run 
 loopback ports for this module (tests/sentinel.py) and are stopped afterwards. Traffic runs
 through the ASGI middleware (async backend) and a sync Limiter while SENTINEL FAILOVER
 swaps the primary: no request may end in a 500 or an exception other than BackendError, and
-afterwards the same backend objects count exactly on the new primary.
+afterwards the same backend objects count exactly on the new primary. The start-up check
+and the failovers run on Valkey 8 Sentinel too (valkey+sentinel://).
 """
 
 from __future__ import annotations
@@ -28,14 +29,21 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def sentinel(redis_sentinel: LocalSentinel) -> LocalSentinel:
-    return redis_sentinel
+def sentinel(request: pytest.FixtureRequest) -> LocalSentinel:
+    """The Redis Sentinel set, or the Valkey one where a test is parametrised with
+    ``indirect=True`` (`ON_BOTH`)."""
+    return request.getfixturevalue(  # type: ignore[no-any-return]
+        f"{getattr(request, 'param', 'redis')}_sentinel")
+
+
+ON_BOTH = pytest.mark.parametrize("sentinel", ["redis", "valkey"], indirect=True)
 
 
 def primary_client(sentinel: LocalSentinel) -> redis.Redis:
     return redis.Redis(port=sentinel.primary(), socket_timeout=2)
 
 
+@ON_BOTH
 async def test_the_start_up_check_reaches_the_primary_through_the_sentinels(
     sentinel: LocalSentinel, prefix: str,
 ) -> None:
@@ -95,6 +103,7 @@ async def test_a_reconnect_inside_a_retry_asks_the_sentinels_for_the_primary(
         await async_backend.aclose()
 
 
+@ON_BOTH
 async def test_traffic_through_a_failover_never_fails_and_counts_exactly_afterwards(
     sentinel: LocalSentinel, prefix: str, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -181,6 +190,7 @@ def role(port: int) -> str:
         client.close()
 
 
+@ON_BOTH
 async def test_the_async_backend_follows_the_announcement_not_the_demotion(
     sentinel: LocalSentinel, prefix: str,
 ) -> None:

@@ -1,6 +1,7 @@
 """Every transport takes the one connection design and counts exactly: TCP, TLS (a
 certificate this run makes), a unix socket, the primary that real sentinels name, and the
-3-node cluster, each built by ``from_url`` (the defaults, but for a second to read).
+3-node cluster, then Valkey 8 single node, Sentinel and cluster (valkey:// URLs), each built
+by ``from_url`` (the defaults, but for a second to read).
 
 The bursts are larger than any pool redis-py would have given them, sync and async: each
 must admit exactly the limit with no error (over TLS a pool per burst once timed out its
@@ -124,6 +125,9 @@ async def test_the_start_up_check_names_the_transport_it_reached(url: str) -> No
     kind = next((k for k in expected if k in url), None)
     assert report["backend"] == expected.get(kind or "", "redis")
     assert report["version"] and report["rtt_ms"] >= 0
+    # Valkey's own version, not the Redis version it reports itself compatible with.
+    server = "valkey" if url.startswith("valkey") else "redis"
+    assert (report["server"], report["version"].startswith("8.")) == (server, server == "valkey")
 
 
 @pytest.mark.parametrize("on_backend_error", ["allow", "deny"])

