@@ -352,8 +352,8 @@ class MemoryBackend:
     # -- the start-up check (``Limiter.ping``), the same answer as the Redis backends' --------
     def ping(self) -> dict[str, Any]:
         """Always reachable: this process. No script is loaded, so ``script_sha`` is empty."""
-        return {"backend": "memory", "version": None, "cluster": False, "nodes": 1,
-                "rtt_ms": 0.0, "script_sha": ""}
+        return {"backend": "memory", "server": None, "version": None, "cluster": False,
+                "nodes": 1, "rtt_ms": 0.0, "script_sha": ""}
 
     async def aping(self) -> dict[str, Any]:
         return self.ping()

@@ -32,8 +32,8 @@ def check_report(report: dict[str, Any], backend: str, nodes: int) -> None:
 
 def test_the_memory_backend_is_always_reachable() -> None:
     report = rl.MemoryBackend().ping()
-    assert report == {"backend": "memory", "version": None, "cluster": False, "nodes": 1,
-                      "rtt_ms": 0.0, "script_sha": ""}
+    assert report == {"backend": "memory", "server": None, "version": None, "cluster": False,
+                      "nodes": 1, "rtt_ms": 0.0, "script_sha": ""}
 
 
 async def test_the_memory_backend_async_check_gives_the_same_report() -> None:
