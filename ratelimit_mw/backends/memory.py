@@ -327,7 +327,7 @@ class MemoryBackend:
                     if key not in scheduled:
                         self._schedule(key, until)
                 elif argv[5 + 7 * i] == "cc":
-                    self._cc_take(key, result[5], argv[7 + 7 * i], argv[8 + 7 * i], argv[2], now)
+                    self._cc_take(key, argv[7 + 7 * i], argv[8 + 7 * i], argv[2], now)
                 elif logs is not None and (longest := logs.pop(key, 0)):  # a sliding log
                     self._sl_commit(key, result[5], at, argv[8 + 7 * i], argv[2], longest, now)
             return [1] if op == "F" else reply
@@ -542,8 +542,10 @@ class MemoryBackend:
         return (ok, max(0, limit - len(ends)), retry, max(ends) - now if ends else 0, period,
                 slots, 0)
 
-    def _cc_take(self, key: str, slots: dict[str, int] | None, lease: int, cost: int,
-                 token: str, now: int) -> None:
+    def _cc_take(self, key: str, lease: int, cost: int, token: str, now: int) -> None:
+        # Read again, as the script's ZADD writes to the key as it is: two tiers of one call
+        # may take slots in the same set.
+        slots: dict[str, int] | None = self._get(key, now)
         live = {m: end for m, end in slots.items() if end > now} if slots else {}
         for member in _members(token, cost):
             live[member] = now + lease
