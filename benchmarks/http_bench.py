@@ -46,7 +46,7 @@ HUGE = "1000000000/hour"
 # made one call more than the deny cache's bound allows: seen at 18:00 on 2026-11-24.)
 FLOOD = "1/day"
 
-TARGETS = {"asgi": 0.60, "wsgi": 0.70, "flood": 0.90, "django": 0.80}
+TARGETS = {"asgi": 0.60, "wsgi": 0.70, "flood": 0.90, "django": 0.80, "in-flight": 0.90}
 
 
 @dataclass
@@ -84,6 +84,10 @@ def asgi_configs() -> list[HttpConfig]:
                    rl, target=TARGETS["asgi"]),
         HttpConfig("starlette-rl-memory", "Starlette + ratelimit_mw (memory)", "starlette-bare",
                    rl),
+        # Against the rate alone, not the bare app: what holding a slot adds.
+        HttpConfig("starlette-rl-inflight",
+                   "Starlette + ratelimit_mw rate + in-flight (Redis), x the rate alone",
+                   "starlette-rl-redis", rl, target=TARGETS["in-flight"]),
         HttpConfig("starlette-slowapi", "Starlette + slowapi SlowAPIMiddleware (Redis)",
                    "starlette-bare", slowapi),
         HttpConfig("starlette-slowapi-asgi", "Starlette + slowapi SlowAPIASGIMiddleware (Redis)",
@@ -260,7 +264,10 @@ def run(stack: str, *, redis_url: str, load: LoadGenerator, rounds: int, warmup:
         if config.skipped:
             log(f"  skip {config.label}: {config.skipped}")
     active = [c for c in configs if c.skipped is None]
-    baselines = {c.app: c for c in active if c.app == c.baseline and not c.flood}
+    # A bare app, or a measured one that another row is compared with (the in-flight row).
+    named = {c.baseline for c in active}
+    baselines = {c.app: c for c in active
+                 if not c.flood and (c.app == c.baseline or c.app in named)}
     for config in active:
         if config.baseline not in baselines:
             config.skipped = f"its baseline {config.baseline} is not available"
@@ -288,7 +295,8 @@ def run(stack: str, *, redis_url: str, load: LoadGenerator, rounds: int, warmup:
                     _load(one, load, stats_client)
                 rps = base.results[-1].rps
                 config.ratios.append(config.results[-1].rps / rps if rps else 0.0)
-                base.ratios.append(1.0)
+                if base.app == base.baseline:  # a measured baseline keeps its own ratios
+                    base.ratios.append(1.0)
             log(f"  {stack} round {r + 1}/{rounds} done")
     finally:
         for config in configs:

@@ -187,7 +187,7 @@ class _Shared:
     # -- decorators (metadata only; the middleware enforces) -----------------------------
     def limit(
         self,
-        rates: Policy | str | Callable[[Any], str | None],
+        rates: Policy | str | Callable[[Any], str | None] | None = None,
         *,
         key: Callable[[Any], str | None] | None = None,
         cost: int | Callable[[Any], int] = 1,
@@ -195,11 +195,14 @@ class _Shared:
         methods: Sequence[str] | None = None,
         exempt_when: Callable[[Any], bool] | None = None,
         count_when: Callable[[int], bool] | None = None,
+        concurrency: Policy | int | None = None,
     ) -> Callable[[F], F]:
         """Limit one route: ``@limiter.limit("5/minute")`` on a view or endpoint;
         ``count_when(status) -> bool``: a response for which it is False gives this limit's
-        hit back. A sync Limiter's routes are WSGI or Flask views, which cannot await an
-        async hook."""
+        hit back; ``concurrency=N`` (or a `Policy.in_flight`): at most N of the key's
+        requests in flight at once, beside the rate or alone (``limit(concurrency=4)``).
+        A sync Limiter's routes are WSGI or Flask views, which cannot await an async
+        hook."""
         if not self.asynchronous:
             refuse_async("a Limiter's routes (WSGI, Flask)", [
                 ("key", key), ("exempt_when", exempt_when),
@@ -207,7 +210,7 @@ class _Shared:
                 ("rates", rates if callable(rates) and not isinstance(rates, Policy) else None)])
         return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name,
                                                methods=methods, exempt_when=exempt_when,
-                                               count_when=count_when),
+                                               count_when=count_when, concurrency=concurrency),
                                self._shared_logs)
 
     def exempt(self, func: F) -> F:

@@ -67,6 +67,10 @@ _MIDDLEWARE_ONLY = {
     ("count_when", "rule_list", "defaults"):
         "RateLimitDependency takes its limit as `rates`; count_when, rules and default "
         "belong to the middleware (ratelimit_mw.asgi.RateLimitMiddleware)",
+    ("in_flight",):
+        "concurrency belongs to the middleware: an in-flight slot is given back when the "
+        "response has been sent, which a dependency does not see; write "
+        "@limiter.limit(..., concurrency=N) on the endpoint, or Rule(path, concurrency=N)",
     ("on_blocked",):
         "on_blocked belongs to the middleware: a dependency answers a refusal by raising "
         "RateLimitHTTPException; shape that answer with an exception handler instead, "

@@ -55,7 +55,13 @@ from flask import g as _g  # noqa: E402
 from flask import request as _request_proxy  # noqa: E402
 from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests  # noqa: E402
 
-from ratelimit_mw.wsgi import PREFLIGHT, json_headers, missing, sync_guard  # noqa: E402
+from ratelimit_mw.wsgi import (  # noqa: E402
+    PREFLIGHT,
+    json_headers,
+    missing,
+    renewing,
+    sync_guard,
+)
 
 __all__ = ["EXTENSION_KEY", "BackendUnavailable", "Config", "RateLimit", "RateLimited", "Rule"]
 
@@ -88,11 +94,21 @@ class _Refund:
         self.done = False
 
     def on(self, response: Response) -> None:
-        """`response` is the one going out now: its close decides."""
+        """`response` is the one going out now: its close decides (with the in-flight slots
+        the request holds, renewed while a streamed body is read)."""
         if response is self.response:
             return
         self.response = response
-        back = self.guard.given_back(self.admit, response.status_code)
+        guard = self.guard
+        plan = self.admit.refund
+        if plan is None or plan.token is None:  # no slots: what the status gives back
+            back = guard.given_back(self.admit, response.status_code)
+        else:
+            back = guard.released(self.admit, response.status_code)
+            held = guard.holding(self.admit)
+            if held is not None and response.is_streamed:
+                response.response = renewing(response.response,  # type: ignore[arg-type]
+                                             guard, self.limiter, held)
         if back:
             response.call_on_close(lambda: self.run(response, back))
 
@@ -100,7 +116,8 @@ class _Refund:
         if self.done or response is not self.response:
             return
         self.done = True
-        self.guard.refund_sync(self.limiter, back)
+        plan = self.admit.refund
+        self.guard.refund_sync(self.limiter, back, None if plan is None else plan.token)
 
 
 class _JSONAnswer(HTTPException):
@@ -189,8 +206,10 @@ class _AppState:
         # @limiter.limit(...) applied to a blueprint names its policy after the Blueprint
         # class; rename it after the blueprint, so that blueprints count apart.
         renamed = tuple(
-            replace(item, policy=None, name=f"blueprint {bp.name}").bound_to(bp)
-            if item.name is None and isinstance(item.rates, str) else item
+            replace(item, policy=None if isinstance(item.rates, str) else item.policy,
+                    in_flight=None, name=f"blueprint {bp.name}").bound_to(bp)
+            if item.name is None and (isinstance(item.rates, str)
+                                      or item.concurrency is not None) else item
             for item in found
         )
         if renamed != found:
@@ -290,7 +309,7 @@ class _AppState:
         if refund is not None and refund.response is None:
             # No response of ours went out: the exception propagated (or an after_request
             # hook before ours failed twice); it counts as a 500.
-            refund.run(None, refund.guard.given_back(refund.admit, 500))
+            refund.run(None, refund.guard.released(refund.admit, 500))
 
 
 class RateLimit:
@@ -336,9 +355,10 @@ class RateLimit:
         app.teardown_request(state.teardown_request)
 
     # -- decorators (metadata only, like Limiter.limit / Limiter.exempt) --------------------
-    def limit_blueprint(self, blueprint: Blueprint, rates: Policy | str, *,
+    def limit_blueprint(self, blueprint: Blueprint, rates: Policy | str | None = None, *,
                         key: KeyFunc | None = None, cost: Cost = 1,
-                        name: str | None = None) -> Blueprint:
+                        name: str | None = None,
+                        concurrency: Policy | int | None = None) -> Blueprint:
         """Limit every view of `blueprint` that has no decorator of its own.
 
         The quota is shared by the whole blueprint (one policy named after it, or `name`);
@@ -353,7 +373,8 @@ class RateLimit:
         refuse_async("the Flask extension", [("key", key),
                                              ("cost", cost if callable(cost) else None)])
         route_limit = RouteLimit.make(rates, key=key, cost=cost,
-                                      name=name or f"blueprint {blueprint.name}")
+                                      name=name or f"blueprint {blueprint.name}",
+                                      concurrency=concurrency)
         return limit_decorator(route_limit)(cast(Any, blueprint))  # type: ignore[no-any-return]
 
     def exempt_blueprint(self, blueprint: Blueprint) -> Blueprint:

@@ -106,6 +106,36 @@ def validate_cost(cost: Cost, policy: Policy | None) -> Cost:
     return cost
 
 
+def in_flight_policy(concurrency: object) -> Policy | None:
+    """What ``concurrency=`` says: None, a number of slots (the default lease) or a
+    `Policy.in_flight` (a lease of its own), checked at configuration time."""
+    if concurrency is None:
+        return None
+    if isinstance(concurrency, Policy):
+        if concurrency.algorithm != "concurrency":
+            raise ConfigurationError(
+                f"concurrency takes a number of slots or a Policy.in_flight(...), got "
+                f"{concurrency!r}; write concurrency=4 or concurrency=Policy.in_flight(4, "
+                "lease=300) (a rate goes in the rates)")
+        return concurrency
+    if type(concurrency) is not int or concurrency < 1:
+        raise ConfigurationError(
+            f"concurrency is the number of requests in flight at once (a whole number >= 1) "
+            f"or a Policy.in_flight(...), got {concurrency!r}; e.g. concurrency=4")
+    return Policy.in_flight(concurrency)
+
+
+def named_in_flight(policy: Policy, base: str, name: str | None = None) -> Policy:
+    """`policy` with its slots named after `base` (a route, a rule, the default), so that
+    every place counts its own, or `name` (the limit's ``name=``: shared on purpose, as a
+    named rate is); a Policy.in_flight given a name of its own keeps it."""
+    slots = policy.rates[0].limit
+    if policy.name != f"{slots} in flight":
+        return policy
+    return Policy.in_flight(slots, lease=policy.rates[0].period_ms / 1000,
+                            name=name or f"{base} {slots} in flight")
+
+
 def checked_cost(cost: Callable[[Any], int], value: object) -> int:
     """What the cost callable `cost` said (`value`) as a cost (at least 1). A float or any
     other type is the app's bug, reported as such rather than truncated (an exception inside
@@ -179,10 +209,12 @@ def stable_module(func: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class RouteLimit:
-    """One decorator's limit: policy, key (None: the middleware's), cost, methods, label."""
+    """One decorator's limit: policy, key (None: the middleware's), cost, methods, label;
+    ``in_flight``: its in-flight slots (``concurrency=``), beside the rate or alone (then
+    ``rates`` is None)."""
 
     policy: Policy | None
-    rates: str | Policy | Callable[[Any], str | None]
+    rates: str | Policy | Callable[[Any], str | None] | None
     key: KeyFunc | None
     cost: Cost
     name: str | None
@@ -191,38 +223,56 @@ class RouteLimit:
     label: str = "route"
     dynamic: DynamicLimit | None = None
     count_when: Callable[[int], bool] | None = None
+    concurrency: Policy | None = None  # the in-flight limit as written
+    in_flight: Policy | None = None  # ... named after what it decorates (`bound_to`)
 
     @classmethod
-    def make(cls, rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | None,
-             cost: Cost, name: str | None, methods: Iterable[str] | None = None,
-             exempt_when: Predicate | None = None,
-             count_when: Callable[[int], bool] | None = None) -> RouteLimit:
+    def make(cls, rates: Policy | str | Callable[[Any], str | None] | None, *,
+             key: KeyFunc | None, cost: Cost, name: str | None,
+             methods: Iterable[str] | None = None, exempt_when: Predicate | None = None,
+             count_when: Callable[[int], bool] | None = None,
+             concurrency: Policy | int | None = None) -> RouteLimit:
         validate_key(key)
         validate_predicate("exempt_when", exempt_when)
         validate_count_when(count_when)
+        in_flight = in_flight_policy(concurrency)
+        if isinstance(rates, Policy) and rates.algorithm == "concurrency":
+            raise ConfigurationError(
+                f"an in-flight limit goes in concurrency=, got it as the rates: {rates!r}; "
+                f'write limit(concurrency={rates!r}) or limit("5/minute", concurrency=...)')
         policy = rates if isinstance(rates, Policy) else None
         if isinstance(rates, str):
             Policy(rates)  # validate now: a typo must fail at import time, not on a request
-        elif policy is None and not callable(rates):
+        elif rates is None and in_flight is None:
+            raise ConfigurationError(
+                'limit() needs a rate, an in-flight limit or both: limit("5/minute"), '
+                'limit(concurrency=4) or limit("5/minute", concurrency=4)')
+        elif policy is None and rates is not None and not callable(rates):
             raise ConfigurationError(
                 f'limit() takes a rate string such as "5/minute", a Policy or a callable '
                 f"(request) -> rate text, got {rates!r}"
             )
         label = policy.name if policy is not None else (name or "route")
         return cls(policy, rates, key, validate_cost(cost, policy), name,
-                   validate_methods(methods), exempt_when, label, None, count_when)
+                   validate_methods(methods), exempt_when, label, None, count_when, in_flight)
 
     def bound_to(self, target: object) -> RouteLimit:
-        """The limit with its policy named after the endpoint, so each route counts apart."""
-        if self.policy is not None or self.dynamic is not None:
-            return self
+        """The limit with its policy (and its in-flight slots) named after the endpoint, so
+        each route counts apart."""
         qualname = getattr(target, "__qualname__", None) or getattr(target, "name", "?")
-        label = str(self.name or qualname)
         base = self.name or f"route {stable_module(target)}.{qualname}"
+        bound = self
+        if self.concurrency is not None and self.in_flight is None:
+            bound = replace(self, in_flight=named_in_flight(self.concurrency, base, self.name))
+            if self.rates is None:
+                return replace(bound, label=str(self.name or qualname))
+        if self.policy is not None or self.dynamic is not None or self.rates is None:
+            return bound
+        label = str(self.name or qualname)
         if not isinstance(self.rates, str):
-            return replace(self, label=label, dynamic=DynamicLimit(self.rates, base))  # type: ignore[arg-type]
+            return replace(bound, label=label, dynamic=DynamicLimit(self.rates, base))  # type: ignore[arg-type]
         policy = Policy(self.rates, name=self.name or f"{base} {self.rates}")
-        return replace(self, policy=policy, cost=validate_cost(self.cost, policy), label=label)
+        return replace(bound, policy=policy, cost=validate_cost(self.cost, policy), label=label)
 
     def applies_to(self, method: str) -> bool:
         return self.methods is None or method in self.methods

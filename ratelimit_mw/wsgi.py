@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse
+from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Held, Refuse
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
@@ -120,15 +120,32 @@ for _name in set(vars(Request({}, populate_request=False))) - {"environ"}:
 del _name
 
 
-class _Refunding:
-    """The app's body iterable; when the server closes it, refund if the status says so.
+def renewing(chunks: Iterable[bytes], guard: Guard, limiter: Limiter,
+             held: Held) -> Iterator[bytes]:
+    """`chunks`, renewing the lease of the slots `held` on a chunk that comes a third of a
+    lease after the last renewal (a long stream keeps its slots; a dead worker's end)."""
+    try:
+        for chunk in chunks:
+            if held.due():
+                guard.renew_sync(limiter, held)
+            yield chunk
+    finally:  # closed by the server (Flask's response): the app's iterable is closed too
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
-    The refund waits for close() rather than start_response so that the last status wins (an
-    app may call start_response again with exc_info) and so that its round trip happens after
-    the response has gone out, not before the first byte.
+
+class _Refunding:
+    """The app's body iterable; when the server closes it (PEP 3333: also when the client
+    went away or the body raised), give back what the status gives back and the in-flight
+    slots the request holds (renewed while the body is read), in one call.
+
+    The give-back waits for close() rather than start_response so that the last status
+    wins (an app may call start_response again with exc_info) and so that its round trip
+    happens after the response has gone out, not before the first byte.
     """
 
-    __slots__ = ("_admit", "_iterable", "_middleware", "_status")
+    __slots__ = ("_admit", "_held", "_iterable", "_middleware", "_status")
 
     def __init__(self, iterable: Iterable[bytes], status: list[str],
                  middleware: RateLimitMiddleware, admit: Admit) -> None:
@@ -136,9 +153,16 @@ class _Refunding:
         self._status = status
         self._middleware = middleware
         self._admit = admit
+        plan = admit.refund
+        self._held = (None if plan is None or plan.token is None
+                      else Held(admit, middleware.limiter._monotonic))
 
     def __iter__(self) -> Iterator[bytes]:
-        return iter(self._iterable)
+        held = self._held
+        if held is None:
+            return iter(self._iterable)
+        middleware = self._middleware
+        return renewing(self._iterable, middleware.guard, middleware.limiter, held)
 
     def close(self) -> None:
         try:
@@ -146,7 +170,12 @@ class _Refunding:
             if close is not None:
                 close()
         finally:
-            self._middleware._refund(self._admit, self._status[-1] if self._status else "500")
+            held = self._held
+            if held is None or not held.done:
+                if held is not None:
+                    held.done = True
+                self._middleware._refund(self._admit,
+                                         self._status[-1] if self._status else "500")
 
 
 class RateLimitMiddleware:
@@ -226,12 +255,16 @@ class RateLimitMiddleware:
         return _Refunding(body, status, self, verdict)
 
     def _refund(self, admit: Admit, status: str) -> None:
-        """Give back what a response with this status line gives back."""
+        """Give back what a response with this status line gives back, and its slots."""
         try:
             code = int(status[:3])
         except (TypeError, ValueError):
             code = 500
-        self.guard.refund_sync(self.limiter, self.guard.given_back(admit, code))
+        plan = admit.refund
+        if plan is not None and plan.token is not None:  # with its in-flight slots
+            self.guard.release_sync(self.limiter, admit, code)
+        else:
+            self.guard.refund_sync(self.limiter, self.guard.given_back(admit, code))
 
     def _refuse(self, request: Any, refusal: Refuse,
                 start_response: StartResponse) -> Iterable[bytes]:

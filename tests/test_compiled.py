@@ -78,6 +78,11 @@ def test_a_compiled_call_builds_and_packs_as_the_plain_builder(
     for op in (plans.PEEK, plans.REFUND, plans.RESET):
         assert compiled.call(identities, now_us, None, clock_ms, op) == plans.build(
             op, checks, prefix, now_us=now_us, clock_ms=clock_ms)
+    for op in (plans.REFUND, plans.RENEW):  # by a hit's token: the hit's call, memoised
+        made = compiled.call(identities, now_us, "tok", clock_ms, op)
+        built = plans.build(op, checks, prefix, now_us=now_us, clock_ms=clock_ms, token="tok")
+        assert made[:5] == built[:5]
+        assert pack(made) == pack(built) == _pack(built)
 
 
 def test_a_compiled_hit_takes_policies_and_whole_costs_only() -> None:

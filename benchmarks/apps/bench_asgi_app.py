@@ -53,7 +53,7 @@ def _limit_parts() -> tuple[int, int]:
     return rate.limit, max(1, rate.period_ms // 1000)
 
 
-def _ratelimit_mw(backend_name: str) -> list[Middleware]:
+def _ratelimit_mw(backend_name: str, concurrency: int | None = None) -> list[Middleware]:
     from ratelimit_mw import AsyncLimiter, AsyncRedisBackend, MemoryBackend, Policy
     from ratelimit_mw.asgi import RateLimitMiddleware
 
@@ -61,7 +61,7 @@ def _ratelimit_mw(backend_name: str) -> list[Middleware]:
                     else MemoryBackend())
     limiter = AsyncLimiter(backend, prefix=PREFIX)
     return [Middleware(RateLimitMiddleware, limiter=limiter,
-                       default=Policy(LIMIT, algorithm=ALGORITHM))]
+                       default=Policy(LIMIT, algorithm=ALGORITHM), concurrency=concurrency)]
 
 
 class FloorMiddleware:
@@ -153,6 +153,9 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "starlette-floor": lambda: _starlette([Middleware(FloorMiddleware)]),
     "starlette-rl-redis": lambda: _starlette(_ratelimit_mw("redis")),
     "starlette-rl-memory": lambda: _starlette(_ratelimit_mw("memory")),
+    # The rate plus an in-flight limit that never binds (more slots than the load's
+    # connections): a slot taken in the same call, given back after each response.
+    "starlette-rl-inflight": lambda: _starlette(_ratelimit_mw("redis", concurrency=10_000)),
     "starlette-slowapi": lambda: _slowapi_app("SlowAPIMiddleware"),
     "starlette-slowapi-asgi": lambda: _slowapi_app("SlowAPIASGIMiddleware"),
     "fastapi-bare": lambda: _fastapi(False),

@@ -28,6 +28,8 @@ from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
 from ratelimit_mw.core.plans import (
     HIT,
+    REFUND,
+    RENEW,
     TOKENED,
     Check,
     Layout,
@@ -38,6 +40,8 @@ from ratelimit_mw.core.plans import (
 )
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.core.wire import Arg, wire
+
+_BY_TOKEN = frozenset((REFUND, RENEW))  # ops that name what a hit holds by its token
 
 _new = tuple.__new__
 
@@ -110,7 +114,9 @@ class Compiled:
         `now_us` overrides Redis's clock (tests), `clock_ms` is the app's clock for a
         calendar's schedule, `token` names a sliding log's members (default: a fresh one for
         a hit), `at_ms` is a booking's time."""
-        if op != HIT or not self.static:
+        # A give-back or a renewal by its hit's token is the hit's call but for its op: the
+        # slots of a response are given back once per request.
+        if (op != HIT and (op not in _BY_TOKEN or not token)) or not self.static:
             if self.log and token is None and op == HIT:
                 token = new_token()
             return build(op, self.checks(identities), self.prefix, now_us=now_us,
@@ -133,8 +139,8 @@ class Compiled:
                 head = f"{prefix}:{{{encode_identity(identity)}}}:"
                 keys += [head + suffix for suffix in suffixes]
             layout = tuple(zip(self.policies, identities, strict=True))
-        args: list[Arg] = [HIT, "" if now_us is None else now_us, token or "", "", *self.tail]
-        return _new(ScriptCall, (keys, args, layout, HIT, None, self))
+        args: list[Arg] = [op, "" if now_us is None else now_us, token or "", "", *self.tail]
+        return _new(ScriptCall, (keys, args, layout, op, None, self))
 
     @staticmethod
     def spans_slots(identities: Sequence[str]) -> bool:

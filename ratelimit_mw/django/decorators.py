@@ -22,19 +22,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 _WRITTEN = "__ratelimit_mw_written__"
 
 
-def limit(rates: Policy | str | Callable[[Any], str | None], *, key: KeyFunc | None = None,
-          cost: Cost = 1, name: str | None = None, methods: Sequence[str] | None = None,
+def limit(rates: Policy | str | Callable[[Any], str | None] | None = None, *,
+          key: KeyFunc | None = None, cost: Cost = 1, name: str | None = None,
+          methods: Sequence[str] | None = None,
           exempt_when: Callable[[Any], Any] | None = None,
-          count_when: Callable[[int], bool] | None = None) -> Callable[[F], F]:
+          count_when: Callable[[int], bool] | None = None,
+          concurrency: Policy | int | None = None) -> Callable[[F], F]:
     """Limit one view: ``@limit("5/minute")``; ``key``, ``cost``, ``methods``,
-    ``exempt_when``, ``count_when`` and a callable ``rates`` (a dynamic limit) as on the
-    other adapters. Under ASGI Django the key, cost, condition and dynamic limit may be
-    coroutines. django-ratelimit's string keys and ``(group, request)`` callables are
-    refused here, saying what to write (`legacy`): they would only fail on a request."""
+    ``exempt_when``, ``count_when``, ``concurrency`` (requests in flight at once) and a
+    callable ``rates`` (a dynamic limit) as on the other adapters. Under ASGI Django the
+    key, cost, condition and dynamic limit may be coroutines. django-ratelimit's string
+    keys and ``(group, request)`` callables are refused here, saying what to write
+    (`legacy`): they would only fail on a request."""
     check_key(key)
     check_rates(rates)
     written = RouteLimit.make(rates, key=key, cost=cost, name=name, methods=methods,
-                              exempt_when=exempt_when, count_when=count_when)
+                              exempt_when=exempt_when, count_when=count_when,
+                              concurrency=concurrency)
     bind = limit_decorator(written, SHARED_LOGS)
 
     def decorate(view: F) -> F:

@@ -12,7 +12,9 @@ headers, refused ones are a JSON 429 (or ``on_blocked(request, decision)``'s res
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+from collections.abc import AsyncIterator
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -23,9 +25,10 @@ from django.http.response import HttpResponseBase
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.decorators import handles, view_limits
-from ratelimit_mw.http.guard import Admit, Guard, Refuse, Selection, Verdict
+from ratelimit_mw.http.guard import Admit, Guard, Held, Refuse, Selection, Verdict
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.keys import reads
+from ratelimit_mw.wsgi import renewing
 
 # On the request between process_view and the response: the verdict, or _NONE when no limit
 # applied. Absent: no view was reached.
@@ -33,6 +36,18 @@ _VERDICT = "_ratelimit_mw_verdict"
 _NONE = object()
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"})
 _VIEW_CACHE_SIZE = 4096
+# The releases of in-flight slots started from a response's close (ASGI Django), until done.
+_RELEASES: set[asyncio.Task[None]] = set()
+
+
+async def _renewing_async(chunks: AsyncIterator[Any], guard: Guard, limiter: Any,
+                          held: Held) -> AsyncIterator[Any]:
+    """An async streamed body, renewing the lease of the slots `held` on a chunk that comes a
+    third of a lease after the last renewal."""
+    async for chunk in chunks:
+        if held.due():
+            await guard.renew_async(limiter, held)
+        yield chunk
 
 
 def _set_missing(response: HttpResponseBase, headers: Headers) -> HttpResponseBase:
@@ -179,9 +194,32 @@ class RateLimitMiddleware:
                 return refused
         admit = self._headed(request, response)
         if admit is not None and admit.refund is not None:
-            self.guard.refund_sync(self.limiter,
-                                   self.guard.given_back(admit, response.status_code))
+            if self.guard.holding(admit) is not None:
+                self._hold_sync(admit, response)
+            else:
+                self.guard.refund_sync(self.limiter,
+                                       self.guard.given_back(admit, response.status_code))
         return response
+
+    def _hold_sync(self, admit: Admit, response: HttpResponseBase) -> None:
+        """Give the slots back (with what the status gives back) when Django closes the
+        response, once it has been sent (its server closes it also when the client went
+        away); a streamed body renews their lease as it is read."""
+        guard, limiter = self.guard, self.limiter
+        held = guard.holding(admit)
+        assert held is not None
+        status = response.status_code
+
+        def release() -> None:
+            if not held.done:
+                held.done = True
+                guard.release_sync(limiter, admit, status)
+
+        if response.streaming and not response.is_async:  # type: ignore[attr-defined]
+            response.streaming_content = renewing(  # type: ignore[attr-defined]
+                response.streaming_content, guard, limiter, held)  # type: ignore[attr-defined]
+        # Last: the view's body is closed (its own clean-up done) before the slot goes back.
+        response._resource_closers.append(release)  # type: ignore[attr-defined]
 
     def _process_view_sync(self, request: HttpRequest, view: Any, args: Any,
                            kwargs: Any) -> HttpResponseBase | None:
@@ -200,9 +238,45 @@ class RateLimitMiddleware:
                 return refused
         admit = self._headed(request, response)
         if admit is not None and admit.refund is not None:
-            await self.guard.refund_async(self.limiter,
-                                          self.guard.given_back(admit, response.status_code))
+            if self.guard.holding(admit) is not None:
+                self._hold_async(admit, response)
+            else:
+                await self.guard.refund_async(
+                    self.limiter, self.guard.given_back(admit, response.status_code))
         return response
+
+    def _hold_async(self, admit: Admit, response: HttpResponseBase) -> None:
+        """`_hold_sync` on the event loop: Django closes the response in a thread once it
+        has been sent, and the release is a task on this loop; an async streamed body
+        renews the lease as it is read."""
+        guard, limiter = self.guard, self.limiter
+        held = guard.holding(admit)
+        assert held is not None
+        status = response.status_code
+        loop = asyncio.get_running_loop()
+
+        def start() -> None:
+            task = loop.create_task(guard.release_async(limiter, admit, status))
+            _RELEASES.add(task)  # the loop keeps only a weak reference to a task
+            task.add_done_callback(_RELEASES.discard)
+
+        def release() -> None:
+            if held.done:
+                return
+            held.done = True
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is loop:
+                start()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(start)
+
+        if response.streaming and response.is_async:  # type: ignore[attr-defined]
+            response.streaming_content = _renewing_async(  # type: ignore[attr-defined]
+                response.streaming_content, guard, limiter, held)  # type: ignore[attr-defined]
+        response._resource_closers.append(release)  # type: ignore[attr-defined]
 
     async def _process_view_async(self, request: HttpRequest, view: Any, args: Any,
                                   kwargs: Any) -> HttpResponseBase | None:

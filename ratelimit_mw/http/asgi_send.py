@@ -7,10 +7,11 @@ refused WebSocket handshake before ``accept``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ratelimit_mw.http.guard import Admit, Guard, Refuse, Unavailable
+from ratelimit_mw.http.guard import Admit, Guard, Held, Refuse, Unavailable
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
 from ratelimit_mw.limiter import AsyncLimiter
 
@@ -30,8 +31,14 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
                          scope: Scope, receive: Receive, send: Send) -> None:
     """Run the app for an admitted request: its headers added to the response, and the hits
     its status gives back given back once it has been sent."""
-    if verdict.refund is None and verdict.raw is None:
-        await app(scope, receive, send)
+    refund = verdict.refund
+    if refund is None:
+        if verdict.raw is None:
+            await app(scope, receive, send)
+            return
+    elif refund.token is not None:  # it holds in-flight slots
+        await serve_holding(guard, limiter, Held(verdict, limiter._monotonic), app, scope,
+                            receive, send)
         return
     watch = Watch(send, verdict.raw)
     try:
@@ -40,6 +47,19 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         back = guard.given_back(verdict, watch.status)
         if back:
             await guard.refund_async(limiter, back)
+
+
+async def serve_holding(guard: Guard, limiter: AsyncLimiter, held: Held, app: App,
+                        scope: Scope, receive: Receive, send: Send) -> None:
+    """Run the app for a request that holds in-flight slots (an HTTP response, or a
+    WebSocket's whole connection): they are given back once the last body chunk has been
+    sent, else when the app returns or raises (a client that went away, an error), with
+    whatever an HTTP response's status gives back, in one call; renewed while it runs."""
+    watch = Holding(guard, limiter, held, send, scope["type"] == "http")
+    try:
+        await app(scope, receive, watch.send)
+    finally:
+        await watch.end()
 
 
 class Answers:
@@ -109,3 +129,58 @@ class Watch:
                 # A new message and list: a Response's own header list must not grow.
                 message = {**message, "headers": [*headers, *extra]}
         await self.send_on(message)
+
+
+class Holding(Watch):
+    """The ``send`` of a response that holds in-flight slots: it gives them back right after
+    the last body chunk has gone out, renews their lease on a chunk sent a third of a lease
+    after the last renewal, and, for a response (or a WebSocket) that sends nothing for
+    that long, from a timer on the event loop (a timer, not a task: most responses end
+    long before it fires)."""
+
+    __slots__ = ("guard", "held", "http", "limiter", "renewal", "timer")
+
+    def __init__(self, guard: Guard, limiter: AsyncLimiter, held: Held, send: Send,
+                 http: bool = True) -> None:
+        super().__init__(send, held.admit.raw if http else None)
+        self.http = http  # a WebSocket gives back its slots only (as it never gives back hits)
+        self.guard = guard
+        self.limiter = limiter
+        self.held = held
+        self.renewal: asyncio.Task[None] | None = None
+        try:
+            self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
+                held.every, self._tick)
+        except RuntimeError:  # not asyncio (trio): renewed on chunks only
+            self.timer = None
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "http.response.body":
+            if not message.get("more_body", False):
+                await self.end()
+            elif self.held.due():
+                await self.guard.renew_async(self.limiter, self.held)
+
+    def _tick(self) -> None:
+        held = self.held
+        if held.done:
+            return
+        if held.due() and (self.renewal is None or self.renewal.done()):
+            # Kept here: the loop holds only a weak reference to a task.
+            self.renewal = asyncio.get_running_loop().create_task(
+                self.guard.renew_async(self.limiter, held))
+        self.timer = asyncio.get_running_loop().call_later(held.every, self._tick)
+
+    async def end(self) -> None:
+        """Give the slots back (once), with what the response's status gives back."""
+        held = self.held
+        if held.done:
+            return
+        held.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.http:
+            await self.guard.release_async(self.limiter, held.admit, self.status)
+        else:
+            await self.guard.refund_async(self.limiter, held.checks, held.token)

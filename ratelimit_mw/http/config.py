@@ -24,6 +24,8 @@ from ratelimit_mw.http.rules import Rule, as_rules
 from ratelimit_mw.keys import KeyFunc, client_ip
 from ratelimit_mw.routing import (
     Predicate,
+    in_flight_policy,
+    named_in_flight,
     validate_count_when,
     validate_key,
     validate_predicate,
@@ -89,8 +91,12 @@ class Config:
     backend_cooldown: float = 1.0  # after a failure, how long until one probe tries again
     enabled: bool | None = None  # False: every limit off; None: RATELIMIT_ENABLED says
     websockets: bool = True  # the ASGI middleware limits WebSocket handshakes as GETs
+    # N (or a Policy.in_flight): at most N of a key's requests in flight at once, for
+    # requests that no decorator limits (as `default`)
+    concurrency: Policy | int | None = None
     # Normalised forms, filled in by __post_init__.
     defaults: tuple[Policy, ...] = field(default=(), init=False, repr=False)
+    in_flight: Policy | None = field(default=None, init=False, repr=False)
     rule_list: tuple[Rule, ...] = field(default=(), init=False, repr=False)
     key_func: KeyFunc = field(default=client_ip(), init=False, repr=False)
 
@@ -107,6 +113,9 @@ class Config:
         defaults = tuple(map(as_policy, [default] if isinstance(default, (Policy, str))
                              else default))
         put(self, "defaults", defaults)
+        in_flight = in_flight_policy(self.concurrency)
+        put(self, "in_flight", None if in_flight is None else named_in_flight(in_flight,
+                                                                               "default"))
         put(self, "rule_list", as_rules(self.rules))
         check_shared_logs([*defaults, *(rule.policy for rule in self.rule_list
                                         if rule.policy is not None)])
@@ -170,6 +179,7 @@ class ConfigOptions(TypedDict, total=False):
     backend_cooldown: float
     enabled: bool | None
     websockets: bool
+    concurrency: Policy | int | None
 
 
 _dataclass_init = Config.__init__

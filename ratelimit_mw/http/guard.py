@@ -81,6 +81,7 @@ _VERBS = _METHODS | {"HEAD"}
 _NO_STORE = ("Cache-Control", "no-store")
 _JSON = ("Content-Type", "application/json")
 _FALLBACK_KEY = _keys.client_ip()
+IN_FLIGHT = "concurrency"  # the algorithm of in-flight slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +107,7 @@ class Selection:
     decorated route is never left without a limit by a missing header.
     """
 
-    __slots__ = ("applied", "compiled", "counts", "dynamic", "fallback", "hooks",
+    __slots__ = ("applied", "compiled", "counts", "dynamic", "fallback", "holds", "hooks",
                  "policy_header", "routed")
 
     def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
@@ -119,6 +120,9 @@ class Selection:
         self.dynamic = any(item.dynamic is not None for item in applied)
         # Some limit has a count_when of its own: each check is given back by its own.
         self.counts = any(item.count_when is not None for item in applied)
+        # Some limit is in flight: its slots are held while the response runs.
+        self.holds = any(item.policy is not None and item.policy.algorithm == IN_FLIGHT
+                         for item in applied)
         # The async hooks the plan asks (fallback's included): an ASGI adapter awaits them
         # first (`hooks.answer_all`).
         self.hooks: tuple[Callable[[Any], Any], ...] = tuple(dict.fromkeys(
@@ -135,16 +139,53 @@ class Selection:
 
 class Plan(NamedTuple):
     """What one request sends: the compiled hit, an identity per check, the selection they
-    came from (for headers) and, when some limit has one, each check's own count_when."""
+    came from (for headers), when some limit has one, each check's own count_when, and
+    when it takes in-flight slots, the token they are held (and given back) by."""
 
     compiled: Compiled
     identities: tuple[str, ...]
     selection: Selection
     whens: tuple[Callable[[int], bool] | None, ...] | None = None
+    token: str | None = None
 
     @property
     def checks(self) -> tuple[Check, ...]:
         return self.compiled.checks(self.identities)
+
+    @property
+    def held(self) -> tuple[Check, ...]:
+        """The in-flight slots among the checks."""
+        return tuple(check for check in self.checks if check.policy.algorithm == IN_FLIGHT)
+
+
+class Held:
+    """The in-flight slots of one admitted request while its response runs: when their
+    lease is due for renewal (a third of the shortest lease since the last one, on the
+    limiter's clock), and whether they have been given back (once)."""
+
+    __slots__ = ("admit", "checks", "clock", "done", "every", "next")
+
+    def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
+        plan = admit.refund
+        assert plan is not None and plan.token is not None
+        self.admit = admit
+        self.checks = plan.held
+        self.every = min(check.policy.rates[0].period_ms for check in self.checks) / 3000
+        self.clock = clock
+        self.next = clock() + self.every
+        self.done = False
+
+    @property
+    def token(self) -> str:
+        return self.admit.refund.token  # type: ignore[union-attr,return-value]
+
+    def due(self) -> bool:
+        """Whether to renew now (and then not again for a third of the lease)."""
+        now = self.clock()
+        if self.done or now < self.next:
+            return False
+        self.next = now + self.every
+        return True
 
 
 class Admit(NamedTuple):
@@ -248,7 +289,7 @@ class Guard:
             Applied(p, key, 1, "default" if len(config.defaults) == 1 else p.name,
                     config.per_method)
             for p in config.defaults
-        )
+        ) + (() if config.in_flight is None else (Applied(config.in_flight, key, 1, "default"),))
         self.rules: tuple[Rule, ...] = config.rule_list
         logs = getattr(limiter, "_shared_logs", None)
         if isinstance(logs, SharedLogs):
@@ -318,21 +359,30 @@ class Guard:
         except KeyError:
             pass
         from_rules = tuple(
-            Applied(rule.policy, rule.key or self.config.key_func, rule.cost, rule.label,
-                    exempt_when=rule.exempt_when, dynamic=rule.dynamic,
-                    count_when=rule.count_when)
-            for rule in rules
+            applied for rule in rules for applied in (
+                Applied(rule.policy, rule.key or self.config.key_func, rule.cost, rule.label,
+                        exempt_when=rule.exempt_when, dynamic=rule.dynamic,
+                        count_when=rule.count_when)
+                if (rule.policy or rule.dynamic) is not None else None,
+                Applied(rule.in_flight, rule.key or self.config.key_func, 1, rule.label,
+                        exempt_when=rule.exempt_when)
+                if rule.in_flight is not None else None)
+            if applied is not None
         )
         plain = from_rules if route == EXEMPT else self.defaults + from_rules
         routed: tuple[Applied, ...] = ()
         if isinstance(route, tuple):
             limits: tuple[RouteLimit, ...] = route
             routed = tuple(
-                Applied(limit.policy, self._route_key(limit), limit.cost,
-                        limit.label, exempt_when=limit.exempt_when, dynamic=limit.dynamic,
-                        routed=True, count_when=limit.count_when)
-                for limit in limits
-                if (limit.policy or limit.dynamic) is not None and limit.applies_to(method)
+                applied for limit in limits if limit.applies_to(method) for applied in (
+                    Applied(limit.policy, self._route_key(limit), limit.cost,
+                            limit.label, exempt_when=limit.exempt_when, dynamic=limit.dynamic,
+                            routed=True, count_when=limit.count_when)
+                    if (limit.policy or limit.dynamic) is not None else None,
+                    Applied(limit.in_flight, self._route_key(limit), 1, limit.label,
+                            exempt_when=limit.exempt_when, routed=True)
+                    if limit.in_flight is not None else None)
+                if applied is not None
             )
         if routed:
             fallback = Selection(plain) if plain else None
@@ -424,10 +474,16 @@ class Guard:
                 return None
             if items is not None:
                 compiled = self.limiter._compile(items)
+            token = None
+            if selection.holds:  # slots are named by a token, to give them back by it
+                assert compiled is not None
+                if items is None or any(policy.algorithm == IN_FLIGHT
+                                        for policy in compiled.policies):
+                    token = compiled.token()
             if chosen is not None:
                 selection = self._chosen_selection(chosen)
             return _new(Plan, (compiled, tuple(identities), selection,
-                               None if whens is None else tuple(whens)))
+                               None if whens is None else tuple(whens), token))
 
     def identity(self, item: Applied, request: Any, method: str,
                  answers: Answers | None = None) -> str | None:
@@ -500,7 +556,7 @@ class Guard:
             # The memory keeps its counts until their windows end: a store that fails again
             # within them is not a fresh quota for this worker.
             self.breaker.succeeded()
-        watch = self.watch_status or plan.whens is not None
+        watch = self.watch_status or plan.whens is not None or plan.token is not None
         if decision.allowed:
             return self._admit(decision, plan.selection, plan if watch else None)
         return self._verdict(request, plan, decision, started, watch)
@@ -578,9 +634,16 @@ class Guard:
         window the store admits up to the limit and each of N workers up to the limit, so
         (N + 1) x the limit however often the store fails). What it admits is never given
         back (count_when): the store never recorded it."""
+        checks = plan.checks
+        if plan.token is not None:
+            # In-flight slots are the store's alone: taken here, nothing would give them
+            # back (the memory keeps counting the rates).
+            checks = tuple(check for check in checks if check.policy.algorithm != IN_FLIGHT)
+            if not checks:
+                return PASS
         try:
-            decision = (self._fallback.peek(*plan.checks[0][:2]) if peek
-                        else self._fallback.check(plan.checks))
+            decision = (self._fallback.peek(*checks[0][:2]) if peek
+                        else self._fallback.check(checks))
         except Exception as exc:  # the memory backend's own failure: admit, as "allow"
             self.log_failure("ratelimit_mw in-memory fallback failed; admitting", exc)
             return PASS
@@ -637,6 +700,24 @@ class Guard:
         return tuple(check for check, when in zip(checks, whens, strict=True)
                      if self._given_back(when or self.count_when, status))
 
+    def released(self, admit: Admit, status: int) -> tuple[Check, ...]:
+        """What an admitted response with this status sends back when it ends: the hits it
+        gives back (`given_back`) and every in-flight slot it holds (given back together,
+        by the hit's token)."""
+        back = self.given_back(admit, status)
+        plan = admit.refund
+        if plan is None or plan.token is None or len(back) == len(plan.identities):
+            return back
+        return tuple(check for check in plan.checks
+                     if check.policy.algorithm == IN_FLIGHT or check in back)
+
+    def holding(self, admit: Admit) -> Held | None:
+        """The slots an admitted request holds while its response runs (None: none)."""
+        plan = admit.refund
+        if plan is None or plan.token is None:
+            return None
+        return Held(admit, self.limiter._monotonic)
+
     def _given_back(self, count_when: Callable[[int], bool] | None, status: int) -> bool:
         if count_when is None:
             return False
@@ -686,21 +767,38 @@ class Guard:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.
                 decision = await limiter._decide(plan.compiled, plan.identities, self.timeout,
-                                                cached=not breaker.open_until)
+                                                cached=not breaker.open_until,
+                                                token=plan.token)
         except Exception as exc:  # anything from the backend call: never a 500
             return self.failed(request, plan, exc, peek=peek)
         return self.decided(request, plan, decision, start)
 
-    async def refund_async(self, limiter: AsyncLimiter, checks: Sequence[Check]) -> None:
+    async def refund_async(self, limiter: AsyncLimiter, checks: Sequence[Check],
+                           token: str | None = None) -> None:
         """After the response: give back the hits its status gives back (`given_back`,
-        asked by the caller: most responses give nothing back, and then nothing is called);
-        never raises."""
+        asked by the caller: most responses give nothing back, and then nothing is called)
+        and the slots it held, by the hit's `token`, in one call; never raises."""
         if not checks or not self.may_refund():
             return
         try:
-            await limiter._give_back(checks, self.timeout)
+            await limiter._give_back(checks, self.timeout, token)
         except Exception as exc:
             self.refund_failed(exc)
+
+    async def release_async(self, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
+        """After an admitted response with this status has ended, however it ended: what it
+        gives back (`released`), in at most one call; never raises."""
+        plan = admit.refund
+        if plan is not None:
+            await self.refund_async(limiter, self.released(admit, status), plan.token)
+
+    async def renew_async(self, limiter: AsyncLimiter, held: Held) -> None:
+        """Push the leases of the slots a long response holds; never raises (a lease that
+        could not be renewed ends, and its slot comes back, when its time is up)."""
+        try:
+            await limiter._renew(held.checks, held.token, self.timeout)
+        except Exception as exc:
+            self.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
 
     # -- unasync: its sync twin, generated: do not edit
     def decide_sync(self, limiter: Limiter, selection: Selection, request: Any,
@@ -730,21 +828,38 @@ class Guard:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.
                 decision = limiter._decide(plan.compiled, plan.identities, self.timeout,
-                                                cached=not breaker.open_until)
+                                                cached=not breaker.open_until,
+                                                token=plan.token)
         except Exception as exc:  # anything from the backend call: never a 500
             return self.failed(request, plan, exc, peek=peek)
         return self.decided(request, plan, decision, start)
 
-    def refund_sync(self, limiter: Limiter, checks: Sequence[Check]) -> None:
+    def refund_sync(self, limiter: Limiter, checks: Sequence[Check],
+                    token: str | None = None) -> None:
         """After the response: give back the hits its status gives back (`given_back`,
-        asked by the caller: most responses give nothing back, and then nothing is called);
-        never raises."""
+        asked by the caller: most responses give nothing back, and then nothing is called)
+        and the slots it held, by the hit's `token`, in one call; never raises."""
         if not checks or not self.may_refund():
             return
         try:
-            limiter._give_back(checks, self.timeout)
+            limiter._give_back(checks, self.timeout, token)
         except Exception as exc:
             self.refund_failed(exc)
+
+    def release_sync(self, limiter: Limiter, admit: Admit, status: int) -> None:
+        """After an admitted response with this status has ended, however it ended: what it
+        gives back (`released`), in at most one call; never raises."""
+        plan = admit.refund
+        if plan is not None:
+            self.refund_sync(limiter, self.released(admit, status), plan.token)
+
+    def renew_sync(self, limiter: Limiter, held: Held) -> None:
+        """Push the leases of the slots a long response holds; never raises (a lease that
+        could not be renewed ends, and its slot comes back, when its time is up)."""
+        try:
+            limiter._renew(held.checks, held.token, self.timeout)
+        except Exception as exc:
+            self.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
 
     # -- unasync: end
 

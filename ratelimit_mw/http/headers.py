@@ -22,6 +22,7 @@ from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.policy import Policy
 
 Headers = list[tuple[str, str]]
+IN_FLIGHT = "in flight"  # an in-flight limit's item in the RateLimit fields
 #: Headers as ASGI sends them: lower-case names (HTTP/2 requires it), latin-1 bytes.
 RawHeaders = list[tuple[bytes, bytes]]
 
@@ -55,15 +56,21 @@ class PolicyHeader:
         for item in policies:  # one policy applied twice is listed once
             policy, label = item if isinstance(item, tuple) else (item, item.name)
             labelled.setdefault(policy, label)
-        periods = [rate.period_ms for policy in labelled for rate in policy.rates]
-        clash = len(set(periods)) != len(periods)
+        tiers = [IN_FLIGHT if policy.algorithm == "concurrency" else rate.name
+                 for policy in labelled for rate in policy.rates]
+        clash = len(set(tiers)) != len(tiers)
         self.names: dict[tuple[int, int], str] = {}
         items = []
         for policy, label in labelled.items():
             for rate in policy.rates:
-                quoted = _sf_string(f"{label} {rate.name}" if clash else rate.name)
+                if policy.algorithm == "concurrency":
+                    # Requests at once, not per window: the draft's quota unit says so.
+                    quoted = _sf_string(f"{label} {IN_FLIGHT}" if clash else IN_FLIGHT)
+                    items.append(f'{quoted};q={rate.limit};qu="concurrent-requests"')
+                else:
+                    quoted = _sf_string(f"{label} {rate.name}" if clash else rate.name)
+                    items.append(f"{quoted};q={rate.limit};w={rate.period_seconds_ceil}")
                 self.names[(id(policy), rate.period_ms)] = quoted
-                items.append(f"{quoted};q={rate.limit};w={rate.period_seconds_ceil}")
         self.value = ", ".join(items)
         # The header as the adapters add it: built once, shared by every response.
         self.item = ("RateLimit-Policy", self.value)
@@ -131,6 +138,9 @@ def too_many_requests_body(decision: Decision) -> bytes:
         detail = "Too Many Requests: this request costs more than the limit allows"
     elif decision.banned:
         detail = "Too Many Requests: temporarily banned after exceeding the limit"
+    elif decision.policy is not None and decision.policy.algorithm == "concurrency":
+        detail = (f"Too Many Requests: {decision.limit} requests in flight at most; retry "
+                  "when one has ended")
     else:
         detail = "Too Many Requests"
     return _body(detail, retry_after_seconds(decision))

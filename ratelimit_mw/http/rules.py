@@ -21,6 +21,8 @@ from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.routing import (
     Cost,
     DynamicLimit,
+    in_flight_policy,
+    named_in_flight,
     validate_cost,
     validate_count_when,
     validate_key,
@@ -178,15 +180,17 @@ class Rule:
     decorated route or not. Paths: exact (``"/login"``), ``*`` for anything (``"/api/*"``),
     ``{name}`` for one segment (``"/users/{id}"``), or a compiled ``re.Pattern`` (matched
     from the start). ``name`` names the counters (rules with one name share them) and the
-    ``RateLimit`` header items. ``count_when(status)``: False gives this rule's hit back."""
+    ``RateLimit`` header items. ``count_when(status)``: False gives this rule's hit back.
+    ``concurrency=N`` (or a `Policy.in_flight`): at most N of a key's requests in flight at
+    once, beside the rate or alone (``Rule("/export", concurrency=4)``)."""
 
-    __slots__ = ("cost", "count_when", "dynamic", "exempt_when", "key", "label", "methods",
-                 "pattern", "policy", "regex")
+    __slots__ = ("cost", "count_when", "dynamic", "exempt_when", "in_flight", "key", "label",
+                 "methods", "pattern", "policy", "regex")
 
     def __init__(
         self,
         path: str | re.Pattern[str],
-        policy: Policy | str | Callable[[Any], str | None],
+        policy: Policy | str | Callable[[Any], str | None] | None = None,
         *,
         methods: Iterable[str] | None = None,
         key: KeyFunc | None = None,
@@ -194,6 +198,7 @@ class Rule:
         name: str | None = None,
         exempt_when: Callable[[Any], bool] | None = None,
         count_when: Callable[[int], bool] | None = None,
+        concurrency: Policy | int | None = None,
     ) -> None:
         self.pattern = path
         self.regex = compile_pattern(path)
@@ -204,7 +209,16 @@ class Rule:
         self.label = name or f"{verbs}{shown}"
         self.dynamic: DynamicLimit | None = None
         self.policy: Policy | None = None
-        if isinstance(policy, Policy):
+        in_flight = in_flight_policy(concurrency)
+        self.in_flight = None if in_flight is None else named_in_flight(
+            in_flight, f"rule {verbs}{shown}", name)
+        if isinstance(policy, Policy) and policy.algorithm == "concurrency":
+            raise ConfigurationError(
+                f"an in-flight limit goes in concurrency=, got it as the rate: {policy!r}; "
+                f"write Rule({shown!r}, concurrency={policy!r})")
+        if policy is None and in_flight is not None:
+            pass  # slots alone
+        elif isinstance(policy, Policy):
             self.policy = policy
         elif isinstance(policy, str):
             rates = Policy(policy).rates  # validates the text before it names anything
@@ -216,7 +230,8 @@ class Rule:
         else:
             raise ConfigurationError(
                 f'a rule takes a rate string such as "5/minute", a Policy or a callable '
-                f"(request) -> rate text, got {policy!r}"
+                f"(request) -> rate text, and/or concurrency=N, got {policy!r}; e.g. "
+                f'Rule({shown!r}, "5/minute") or Rule({shown!r}, concurrency=4)'
             )
         self.key = validate_key(key)
         self.exempt_when = validate_predicate("exempt_when", exempt_when)
@@ -228,7 +243,8 @@ class Rule:
                 and self.regex.match(path) is not None)
 
     def __repr__(self) -> str:
-        return f"Rule({self.pattern!r}, {self.policy!r}, methods={self.methods!r})"
+        slots = "" if self.in_flight is None else f", concurrency={self.in_flight!r}"
+        return f"Rule({self.pattern!r}, {self.policy!r}, methods={self.methods!r}{slots})"
 
 
 def as_rules(rules: Sequence[Rule] | Mapping[str, Policy | str] | None) -> tuple[Rule, ...]:
