@@ -33,7 +33,7 @@ from ratelimit_mw.http.asgi_send import (
     deny_handshake,
     is_preflight,
     serve_admitted,
-    serve_holding,
+    serve_connection,
 )
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
@@ -172,12 +172,8 @@ class RateLimitMiddleware:
             self.limiter, selection, _Handshake(scope, receive, send), "GET", False)
         if verdict is None or isinstance(verdict, Admit):
             state["ratelimit"] = None if verdict is None else verdict.decision
-            held = None if verdict is None else self.guard.holding(verdict)
-            if held is not None:  # its slots are held for the whole connection
-                await serve_holding(self.guard, self.limiter, held, self.app, scope, receive,
-                                    send)
-                return
-            await self.app(scope, receive, send)
+            await serve_connection(self.guard, self.limiter, verdict, self.app, scope, receive,
+                                   send)
             return
         if isinstance(verdict, Refuse):
             state["ratelimit"] = verdict.decision

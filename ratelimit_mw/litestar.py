@@ -44,7 +44,13 @@ if TYPE_CHECKING:  # annotations only (strings at run time)
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.asgi_routes import RouteMeta, endpoint_meta
-from ratelimit_mw.http.asgi_send import Answers, deny_handshake, is_preflight, serve_admitted
+from ratelimit_mw.http.asgi_send import (
+    Answers,
+    deny_handshake,
+    is_preflight,
+    serve_admitted,
+    serve_connection,
+)
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Guard, Refuse, Unavailable
@@ -332,7 +338,8 @@ class RateLimitMiddleware:
         if isinstance(verdict, (Admit, Refuse)):
             state["ratelimit"] = verdict.decision
         if verdict is None or isinstance(verdict, Admit):
-            await self.app(cast("Scope", scope), receive, send)
+            await serve_connection(self.guard, self.limiter, verdict, self.app, scope, receive,
+                                   send)
             return
         await deny_handshake(verdict, scope, receive, send, self._answers)
 

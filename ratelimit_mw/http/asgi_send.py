@@ -2,7 +2,7 @@
 
 `serve_admitted` runs an admitted request with the rate-limit headers added and gives back
 what its status gives back; `Answers` sends the default 429 or 503; `deny_handshake` answers a
-refused WebSocket handshake before ``accept``.
+refused WebSocket handshake before ``accept``; `serve_connection` runs an admitted one.
 """
 
 from __future__ import annotations
@@ -47,6 +47,17 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         back = guard.given_back(verdict, watch.status)
         if back:
             await guard.refund_async(limiter, back)
+
+
+async def serve_connection(guard: Guard, limiter: AsyncLimiter, verdict: Admit | None,
+                           app: App, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run the app for an admitted (or unlimited) WebSocket: the slots it holds, if any,
+    held for its whole connection."""
+    held = None if verdict is None else guard.holding(verdict)
+    if held is None:
+        await app(scope, receive, send)
+    else:
+        await serve_holding(guard, limiter, held, app, scope, receive, send)
 
 
 async def serve_holding(guard: Guard, limiter: AsyncLimiter, held: Held, app: App,

@@ -339,6 +339,27 @@ def test_a_websocket_handshake_is_one_hit_refused_before_accept(
     assert "rate limited; retry after" in str(refused.value.detail)
 
 
+def test_a_websocket_holds_its_in_flight_slot_for_its_whole_connection(
+        limiter: rl.AsyncLimiter, serve: Any) -> None:
+    @websocket("/ws", signature_namespace=NS)
+    async def echo(socket: WebSocket[Any, Any, Any]) -> None:
+        await socket.accept()
+        await socket.send_text(await socket.receive_text())
+        await socket.close()
+
+    client = serve(app_of(limiter, [echo], concurrency=1))
+    with client.websocket_connect("/ws") as first:
+        with pytest.raises(WebSocketDisconnect) as refused, \
+                client.websocket_connect("/ws") as second:
+            second.receive_text()
+        assert refused.value.code == 1008
+        first.send_text("still here")
+        assert first.receive_text() == "still here"
+    with client.websocket_connect("/ws") as again:  # the slot came back with the connection
+        again.send_text("hi")
+        assert again.receive_text() == "hi"
+
+
 def test_websockets_false_leaves_them_alone(limiter: rl.AsyncLimiter, serve: Any) -> None:
     @websocket("/ws", signature_namespace=NS)
     async def echo(socket: WebSocket[Any, Any, Any]) -> None:
