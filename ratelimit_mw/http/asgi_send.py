@@ -44,9 +44,12 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
     try:
         await app(scope, receive, watch.send)
     finally:
-        back = guard.given_back(verdict, watch.status)
-        if back:
-            await guard.refund_async(limiter, back)
+        # Asked only where a status may give hits back: a 405, or a count_when somewhere.
+        if refund is not None and (watch.status == 405 or refund.whens is not None
+                                   or guard.count_when is not None):
+            back = guard.given_back(verdict, watch.status)
+            if back:
+                await guard.refund_async(limiter, back)
 
 
 async def serve_connection(guard: Guard, limiter: AsyncLimiter, verdict: Admit | None,
