@@ -207,7 +207,8 @@ class RateLimitMiddleware:
         away); a streamed body renews their lease as it is read."""
         guard, limiter = self.guard, self.limiter
         held = guard.holding(admit)
-        assert held is not None
+        if held is None:  # the caller holds slots: `holding` answers for those
+            raise ValueError("an admitted Django response without in-flight slots to hold")
         status = response.status_code
 
         def release() -> None:
@@ -251,7 +252,8 @@ class RateLimitMiddleware:
         renews the lease as it is read."""
         guard, limiter = self.guard, self.limiter
         held = guard.holding(admit)
-        assert held is not None
+        if held is None:  # the caller holds slots: `holding` answers for those
+            raise ValueError("an admitted Django response without in-flight slots to hold")
         status = response.status_code
         loop = asyncio.get_running_loop()
 

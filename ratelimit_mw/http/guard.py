@@ -167,7 +167,8 @@ class Held:
 
     def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
         plan = admit.refund
-        assert plan is not None and plan.token is not None
+        if plan is None or plan.token is None:
+            raise ValueError("Held is for an admitted request that holds in-flight slots")
         self.admit = admit
         self.checks = plan.held
         self.every = min(check.policy.rates[0].period_ms for check in self.checks) / 3000
@@ -476,7 +477,8 @@ class Guard:
                 compiled = self.limiter._compile(items)
             token = None
             if selection.holds:  # slots are named by a token, to give them back by it
-                assert compiled is not None
+                if compiled is None:  # every selection that holds slots compiles its hit
+                    raise ValueError("a plan that holds in-flight slots has no compiled hit")
                 if items is None or any(policy.algorithm == IN_FLIGHT
                                         for policy in compiled.policies):
                     token = compiled.token()
