@@ -119,6 +119,27 @@ def test_a_flask_app_made_in_the_test_is_isolated(ratelimit: Isolation, run: int
     assert seen == []
 
 
+@pytest.mark.parametrize("run", [1, 2])
+def test_a_litestar_app_made_in_the_test_is_isolated(ratelimit: Isolation, run: int) -> None:
+    from litestar import Litestar, get
+    from litestar.testing import TestClient as LitestarClient
+
+    from ratelimit_mw.litestar import RateLimitPlugin
+
+    @get("/", sync_to_thread=False)
+    def home() -> str:
+        return "hi"
+
+    limiter = rl.AsyncLimiter(rl.AsyncRedisBackend.from_url(REDIS_URL), prefix=PREFIX)
+    app = Litestar([home], plugins=[RateLimitPlugin(limiter, default="2/minute")],
+                   openapi_config=None, logging_config=None)
+    with commands_naming(PREFIX) as seen, LitestarClient(app) as client:
+        assert [client.get("/").status_code for _ in range(3)] == [200, 200, 429]
+        ratelimit.clock.advance(60)
+        assert client.get("/").status_code == 200
+    assert seen == []
+
+
 def test_a_limiter_made_during_the_isolation_has_its_own_store_back_after_it() -> None:
     store = rl.RedisBackend.from_url(REDIS_URL)
     with isolated() as isolation:

@@ -1,8 +1,8 @@
 """The ``ratelimit`` fixture's off switch: while limiting is switched off, every middleware of
-the process (Starlette under ASGI, the Flask extension and the plain middleware under WSGI,
-Django under both) lets requests through untouched, defaults and decorated routes alike: no
-429, no headers, nothing counted. Switched on again, counting starts where it stood (the
-Flask extension and the plain WSGI middleware keep what applies per endpoint: a request
+the process (Starlette and Litestar under ASGI, the Flask extension and the plain middleware
+under WSGI, Django under both) lets requests through untouched, defaults and decorated routes
+alike: no 429, no headers, nothing counted. Switched on again, counting starts where it stood
+(the Flask extension and the plain WSGI middleware keep what applies per endpoint: a request
 seen while off must not leave its endpoint unlimited).
 """
 
@@ -67,6 +67,31 @@ def test_starlette(ratelimit: Isolation, url: str) -> None:
                                                 Route("/decorated", decorated)]),
                               limiter, default="2/minute")
     with TestClient(app) as client:
+        assert switched_off_then_on(ratelimit, client.get, url) == (UNTOUCHED, LIMITED)
+
+
+@pytest.mark.parametrize("url", ["/", "/decorated"])
+def test_litestar(ratelimit: Isolation, url: str) -> None:
+    from litestar import Litestar, get
+    from litestar.testing import TestClient as LitestarClient
+
+    from ratelimit_mw.litestar import RateLimitPlugin
+
+    limiter = rl.AsyncLimiter()
+
+    @get("/", sync_to_thread=False)
+    def hello() -> str:
+        return "hi"
+
+    @get("/decorated", sync_to_thread=False)
+    @limiter.limit("2/minute")
+    def decorated() -> str:
+        return "hi"
+
+    app = Litestar([hello, decorated],
+                   plugins=[RateLimitPlugin(limiter, default="2/minute")],
+                   openapi_config=None, logging_config=None)
+    with LitestarClient(app) as client:
         assert switched_off_then_on(ratelimit, client.get, url) == (UNTOUCHED, LIMITED)
 
 
