@@ -8,7 +8,9 @@
 --           (a hit recorded whether or not it is admitted: a settled cost's overshoot)
 --       [2] now in microseconds, or "" to read Redis TIME (the normal case)
 --       [3] a token unique to this call (sliding-log members; for C, the booking's token;
---           for R, the refunded hit's token, or "" for the newest entries)
+--           for R, the refunded hit's token, or "" for the newest entries); for a batch of
+--           give-backs or renewals (R, N) of several hits, each tier's token, separated by
+--           spaces
 --       [4] the booking time in ms for B, else ""
 --       [5] the number of tiers n
 --       then 7 values per tier: algorithm (fw, sl, sw, gc, cc), limit, period ms, cost,
@@ -157,6 +159,13 @@ if op == 'X' then
 end
 
 if op == 'R' or op == 'C' or op == 'N' then
+  -- A batch names each tier's token: the responses that ended in one turn of a client's
+  -- event loop give back their slots in one call.
+  local tokens
+  if op ~= 'C' and string.find(token, ' ', 1, true) then
+    tokens = {}
+    for each in string.gmatch(token, '%S+') do tokens[#tokens + 1] = each end
+  end
   -- A log shrinks, so its expiry is recomputed from the longest tier that reads it.
   local longest = {}
   for i = 1, n do
@@ -165,11 +174,15 @@ if op == 'R' or op == 'C' or op == 'N' then
     if argv[b + 1] == 'sl' and (longest[key] or 0) < period then longest[key] = period end
   end
   local done = {}
+  local cc_release, cc_renew, _
   for i = 1, n do
     local b = 7 * i - 2
     local algo, key = argv[b + 1], keys[i]
-    if not done[key] then
-      done[key] = true
+    if tokens then token = tokens[i] end
+    -- Once per key and hit (tiers of one sliding log share their key).
+    local mark = key .. ' ' .. token
+    if not done[mark] then
+      done[mark] = true
       local limit, period, cost = tonumber(argv[b + 2]), tonumber(argv[b + 3]),
         tonumber(argv[b + 4])
       if op == 'C' then
@@ -178,8 +191,12 @@ if op == 'R' or op == 'C' or op == 'N' then
           cancel(key, token, cost, longest[key], now)
         end
       elseif algo == 'cc' then
-        local _, _, release, renew = concurrency()
-        if op == 'N' then renew(key, period, cost, token, now) else release(key, cost, token) end
+        if cc_release == nil then _, _, cc_release, cc_renew = concurrency() end
+        if op == 'N' then
+          cc_renew(key, period, cost, token, now)
+        else
+          cc_release(key, cost, token)
+        end
       elseif op == 'N' then  -- leases are in-flight tiers' only
       elseif algo == 'fw' then
         local _, refund = fixed_window()

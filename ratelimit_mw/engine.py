@@ -290,6 +290,23 @@ class _Shared:
                                              if self._backend.is_cluster else [checks])
         return [self._call(*self._compiled_checks(group), op, token=token) for group in groups]
 
+    def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]]
+                       ) -> list[ScriptCall]:
+        """The calls giving back what these hits recorded: those named by a token batched
+        into one call (per identity on a cluster, one slot each); the deny cache forgets
+        every check, since the store changes under it."""
+        alone: list[ScriptCall] = []
+        batches: dict[str, list[ScriptCall]] = {}
+        cluster = self._backend.is_cluster
+        for checks, token in hits:
+            self._forget(checks)
+            for call in self._slot_calls(plans.REFUND, checks, token):
+                if token:
+                    batches.setdefault(call.layout[0][1] if cluster else "", []).append(call)
+                else:
+                    alone.append(call)
+        return alone + [plans.batch(calls) for calls in batches.values()]
+
     def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1,
                 at: _dt.datetime | None = None, token: str | None = None) -> ScriptCall:
         """The call of `op` (peek, reset, refund, book, cancel) for one check; the deny

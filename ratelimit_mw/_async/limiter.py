@@ -212,8 +212,13 @@ class AsyncLimiter(_Shared):
         """Give back what an admitted `check` recorded (the middleware's count_when, the
         slots a response held), each call within `timeout`; by the hit's `token`, exactly
         what it recorded."""
-        self._forget(checks)
-        for call in self._slot_calls(plans.REFUND, checks, token):
+        await self._give_back_all(((checks, token),), timeout)
+
+    async def _give_back_all(self, hits: Sequence[tuple[Sequence[Check], str | None]],
+                             timeout: float | None = None) -> None:
+        """`_give_back` of several admitted hits (the responses that ended in one turn of
+        the event loop) in one call, or on a cluster one per identity's slot."""
+        for call in self._release_calls(hits):
             await self._backend.arun(call, timeout)
 
     async def _renew(self, checks: Sequence[Check], token: str,

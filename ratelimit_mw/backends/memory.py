@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -504,17 +505,21 @@ class MemoryBackend:
 
     def _upkeep(self, op: str, keys: Sequence[str], tiers: list[_Tier], token: str,
                 now: int, now_us: int) -> None:
-        """Reset (X), refund (R) or cancel a booking (C): once per key, as main.lua."""
+        """Reset (X), refund (R), renew (N) or cancel a booking (C): once per key and hit,
+        as main.lua (a batch of R or N names each tier's token, separated by spaces)."""
         if op == "X":
             for key in keys:
                 self._delete(key)
             return
         spans = _sl_spans(tiers)
-        done: set[str] = set()
-        for algo, limit, period, cost, _, _, cal, key in tiers:
-            if key in done:
+        tokens = (token.split() if op != "C" and " " in token
+                  else itertools.repeat(token, len(tiers)))
+        done: set[tuple[str, str]] = set()
+        for (algo, limit, period, cost, _, _, cal, key), token in zip(tiers, tokens,
+                                                                       strict=True):
+            if (key, token) in done:
                 continue
-            done.add(key)
+            done.add((key, token))
             if op == "C":
                 if algo == "sl":
                     self._sl_refund(key, _members(token, cost), cost, spans[key], now)

@@ -320,6 +320,33 @@ def group_by_slot(checks: Sequence[Check]) -> list[list[Check]]:
     return list(groups.values())
 
 
+def batch(calls: Sequence[ScriptCall]) -> ScriptCall:
+    """Give-backs (or renewals) of several hits by their tokens as ONE call: their tiers one
+    after another, each with its hit's token (lua/main.lua's batch). Their ban keys stay
+    out: nothing given back by token reads a ban. On a cluster, every call must name keys
+    of one slot (`Engine._release_calls` batches per identity)."""
+    if len(calls) == 1:
+        return calls[0]
+    op = calls[0].op
+    keys: list[str] = []
+    tiers: list[Arg] = []
+    tokens: list[str] = []
+    layout: list[tuple[Policy, str]] = []
+    for call in calls:
+        args = call.args
+        token = args[2]
+        if call.op != op or op not in (REFUND, RENEW) or not isinstance(token, str) or not token:
+            raise ValueError("a batch is of give-backs or renewals by their hits' tokens")
+        n = int(args[4])
+        keys += call.keys[:n]
+        for i in range(5, 5 + 7 * n, 7):
+            tiers += (*args[i:i + 4], 0, "", args[i + 6])
+        tokens += [token] * n
+        layout += call.layout
+    return ScriptCall(keys, [op, calls[0].args[1], " ".join(tokens), "", len(keys), *tiers],
+                      tuple(layout), op)
+
+
 def refund_of(call: ScriptCall) -> ScriptCall:
     """The call that gives back what `call` recorded (same keys, same costs, same token)."""
     return _as(call, REFUND)

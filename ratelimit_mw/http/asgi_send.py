@@ -8,9 +8,10 @@ refused WebSocket handshake before ``accept``; `serve_connection` runs an admitt
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from ratelimit_mw.core.plans import Check
 from ratelimit_mw.http.guard import Admit, Guard, Held, Refuse, Unavailable
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
 from ratelimit_mw.limiter import AsyncLimiter
@@ -146,13 +147,14 @@ class Watch:
 
 
 class Holding(Watch):
-    """The ``send`` of a response that holds in-flight slots: it gives them back right after
-    the last body chunk has gone out, renews their lease on a chunk sent a third of a lease
-    after the last renewal, and, for a response (or a WebSocket) that sends nothing for
-    that long, from a timer on the event loop (a timer, not a task: most responses end
-    long before it fires)."""
+    """The ``send`` of a response that holds in-flight slots: right after its last body
+    chunk it hands them (with what its status gives back) to the guard's `Releases`, and
+    `end` waits for that call once the app has returned; it renews their lease on a chunk
+    sent a third of a lease after the last renewal, and, for a response (or a WebSocket)
+    that sends nothing for that long, from a timer on the event loop (a timer, not a task:
+    most responses end long before it fires)."""
 
-    __slots__ = ("guard", "held", "http", "limiter", "renewal", "timer")
+    __slots__ = ("guard", "held", "http", "limiter", "renewal", "sent", "timer")
 
     def __init__(self, guard: Guard, limiter: AsyncLimiter, held: Held, send: Send,
                  http: bool = True) -> None:
@@ -162,17 +164,14 @@ class Holding(Watch):
         self.limiter = limiter
         self.held = held
         self.renewal: asyncio.Task[None] | None = None
-        try:
-            self.timer: asyncio.TimerHandle | None = asyncio.get_running_loop().call_later(
-                held.every, self._tick)
-        except RuntimeError:  # not asyncio (trio): renewed on chunks only
-            self.timer = None
+        self.sent: asyncio.Task[None] | None = None
+        self.timer = asyncio.get_running_loop().call_later(held.every, self._tick)
 
     async def send(self, message: Any) -> None:
         await super().send(message)
         if message["type"] == "http.response.body":
             if not message.get("more_body", False):
-                await self.end()
+                self.finish()
             elif self.held.due():
                 await self.guard.renew_async(self.limiter, self.held)
 
@@ -186,15 +185,60 @@ class Holding(Watch):
                 self.guard.renew_async(self.limiter, held))
         self.timer = asyncio.get_running_loop().call_later(held.every, self._tick)
 
-    async def end(self) -> None:
-        """Give the slots back (once), with what the response's status gives back."""
+    def finish(self) -> None:
+        """Hand the slots (once) to this turn's give-back call, with what the response's
+        status gives back; not awaited here, so the response is never held up by it."""
         held = self.held
         if held.done:
             return
         held.done = True
-        if self.timer is not None:
-            self.timer.cancel()
-        if self.http:
-            await self.guard.release_async(self.limiter, held.admit, self.status)
-        else:
-            await self.guard.refund_async(self.limiter, held.checks, held.token)
+        self.timer.cancel()
+        guard = self.guard
+        checks = guard.released(held.admit, self.status) if self.http else held.checks
+        releases = guard.releases
+        if releases is None:
+            releases = guard.releases = Releases(guard)
+        self.sent = releases.add(self.limiter, checks, held.token)
+
+    async def end(self) -> None:
+        """Once the app has returned (or raised): its slots given back, if its last chunk
+        did not already hand them over, and the give-back call waited for."""
+        self.finish()
+        sent = self.sent
+        if sent is not None and not sent.done():
+            # Shielded: a request cancelled while it waits must not cancel the call that
+            # gives back the other responses' slots too.
+            await asyncio.shield(sent)
+
+
+class Releases:
+    """The give-backs of the responses that end in one turn of the event loop, sent in one
+    call after the turn (per limiter; on a cluster, per identity's slot). Each of those
+    requests waits for it once its app has returned, after its response has gone out, so
+    that none is lost when a loop closes after its last request (a test client's)."""
+
+    __slots__ = ("guard", "hits", "task")
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+        self.hits: list[tuple[AsyncLimiter, Sequence[Check], str | None]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, limiter: AsyncLimiter, checks: Sequence[Check], token: str | None
+            ) -> asyncio.Task[None]:
+        """Give back `checks` (by the hit's `token`) in the call of this turn."""
+        if not self.hits:
+            # It starts on the loop's next turn, with every give-back of this one.
+            self.task = asyncio.get_running_loop().create_task(self._send())
+        self.hits.append((limiter, checks, token))
+        return self.task  # type: ignore[return-value]
+
+    async def _send(self) -> None:
+        hits, self.hits = self.hits, []
+        limiter = hits[0][0]
+        if all(each is limiter for each, _, _ in hits):
+            await self.guard.refund_all_async(limiter, [(checks, token)
+                                                        for _, checks, token in hits])
+            return
+        for each, checks, token in hits:  # limiters swapped under a live app (a test's)
+            await self.guard.refund_async(each, checks, token)

@@ -282,6 +282,8 @@ class Guard:
         self.breaker = Breaker(config.backend_cooldown,
                                repr(policy) if isinstance(policy, str) else "<callable>")
         self.log_failure = ThrottledLog()
+        # The ASGI adapters' give-backs of one turn of the event loop (asgi_send.Releases).
+        self.releases: Any = None
         # on_backend_error="memory": the store's stand-in while it is out, counting on
         # across outages (see `_decide_in_memory`).
         self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
@@ -780,10 +782,17 @@ class Guard:
         """After the response: give back the hits its status gives back (`given_back`,
         asked by the caller: most responses give nothing back, and then nothing is called)
         and the slots it held, by the hit's `token`, in one call; never raises."""
-        if not checks or not self.may_refund():
+        if checks:
+            await self.refund_all_async(limiter, ((checks, token),))
+
+    async def refund_all_async(self, limiter: AsyncLimiter,
+                               hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
+        """`refund_async` of several responses (those that ended in one turn of the event
+        loop), in one call; never raises."""
+        if not self.may_refund():
             return
         try:
-            await limiter._give_back(checks, self.timeout, token)
+            await limiter._give_back_all(hits, self.timeout)
         except Exception as exc:
             self.refund_failed(exc)
 
@@ -841,10 +850,17 @@ class Guard:
         """After the response: give back the hits its status gives back (`given_back`,
         asked by the caller: most responses give nothing back, and then nothing is called)
         and the slots it held, by the hit's `token`, in one call; never raises."""
-        if not checks or not self.may_refund():
+        if checks:
+            self.refund_all_sync(limiter, ((checks, token),))
+
+    def refund_all_sync(self, limiter: Limiter,
+                        hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
+        """`refund_sync` of several responses (those that ended in one turn of the event
+        loop), in one call; never raises."""
+        if not self.may_refund():
             return
         try:
-            limiter._give_back(checks, self.timeout, token)
+            limiter._give_back_all(hits, self.timeout)
         except Exception as exc:
             self.refund_failed(exc)
 
