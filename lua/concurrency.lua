@@ -4,29 +4,40 @@
 --       per slot it holds), scored by the ms its lease ends. Lease ends in the past are
 --       slots already free (removed on the next take).
 -- ARGV (per tier, read by main.lua): limit (slots), period ms (the lease), cost (slots).
--- Reply (to main.lua): concurrency() builds check, take, release and renew.
+-- Reply (to main.lua): concurrency() builds check, take, release, renew and reset.
 
 local function concurrency()
   -- As the other checks: admitted, free before the hit, retry ms (-1: never), reset ms now
   -- and after the hit. A slot frees when some response ends, which nobody can foresee: a
-  -- refusal's retry is the first lease end, at most a second away.
-  local function check(key, limit, lease, cost, now)
-    local live = '(' .. now
-    local held = redis.call('ZCOUNT', key, live, '+inf')
+  -- refusal's retry is the first lease end, at most a second away. Ended leases are free
+  -- slots already, so they go first (nothing any reply says changes) and what is left is
+  -- held. `lazy`: a hit, whose reset now only a refusal reads; false then, for `reset`.
+  local function check(key, limit, lease, cost, now, lazy)
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+    local held = redis.call('ZCARD', key)
     local ok = held + cost <= limit
     local before = limit - held
     if before < 0 then before = 0 end
     local retry, reset_now = 0, 0
     if held > 0 then
-      reset_now = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] - now
+      if lazy and ok then
+        reset_now = false
+      else
+        reset_now = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] - now
+      end
     end
     if cost > limit then
       retry = -1
     elseif not ok then
-      retry = redis.call('ZRANGEBYSCORE', key, live, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2] - now
+      retry = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2] - now
       if retry > 1000 then retry = 1000 end
     end
     return ok, before, retry, reset_now, lease
+  end
+
+  -- The reset now that `check` left to a refusal: when the last lease ends.
+  local function reset(key, now)
+    return redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2] - now
   end
 
   local function members(token, cost)
@@ -35,9 +46,9 @@ local function concurrency()
     return out
   end
 
-  -- Hold `cost` slots until now + lease; the key lives as long as its latest lease.
+  -- Hold `cost` slots until now + lease (`check` has dropped the ended ones); the key lives
+  -- as long as its latest lease.
   local function take(key, lease, cost, token, now)
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
     local args = {}
     for _, member in ipairs(members(token, cost)) do
       args[#args + 1] = now + lease
@@ -65,5 +76,5 @@ local function concurrency()
     if renewed then redis.call('PEXPIRE', key, lease) end
   end
 
-  return check, take, release, renew
+  return check, take, release, renew, reset
 end

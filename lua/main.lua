@@ -47,7 +47,7 @@ local token = argv[3]
 local n = argv[5] + 0
 -- Tier i's seven values are argv[7 * i - 1] .. argv[7 * i + 5].
 
-local fw_check, sw_check, gc_check, sl_check, sl_commit, cc_check, cc_take  -- built on first use
+local fw_check, sw_check, gc_check, sl_check, sl_commit, cc_check, cc_take, cc_reset, _  -- on use
 local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
 
 -- The common shape first: a hit on one tier without a penalty, admitted, decided without the
@@ -271,8 +271,8 @@ for i = 1, n do
     if ahead then tied = true end
     value = false
   elseif algo == 'cc' then
-    if cc_check == nil then cc_check, cc_take = concurrency() end
-    ok, before, retry, reset_now, reset_hit = cc_check(keys[i], limit, period, cost, now)
+    if cc_check == nil then cc_check, cc_take, _, _, cc_reset = concurrency() end
+    ok, before, retry, reset_now, reset_hit = cc_check(keys[i], limit, period, cost, now, hit)
     value = true
   else
     local v
@@ -348,7 +348,9 @@ if hit then
   for i = 1, n do
     local k, j = 5 * i - 4, 4 * i - 4
     reply[k + 2] = other[j + 1]
-    reply[k + 4] = other[j + 2]
+    local reset_now = other[j + 2]
+    if reset_now == false then reset_now = cc_reset(keys[i], now) end  -- left by cc_check
+    reply[k + 4] = reset_now
   end
 end
 

@@ -77,6 +77,25 @@ def test_a_calendar_policy_sends_its_zone_s_offset_schedule_for_day_tiers_only()
     assert tier_args(plans.build(plans.HIT, [plans.Check(plain, "u")], "rl"))[0][6] == ""
 
 
+def test_a_batch_gives_back_several_hits_in_one_call_each_tier_with_its_hit_s_token() -> None:
+    slots = rl.Policy.in_flight(4, name="export")
+    banned = rl.Policy("2/minute;5/hour", algorithm="fixed-window", penalty=60)
+    one = plans.build(plans.REFUND, [plans.Check(slots, "u"), plans.Check(banned, "u")], "rl",
+                      token="t1")
+    two = plans.build(plans.REFUND, [plans.Check(slots, "v")], "rl", token="t2")
+    call = plans.batch([one, two])
+    # Tier keys only (no ban key: nothing given back by token reads one), tiers in order.
+    assert call.keys == [one.keys[0], one.keys[1], one.keys[2], two.keys[0]]
+    assert call.args[:5] == ["R", "", "t1 t1 t1 t2", "", 4]
+    assert [tier[4:6] for tier in tier_args(call)] == [[0, ""]] * 4
+    assert call.layout == (*one.layout, *two.layout)
+    assert plans.batch([two]) is two
+    with pytest.raises(ValueError):
+        plans.batch([one, plans.build(plans.HIT, [plans.Check(slots, "w")], "rl")])
+    with pytest.raises(ValueError):  # a give-back with no token names no hit of its own
+        plans.batch([one, plans.build(plans.REFUND, [plans.Check(banned, "w")], "rl")])
+
+
 def test_the_lua_source_is_read_at_first_use_not_at_import() -> None:
     code = ("import ratelimit_mw, ratelimit_mw.backends.redis\n"
             "from ratelimit_mw.core import scripts\n"

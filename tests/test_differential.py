@@ -5,8 +5,8 @@ Hypothesis draws policies (every algorithm, one to three tiers, with and without
 calendar days and weeks in zones with and without DST, with the app's clock up to 30 days
 off the script's; in-flight limits) and a sequence of operations: time advances, hits of
 several policies at once under several identities, peeks, refunds (of a hit by its token:
-in-flight slots given back), lease renewals, charges (a hit recorded whether or not
-admitted), resets, bookings and cancellations, starting
+in-flight slots given back; several hits' given back in one batched call), lease renewals,
+charges (a hit recorded whether or not admitted), resets, bookings and cancellations, starting
 at an ordinary time or hours before a DST change. Each operation is built ONCE (same keys,
 same explicit `now`, same token) and run on both backends; the raw replies must be equal,
 reply for reply. On the real Redis a fresh key prefix per example keeps the shared server
@@ -87,7 +87,7 @@ ops = st.builds(
     advance_ms=st.sampled_from([0, 0, 1, 7, 250, 999, 1_000, 1_001, 2_500, 9_999, 61_000,
                                 3_600_000, 43_200_000]),
     kind=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund", "uncheck", "reset",
-                          "book", "cancel", "renew", "charge"]),
+                          "book", "cancel", "renew", "charge", "release"]),
     picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
                              st.sampled_from([1, 1, 1, 2, 3, 6, 12, 25])),
                    min_size=1, max_size=3).map(tuple),
@@ -199,6 +199,14 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
             elif op.kind == "uncheck" and admitted:
                 hit = admitted.pop()
                 twin.run(twin.build(plans.REFUND, _checks(hit), token=hit.args[2]))
+            elif op.kind == "release" and any(hit.args[2] for hit in admitted):
+                # The responses that ended in one turn of the loop: their hits (those with a
+                # token: a sliding log's, or holding slots) given back in ONE call.
+                tokened = [hit for hit in admitted if hit.args[2]][-1 - op.offset_ms % 3:]
+                for hit in tokened:
+                    admitted.remove(hit)
+                twin.run(plans.batch([twin.build(plans.REFUND, _checks(hit), token=hit.args[2])
+                                      for hit in tokened]))
             elif op.kind == "renew" and admitted:
                 hit = admitted[-1]
                 twin.run(twin.build(plans.RENEW, _checks(hit), token=hit.args[2]))

@@ -191,6 +191,63 @@ def test_the_slot_comes_back_after_the_last_chunk_before_background_work(
     asyncio.run(main())
 
 
+def test_the_slots_of_responses_ending_in_one_turn_go_back_in_one_call(
+        alimiter: rl.AsyncLimiter, abackend: Any) -> None:
+    sent: list[Any] = []
+    arun = abackend.arun
+
+    async def spy(call: Any, deadline: float | None = None) -> Any:
+        sent.append(call)
+        return await arun(call, deadline)
+
+    abackend.arun = spy
+
+    async def main() -> None:
+        gate = asyncio.Event()
+        waiting: list[int] = []
+
+        @alimiter.limit(concurrency=4)
+        async def slow(request: Request) -> Response:
+            waiting.append(1)
+            await gate.wait()
+            return PlainTextResponse("ok")
+
+        app = app_of(alimiter, [Route("/slow", slow)])
+        holders = [Exchange(app, "/slow") for _ in range(4)]
+        while len(waiting) < 4:  # all four admitted (a round trip each on Redis)
+            await asyncio.sleep(0.001)
+        sent.clear()
+        gate.set()  # all four end in the same turn of the loop
+        await asyncio.gather(*(holder.task for holder in holders))
+        assert [holder.status for holder in holders] == [200] * 4
+        assert [call.op for call in sent] == ["R"]
+        assert len(set(sent[0].args[2].split())) == 4  # each response's own token
+        # Every slot is free again: four more are admitted at once.
+        gate.clear()
+        again = [Exchange(app, "/slow") for _ in range(4)]
+        while len(waiting) < 8 and not any(exchange.task.done() for exchange in again):
+            await asyncio.sleep(0.001)
+        gate.set()
+        await asyncio.gather(*(exchange.task for exchange in again))
+        assert [exchange.status for exchange in again] == [200] * 4
+        await closed(alimiter)
+
+    asyncio.run(main())
+
+
+def test_a_test_client_without_a_with_block_gets_every_slot_back() -> None:
+    # Such a client runs each request on an event loop of its own, closed right after it:
+    # the give-back, sent after the response, must be done by then.
+    limiter = rl.AsyncLimiter(rl.MemoryBackend())
+
+    @limiter.limit(concurrency=1)
+    async def one(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    client = TestClient(app_of(limiter, [Route("/one", one)]))
+    assert [client.get("/one").status_code for _ in range(3)] == [200, 200, 200]
+
+
 def test_the_slot_comes_back_when_the_app_raises(alimiter: rl.AsyncLimiter) -> None:
     async def main() -> None:
         @alimiter.limit(concurrency=1)
