@@ -65,15 +65,18 @@ def _asgi_apps(redis_url: str) -> dict[str, Any]:
     async def hello(request: Request) -> Response:
         return PlainTextResponse("Hello, world!")
 
-    def app(backend: Any = None) -> Starlette:
+    def app(backend: Any = None, concurrency: int | None = None) -> Starlette:
         middleware = None
         if backend is not None:
             limiter = AsyncLimiter(backend, prefix="rlprofile", deny_cache=0)
             middleware = [Middleware(RateLimitMiddleware, limiter=limiter,
-                                     default=Policy(LIMIT, algorithm=ALGORITHM))]
+                                     default=Policy(LIMIT, algorithm=ALGORITHM),
+                                     concurrency=concurrency)]
         return Starlette(routes=[Route("/", hello)], middleware=middleware)
 
+    # "inflight": the rate and an in-flight limit (a slot held while each response runs).
     return {"bare": app(), "memory": app(MemoryBackend()),
+            "inflight": app(MemoryBackend(), concurrency=1_000_000),
             "redis": app(AsyncRedisBackend.from_url(redis_url))}
 
 

@@ -34,6 +34,7 @@ from ratelimit_mw.core import scripts
 from ratelimit_mw.core.compiled import bulk
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.wire import Arg
 
 try:
     import redis
@@ -169,13 +170,29 @@ def _memory(redis_kwargs: dict[str, Any]) -> MemoryBackend:
     return MemoryBackend()
 
 
+# The bytes of tier arguments (algorithm codes, limits, periods, costs): few values, sent
+# again and again (a batch of give-backs repeats its tiers per response).
+_TIER_BYTES: dict[Arg, bytes] = {}
+
+
+def _tier_bytes(value: Arg) -> bytes:
+    found = _TIER_BYTES.get(value)
+    if found is None:
+        found = bulk(value)
+        if len(_TIER_BYTES) < 1024:  # bounded: dynamic limits make new values
+            _TIER_BYTES[value] = found
+    return found
+
+
 def pack(call: ScriptCall) -> bytes:
     """The EVALSHA of `call` in Redis's wire format. A hit a `Compiled` built is its
     memoised bytes around its keys'."""
     compiled = call.compiled
     if compiled is None:
-        parts = ("EVALSHA", scripts.sha1(), len(call.keys), *call.keys, *call.args)
-        return b"*%d\r\n" % len(parts) + b"".join(map(bulk, parts))
+        keys, args = call.keys, call.args
+        return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), bulk("EVALSHA"),
+                         bulk(scripts.sha1()), bulk(len(keys)), *map(bulk, keys),
+                         *map(bulk, args[:5]), *map(_tier_bytes, args[5:])))
     wire = [compiled.head]
     for key in call.keys:
         raw = key.encode()

@@ -56,7 +56,8 @@ class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
     __slots__ = ("_key_suffixes", "_suffixes", "after_key", "after_token", "costs", "head",
-                 "items", "log", "policies", "prefix", "rate", "static", "tail")
+                 "in_flight", "items", "log", "policies", "prefix", "rate", "renew_every",
+                 "static", "tail")
 
     def __init__(self, items: Sequence[tuple[Policy, int]], prefix: str) -> None:
         if not items:
@@ -72,6 +73,11 @@ class Compiled:
         forms = [wire(policy) for policy in self.policies]
         # A sliding log's entries and in-flight slots are named by a token unique to the call.
         self.log = any(form.code in TOKENED for form in forms)
+        # The in-flight items (their positions), and how often a holder renews their leases
+        # (a third of the shortest), in seconds.
+        self.in_flight = tuple(i for i, form in enumerate(forms) if form.code == "cc")
+        self.renew_every = min((self.policies[i].rates[0].period_ms / 3000
+                                for i in self.in_flight), default=0.0)
         only = self.policies[0]
         self.rate = only.rates[0] if len(items) == 1 and len(only.rates) == 1 else None
         # Arguments fixed by the costs alone, each policy once: the call is assembled here.

@@ -148,13 +148,13 @@ class Watch:
 
 class Holding(Watch):
     """The ``send`` of a response that holds in-flight slots: right after its last body
-    chunk it hands them (with what its status gives back) to the guard's `Releases`, and
-    `end` waits for that call once the app has returned; it renews their lease on a chunk
-    sent a third of a lease after the last renewal, and, for a response (or a WebSocket)
-    that sends nothing for that long, from a timer on the event loop (a timer, not a task:
-    most responses end long before it fires)."""
+    chunk has gone out (else when the app returns or raises) it gives them back, with what
+    its status gives back, together with every other response of the guard that ends in the
+    same turn of the event loop (`Holders`); it renews their lease on a chunk sent a third of
+    a lease after the last renewal (a response, or a WebSocket, that sends nothing for that
+    long is renewed by the holders' timer)."""
 
-    __slots__ = ("guard", "held", "http", "limiter", "renewal", "sent", "timer")
+    __slots__ = ("guard", "held", "holders", "http", "limiter", "renewal")
 
     def __init__(self, guard: Guard, limiter: AsyncLimiter, held: Held, send: Send,
                  http: bool = True) -> None:
@@ -164,76 +164,96 @@ class Holding(Watch):
         self.limiter = limiter
         self.held = held
         self.renewal: asyncio.Task[None] | None = None
-        self.sent: asyncio.Task[None] | None = None
-        self.timer = asyncio.get_running_loop().call_later(held.every, self._tick)
+        holders = guard.holders
+        if holders is None:
+            holders = guard.holders = Holders(guard)
+        self.holders: Holders = holders
+        holders.hold(self)
 
     async def send(self, message: Any) -> None:
         await super().send(message)
         if message["type"] == "http.response.body":
             if not message.get("more_body", False):
-                self.finish()
+                await self.end()
             elif self.held.due():
                 await self.guard.renew_async(self.limiter, self.held)
 
-    def _tick(self) -> None:
-        held = self.held
-        if held.done:
-            return
-        if held.due() and (self.renewal is None or self.renewal.done()):
+    def renew(self) -> None:
+        """From the holders' timer: renew the lease if it is due (and no renewal runs)."""
+        if self.held.due() and (self.renewal is None or self.renewal.done()):
             # Kept here: the loop holds only a weak reference to a task.
             self.renewal = asyncio.get_running_loop().create_task(
-                self.guard.renew_async(self.limiter, held))
-        self.timer = asyncio.get_running_loop().call_later(held.every, self._tick)
+                self.guard.renew_async(self.limiter, self.held))
 
-    def finish(self) -> None:
-        """Hand the slots (once) to this turn's give-back call, with what the response's
-        status gives back; not awaited here, so the response is never held up by it."""
+    async def end(self) -> None:
+        """Give the slots back (once), with what the response's status gives back: the
+        first response of this turn sends every give-back of the turn in one call, after
+        letting the turn's others join it; the others wait for nothing."""
         held = self.held
         if held.done:
             return
         held.done = True
-        self.timer.cancel()
         guard = self.guard
-        checks = guard.released(held.admit, self.status) if self.http else held.checks
-        releases = guard.releases
-        if releases is None:
-            releases = guard.releases = Releases(guard)
-        self.sent = releases.add(self.limiter, checks, held.token)
-
-    async def end(self) -> None:
-        """Once the app has returned (or raised): its slots given back, if its last chunk
-        did not already hand them over, and the give-back call waited for."""
-        self.finish()
-        sent = self.sent
-        if sent is not None and not sent.done():
-            # Shielded: a request cancelled while it waits must not cancel the call that
-            # gives back the other responses' slots too.
-            await asyncio.shield(sent)
+        # Most responses give back no hit: their slots alone (a WebSocket's, always).
+        checks = (guard.released(held.admit, self.status)
+                  if self.http and guard.given_back(held.admit, self.status) else held.checks)
+        if self.holders.give_back(self, checks, held.token):
+            try:
+                await asyncio.sleep(0)  # a turn of the loop: the others of this one join
+            finally:  # cancelled or not, the turn's slots go back
+                await self.holders.send()
 
 
-class Releases:
-    """The give-backs of the responses that end in one turn of the event loop, sent in one
-    call after the turn (per limiter; on a cluster, per identity's slot). Each of those
-    requests waits for it once its app has returned, after its response has gone out, so
-    that none is lost when a loop closes after its last request (a test client's)."""
+class Holders:
+    """The requests of one guard that hold in-flight slots on this event loop: one timer
+    renews the leases of those that send nothing for a third of a lease, and the slots of
+    the responses that end in one turn of the loop go back in one call (per limiter; on a
+    cluster, per identity's slot), sent by the first of them a turn later. No task: the
+    call is part of a request, so it is done before the loop can close (a test client's)."""
 
-    __slots__ = ("guard", "hits", "task")
+    __slots__ = ("every", "guard", "hits", "live", "loop", "timer")
 
     def __init__(self, guard: Guard) -> None:
         self.guard = guard
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.live: set[Holding] = set()
+        self.timer: asyncio.TimerHandle | None = None
+        self.every = 0.0  # the timer's period: the shortest renewal period among the live
         self.hits: list[tuple[AsyncLimiter, Sequence[Check], str | None]] = []
-        self.task: asyncio.Task[None] | None = None
 
-    def add(self, limiter: AsyncLimiter, checks: Sequence[Check], token: str | None
-            ) -> asyncio.Task[None]:
-        """Give back `checks` (by the hit's `token`) in the call of this turn."""
-        if not self.hits:
-            # It starts on the loop's next turn, with every give-back of this one.
-            self.task = asyncio.get_running_loop().create_task(self._send())
-        self.hits.append((limiter, checks, token))
-        return self.task  # type: ignore[return-value]
+    def hold(self, holding: Holding) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self.loop:  # another loop (a test client's per request): afresh
+            self.loop, self.live, self.timer, self.hits = loop, set(), None, []
+        self.live.add(holding)
+        every = holding.held.every
+        if self.timer is None or every < self.every:
+            if self.timer is not None:
+                self.timer.cancel()
+            self.every = every
+            self.timer = loop.call_later(every, self._tick)
 
-    async def _send(self) -> None:
+    def _tick(self) -> None:
+        """Renew what is due; a holder is renewed at most two thirds of its lease after the
+        last renewal (due at a third, seen by the next tick)."""
+        self.timer = None
+        if not self.live:
+            return
+        for holding in list(self.live):
+            holding.renew()
+        self.every = min(holding.held.every for holding in self.live)
+        self.timer = self.loop.call_later(self.every, self._tick)  # type: ignore[union-attr]
+
+    def give_back(self, holding: Holding, checks: Sequence[Check], token: str | None
+                  ) -> bool:
+        """Add `checks` (given back by the hit's `token`) to this turn's call; True for the
+        first of the turn, which then sends them all (`send`)."""
+        self.live.discard(holding)
+        self.hits.append((holding.limiter, checks, token))
+        return len(self.hits) == 1
+
+    async def send(self) -> None:
+        """Send what this turn gives back: one call per limiter (on a cluster, per slot)."""
         hits, self.hits = self.hits, []
         limiter = hits[0][0]
         if all(each is limiter for each, _, _ in hits):

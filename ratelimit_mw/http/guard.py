@@ -155,7 +155,9 @@ class Plan(NamedTuple):
     @property
     def held(self) -> tuple[Check, ...]:
         """The in-flight slots among the checks."""
-        return tuple(check for check in self.checks if check.policy.algorithm == IN_FLIGHT)
+        compiled, identities = self.compiled, self.identities
+        return tuple(_new(Check, (compiled.policies[i], identities[i], compiled.costs[i]))
+                     for i in compiled.in_flight)
 
 
 class Held:
@@ -171,7 +173,7 @@ class Held:
             raise ValueError("Held is for an admitted request that holds in-flight slots")
         self.admit = admit
         self.checks = plan.held
-        self.every = min(check.policy.rates[0].period_ms for check in self.checks) / 3000
+        self.every = plan.compiled.renew_every
         self.clock = clock
         self.next = clock() + self.every
         self.done = False
@@ -282,8 +284,9 @@ class Guard:
         self.breaker = Breaker(config.backend_cooldown,
                                repr(policy) if isinstance(policy, str) else "<callable>")
         self.log_failure = ThrottledLog()
-        # The ASGI adapters' give-backs of one turn of the event loop (asgi_send.Releases).
-        self.releases: Any = None
+        # The ASGI requests holding in-flight slots, renewed and given back together
+        # (asgi_send.Holders), made on first use.
+        self.holders: Any = None
         # on_backend_error="memory": the store's stand-in while it is out, counting on
         # across outages (see `_decide_in_memory`).
         self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
