@@ -292,20 +292,24 @@ class _Shared:
 
     def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]]
                        ) -> list[ScriptCall]:
-        """The calls giving back what these hits recorded: those named by a token batched
-        into one call (per identity on a cluster, one slot each); the deny cache forgets
-        every check, since the store changes under it."""
+        """The calls giving back what these hits recorded: those named by a token in one
+        call (on a cluster, one per identity's slot), each check by its hit's token; the
+        deny cache forgets every check, since the store changes under it."""
         alone: list[ScriptCall] = []
-        batches: dict[str, list[ScriptCall]] = {}
+        batches: dict[str, tuple[list[Check], list[str]]] = {}
         cluster = self._backend.is_cluster
         for checks, token in hits:
             self._forget(checks)
-            for call in self._slot_calls(plans.REFUND, checks, token):
-                if token:
-                    batches.setdefault(call.layout[0][1] if cluster else "", []).append(call)
-                else:
-                    alone.append(call)
-        return alone + [plans.batch(calls) for calls in batches.values()]
+            if not token:
+                alone += self._slot_calls(plans.REFUND, checks)
+                continue
+            for check in checks:
+                batch = batches.setdefault(check.identity if cluster else "", ([], []))
+                batch[0].append(check)
+                batch[1].append(token)
+        return alone + [plans.build(plans.REFUND, checks, self.prefix, now_us=self._now_us(),
+                                    clock_ms=self._clock_ms, tokens=tokens)
+                        for checks, tokens in batches.values()]
 
     def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1,
                 at: _dt.datetime | None = None, token: str | None = None) -> ScriptCall:

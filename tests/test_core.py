@@ -79,21 +79,20 @@ def test_a_calendar_policy_sends_its_zone_s_offset_schedule_for_day_tiers_only()
 
 def test_a_batch_gives_back_several_hits_in_one_call_each_tier_with_its_hit_s_token() -> None:
     slots = rl.Policy.in_flight(4, name="export")
-    banned = rl.Policy("2/minute;5/hour", algorithm="fixed-window", penalty=60)
-    one = plans.build(plans.REFUND, [plans.Check(slots, "u"), plans.Check(banned, "u")], "rl",
-                      token="t1")
-    two = plans.build(plans.REFUND, [plans.Check(slots, "v")], "rl", token="t2")
-    call = plans.batch([one, two])
-    # Tier keys only (no ban key: nothing given back by token reads one), tiers in order.
-    assert call.keys == [one.keys[0], one.keys[1], one.keys[2], two.keys[0]]
-    assert call.args[:5] == ["R", "", "t1 t1 t1 t2", "", 4]
-    assert [tier[4:6] for tier in tier_args(call)] == [[0, ""]] * 4
-    assert call.layout == (*one.layout, *two.layout)
-    assert plans.batch([two]) is two
-    with pytest.raises(ValueError):
-        plans.batch([one, plans.build(plans.HIT, [plans.Check(slots, "w")], "rl")])
-    with pytest.raises(ValueError):  # a give-back with no token names no hit of its own
-        plans.batch([one, plans.build(plans.REFUND, [plans.Check(banned, "w")], "rl")])
+    rate = rl.Policy("2/minute;5/hour", algorithm="fixed-window", penalty=60)
+    checks = [plans.Check(slots, "u"), plans.Check(rate, "u"), plans.Check(slots, "u")]
+    call = plans.build(plans.REFUND, checks, "rl", tokens=["t1", "t1", "t2"])
+    # Both hits of the same slots count (the same policy and identity, two tokens); every
+    # tier carries its hit's token; the ban key follows the tier keys, as in any call.
+    assert call.args[2:5] == ["t1 t1 t1 t2", "", 4]
+    assert call.keys[0] == call.keys[3] and len(call.keys) == 5
+    assert call.layout == tuple((check.policy, check.identity) for check in checks)
+    # One hit's batch is its plain give-back.
+    assert plans.build(plans.REFUND, checks[:2], "rl", tokens=["t1", "t1"]).args[2] == "t1"
+    for op, tokens in [(plans.HIT, ["t1", "t1", "t2"]), (plans.REFUND, ["t1", "", "t2"]),
+                       (plans.REFUND, ["t1", "t1"]), (plans.REFUND, ["t1", "t 1", "t2"])]:
+        with pytest.raises(ValueError):
+            plans.build(op, checks, "rl", tokens=tokens)
 
 
 def test_the_lua_source_is_read_at_first_use_not_at_import() -> None:

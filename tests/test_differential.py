@@ -205,8 +205,10 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
                 tokened = [hit for hit in admitted if hit.args[2]][-1 - op.offset_ms % 3:]
                 for hit in tokened:
                     admitted.remove(hit)
-                twin.run(plans.batch([twin.build(plans.REFUND, _checks(hit), token=hit.args[2])
-                                      for hit in tokened]))
+                twin.run(twin.build(plans.REFUND,
+                                    [check for hit in tokened for check in _checks(hit)],
+                                    tokens=[hit.args[2] for hit in tokened
+                                            for _ in _checks(hit)]))
             elif op.kind == "renew" and admitted:
                 hit = admitted[-1]
                 twin.run(twin.build(plans.RENEW, _checks(hit), token=hit.args[2]))

@@ -112,8 +112,13 @@ def build(
     at_ms: int | None = None,
     token: str | None = None,
     clock_ms: int | Callable[[], int] = 0,
+    tokens: Sequence[str] | None = None,
 ) -> ScriptCall:
     """Build the one script call deciding every tier of every check.
+
+    ``tokens``, one per check, makes a batch of give-backs or renewals (R, N) of several
+    hits, each check by its own hit's token: the responses that ended in one turn of the
+    event loop give back their slots in one call.
 
     ``clock_ms`` is the app's clock (or a callable reading it, called only when needed),
     used only to choose which stretch of a ``tz=`` policy's UTC-offset schedule to send
@@ -125,13 +130,17 @@ def build(
     tier_args: list[Arg] = []
     layout: list[tuple[Policy, str]] = []
     ban_keys: list[str] = []
-    seen: set[tuple[int, str]] = set()
+    seen: set[tuple[int, str, str]] = set()
     uses_log = False
-    for check in checks:
+    tier_tokens: list[str] = []
+    if tokens is not None and (op not in (REFUND, RENEW) or len(tokens) != len(checks)
+                               or not all(tokens) or any(" " in each for each in tokens)):
+        raise ValueError("a batch gives back (or renews) each check by its own hit's token")
+    for position, check in enumerate(checks):
         policy = check.policy
         identity = check.identity
         if len(checks) > 1:
-            marker = (id(policy), identity)
+            marker = (id(policy), identity, "" if tokens is None else tokens[position])
             if marker in seen:
                 # The same policy for the same identity twice (a rule and a default that are
                 # one object) must count once, not twice.
@@ -143,6 +152,8 @@ def build(
         if form.code in TOKENED:
             uses_log = True
         keys += [head + suffix for suffix in form.suffixes]
+        if tokens is not None:
+            tier_tokens += [tokens[position]] * len(form.suffixes)
         layout.append((policy, identity))
         if form.static:
             tier_args += form.static_args(cost)
@@ -171,7 +182,9 @@ def build(
             if isinstance(index, int) and index < 0:
                 tier_args[i] = n - index  # -k -> position n + k in KEYS (1-based)
         keys += ban_keys
-    if token is None:
+    if tokens is not None:  # main.lua's batch: each tier's token (one, if all are one)
+        token = tokens[0] if len(set(tokens)) == 1 else " ".join(tier_tokens)
+    elif token is None:
         token = new_token() if uses_log and op in (HIT, BOOK, CHARGE) else ""
     args: list[Arg] = [
         op,
@@ -318,33 +331,6 @@ def group_by_slot(checks: Sequence[Check]) -> list[list[Check]]:
     for check in checks:
         groups.setdefault(check.identity, []).append(check)
     return list(groups.values())
-
-
-def batch(calls: Sequence[ScriptCall]) -> ScriptCall:
-    """Give-backs (or renewals) of several hits by their tokens as ONE call: their tiers one
-    after another, each with its hit's token (lua/main.lua's batch). Their ban keys stay
-    out: nothing given back by token reads a ban. On a cluster, every call must name keys
-    of one slot (`Engine._release_calls` batches per identity)."""
-    if len(calls) == 1:
-        return calls[0]
-    op = calls[0].op
-    keys: list[str] = []
-    tiers: list[Arg] = []
-    tokens: list[str] = []
-    layout: list[tuple[Policy, str]] = []
-    for call in calls:
-        args = call.args
-        token = args[2]
-        if call.op != op or op not in (REFUND, RENEW) or not isinstance(token, str) or not token:
-            raise ValueError("a batch is of give-backs or renewals by their hits' tokens")
-        n = int(args[4])
-        keys += call.keys[:n]
-        for i in range(5, 5 + 7 * n, 7):
-            tiers += (*args[i:i + 4], 0, "", args[i + 6])
-        tokens += [token] * n
-        layout += call.layout
-    return ScriptCall(keys, [op, calls[0].args[1], " ".join(tokens), "", len(keys), *tiers],
-                      tuple(layout), op)
 
 
 def refund_of(call: ScriptCall) -> ScriptCall:
