@@ -50,9 +50,9 @@ local function concurrency()
   -- as long as its latest lease.
   local function take(key, lease, cost, token, now)
     local args = {}
-    for _, member in ipairs(members(token, cost)) do
-      args[#args + 1] = now + lease
-      args[#args + 1] = member
+    for j = 1, cost do
+      args[2 * j - 1] = now + lease
+      args[2 * j] = token .. ':' .. j
     end
     redis.call('ZADD', key, unpack(args))
     redis.call('PEXPIRE', key, lease)

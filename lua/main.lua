@@ -107,29 +107,36 @@ if n == 1 and op == 'H' and argv[10] == '0' and argv[6] ~= 'cc' then
   end
 end
 
--- The common shape of several tiers: a hit on epoch-aligned fixed windows without a penalty
--- ("10/second;100/minute;1000/hour"): fixed_window.lua's check, written out once per tier,
--- every key read by one MGET, the writes made only once every tier admits. A refusal goes on
--- to the loop below with what was read here.
-if n > 1 and op == 'H' then
+-- The common shape of several tiers, or of an in-flight limit: a hit on epoch-aligned fixed
+-- windows ("10/second;100/minute;1000/hour") and in-flight slots, without a penalty: each
+-- check written out once per tier (fixed_window.lua's, concurrency.lua's), every string key
+-- read by one MGET, the writes made only once every tier admits. A refusal goes on to the
+-- loop below with what was read here.
+if op == 'H' and (n > 1 or argv[6] == 'cc') then
   local plain = true
   for i = 1, n do
     local b = 7 * i - 2
-    if argv[b + 1] ~= 'fw' or argv[b + 5] ~= '0' or argv[b + 7] ~= '' then
+    local algo = argv[b + 1]
+    if (algo ~= 'fw' and algo ~= 'cc') or argv[b + 5] ~= '0' or argv[b + 7] ~= '' then
       plain = false
       break
     end
   end
   if plain then
-    values = redis.call('MGET', unpack(keys))
+    values = redis.call('MGET', unpack(keys))  -- a slots key reads as false
     -- Sized up front for up to three tiers, as the loop's tables below.
     local reply = {1, 0, 0, 0, 0, 0, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
-    local writes = {nil, nil, nil, nil, nil, nil}  -- per tier: the value, PX or false
+    local writes = {nil, nil, nil, nil, nil, nil}  -- per tier: the value (true: slots), PX
     for i = 1, n do
       local b = 7 * i - 2
       local limit, period, cost = argv[b + 2] + 0, argv[b + 3] + 0, argv[b + 4] + 0
       local ok, before, retry, reset_now, reset_hit, value, px
-      --@inline fixed_window.check(values[i], limit, period, cost, '', now, own_clock) -> ok, before, retry, reset_now, reset_hit, value, px
+      if argv[b + 1] == 'cc' then
+        --@inline concurrency.check(keys[i], limit, period, cost, now, true) -> ok, before, retry, reset_now, reset_hit
+        value = true
+      else
+        --@inline fixed_window.check(values[i], limit, period, cost, '', now, own_clock) -> ok, before, retry, reset_now, reset_hit, value, px
+      end
       if not ok then
         plain = false
         break
@@ -142,7 +149,9 @@ if n > 1 and op == 'H' then
     if plain then
       for i = 1, n do
         local j = 2 * i - 1
-        if writes[j + 1] then
+        if writes[j] == true then
+          --@inline concurrency.take(keys[i], argv[7 * i + 1] + 0, argv[7 * i + 2] + 0, token, now)
+        elseif writes[j + 1] then
           redis.call('SET', keys[i], writes[j], 'PX', string.format('%d', writes[j + 1]))
         else
           redis.call('SET', keys[i], writes[j], 'KEEPTTL')

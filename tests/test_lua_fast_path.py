@@ -1,8 +1,8 @@
 """The script's shortcuts against its general loop (lua/main.lua).
 
 The shortcuts answer the common hits without the loop: a hit on one tier without a penalty
-(each algorithm's check written out inline), and a hit on epoch-aligned fixed windows without
-a penalty, of one policy or several. The reference is the same script with both shortcut
+(each algorithm's check written out inline), and a hit on epoch-aligned fixed windows and
+in-flight slots without a penalty, of one policy or several. The reference is the same script with both shortcut
 blocks switched off (`if false and ...`), so the general loop decides every call.
 
 Hypothesis draws policies and a sequence of hits, peeks and bookings (entries ahead of now,
@@ -40,7 +40,7 @@ from ratelimit_mw.core import plans, scripts
 START_MS = 1_800_000_000_000
 # The first line of each shortcut block in lua/main.lua: one tier, then several fixed windows.
 SHORTCUTS = ("if n == 1 and op == 'H' and argv[10] == '0' and argv[6] ~= 'cc' then",
-            "if n > 1 and op == 'H' then")
+            "if op == 'H' and (n > 1 or argv[6] == 'cc') then")
 
 
 @functools.cache
@@ -143,12 +143,13 @@ FIXED_WINDOW_RATES = st.lists(
     pool=st.lists(FIXED_WINDOW_RATES, min_size=1, max_size=3),
     # The last policy of the pool may be of another algorithm: a call with one such tier must
     # leave the shortcut for the loop on both servers.
-    other=st.sampled_from([None, None, "sliding-window", "gcra", "sliding-log"]),
+    other=st.sampled_from([None, None, "sliding-window", "gcra", "sliding-log", "concurrency",
+                           "concurrency"]),
     # Namesakes: policies of one name whose tiers of one period share a key.
     namesakes=st.booleans(),
     own_clock=st.booleans(),
     steps=st.lists(st.tuples(st.sampled_from([0, 0, 1, 300, 999, 1_000, 4_000, 61_000]),
-                             st.sampled_from(["hit", "hit", "hit", "peek"]),
+                             st.sampled_from(["hit", "hit", "hit", "peek", "release"]),
                              st.lists(st.tuples(st.integers(0, 2), st.sampled_from("ab"),
                                                 st.sampled_from([1, 1, 2, 6])),
                                       min_size=1, max_size=3)),
@@ -165,15 +166,28 @@ def test_several_fixed_window_tiers_answer_as_the_general_loop(
     policies = [rl.Policy([rl.Rate(limit, period) for limit, period in rates],
                           algorithm="fixed-window", name="p" if namesakes else f"p{i}")
                 for i, rates in enumerate(pool)]
-    if other is not None:
+    if other == "concurrency":  # in-flight slots: the shortcut takes them beside the windows
+        limit, period = pool[-1][0]
+        policies[-1] = rl.Policy.in_flight(limit, lease=period / 1000, name="other")
+    elif other is not None:
         policies[-1] = rl.Policy(policies[-1].rates, algorithm=other, name="other")
     fast = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     loop = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     now_ms = START_MS
+    held: list[tuple[plans.ScriptCall, list[plans.Check]]] = []  # hits that hold slots
     for advance, kind, picks in steps:
         now_ms += advance
+        now_us = None if own_clock else now_ms * 1000
+        if kind == "release":
+            if held:
+                hit, checks = held.pop()
+                compare(fast, loop, plans.build(plans.REFUND, checks, "f", now_us=now_us,
+                                                token=hit.args[2]), now_ms, own_clock)
+            continue
         checks = [plans.Check(policies[index % len(policies)], identity, cost)
                   for index, identity, cost in picks]
         call = plans.build(plans.PEEK if kind == "peek" else plans.HIT, checks, "f",
-                           now_us=None if own_clock else now_ms * 1000, clock_ms=now_ms)
+                           now_us=now_us, clock_ms=now_ms)
         compare(fast, loop, call, now_ms, own_clock)
+        if kind == "hit" and call.args[2]:
+            held.append((call, checks))
