@@ -293,21 +293,26 @@ class _Shared:
     def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]]
                        ) -> list[ScriptCall]:
         """The calls giving back what these hits recorded: those named by a token in one
-        call (on a cluster, one per identity's slot), each check by its hit's token; the
-        deny cache forgets every check, since the store changes under it."""
-        alone: list[ScriptCall] = []
+        call (on a cluster, one per identity's slot), each check by its hit's token; one
+        hit alone, its own call (memoised); the deny cache forgets every check, since the
+        store changes under it."""
+        if len(hits) == 1:
+            checks, token = hits[0]
+            self._forget(checks)
+            return self._slot_calls(plans.REFUND, checks, token)
+        calls: list[ScriptCall] = []
         batches: dict[str, tuple[list[Check], list[str]]] = {}
         cluster = self._backend.is_cluster
         for checks, token in hits:
             self._forget(checks)
             if not token:
-                alone += self._slot_calls(plans.REFUND, checks)
+                calls += self._slot_calls(plans.REFUND, checks)
                 continue
             for check in checks:
                 batch = batches.setdefault(check.identity if cluster else "", ([], []))
                 batch[0].append(check)
                 batch[1].append(token)
-        return alone + [plans.build(plans.REFUND, checks, self.prefix, now_us=self._now_us(),
+        return calls + [plans.build(plans.REFUND, checks, self.prefix, now_us=self._now_us(),
                                     clock_ms=self._clock_ms, tokens=tokens)
                         for checks, tokens in batches.values()]
 
