@@ -255,6 +255,8 @@ class Holders:
     async def send(self) -> None:
         """Send what this turn gives back: one call per limiter (on a cluster, per slot)."""
         hits, self.hits = self.hits, []
+        if not hits:  # dropped while waiting: the guard moved to another loop (`hold`)
+            return
         limiter = hits[0][0]
         if all(each is limiter for each, _, _ in hits):
             await self.guard.refund_all_async(limiter, [(checks, token)

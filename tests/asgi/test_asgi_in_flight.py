@@ -473,3 +473,36 @@ def test_in_flight_counters_are_named_per_route_rule_and_default() -> None:
     assert Rule("/x", concurrency=shared).in_flight is shared
     config = RateLimitMiddleware(Starlette(), limiter, concurrency=8).config
     assert config.in_flight is not None and config.in_flight.name == "default 8 in flight"
+
+
+def test_a_guard_moved_to_another_loop_drops_the_old_loop_s_give_backs_without_raising(
+) -> None:
+    # A guard shared by two event loops (a test client per request, a thread of its own):
+    # what a loop that went away had pending is dropped (its leases end it), never raised.
+    from types import SimpleNamespace
+
+    from ratelimit_mw.http.asgi_send import Holders
+
+    sent: list[object] = []
+
+    async def refund_all_async(limiter: object, hits: object) -> None:
+        sent.append(hits)
+
+    holders = Holders(SimpleNamespace(refund_all_async=refund_all_async))  # type: ignore[arg-type]
+    class Holding:  # what Holders reads of one
+        limiter = "L"
+        held = SimpleNamespace(every=20.0)
+
+    holding = Holding()
+
+    async def first_loop() -> bool:
+        holders.hold(holding)  # type: ignore[arg-type]
+        return holders.give_back(holding, (), "t1")  # type: ignore[arg-type]
+
+    async def second_loop() -> None:
+        holders.hold(holding)  # type: ignore[arg-type]
+        await holders.send()  # the first loop's leader, come back after the move
+
+    assert asyncio.run(first_loop()) is True
+    asyncio.run(second_loop())
+    assert sent == [] and holders.hits == []
