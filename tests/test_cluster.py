@@ -163,6 +163,43 @@ async def test_async_cluster_checks_give_back_across_slots(
     assert (await limiter.peek(user, "user:1")).remaining == 1
 
 
+async def test_async_cluster_gives_back_a_turn_of_slots_per_slot_and_past_a_failing_node(
+    async_cluster_backend: rl.AsyncRedisBackend, prefix: str, step_clock: StepClock,
+) -> None:
+    # The responses that ended in one turn of a worker's loop: their slots go back in one
+    # call per identity's slot; a node that fails its call keeps no other node's slots.
+    limiter = rl.AsyncLimiter(async_cluster_backend, prefix=prefix, clock=step_clock,
+                              deny_cache=0)
+    slots = rl.Policy.in_flight(1, name="export")
+    names = ["alice", "bob", "carol"]
+    hits = []
+    for name in names:
+        compiled = limiter._compile([(slots, 1)])
+        token = compiled.token()
+        assert (await limiter._decide(compiled, (name,), None, token=token)).allowed
+        hits.append(((rl.Check(slots, name),), token))
+    sent: list[plans.ScriptCall] = []
+    arun = async_cluster_backend.arun
+
+    async def alice_s_node_fails(call: plans.ScriptCall,
+                                 deadline: float | None = None) -> list[int]:
+        sent.append(call)
+        if call.layout[0][1] == "alice":
+            raise rl.BackendError("alice's node timed out")
+        return await arun(call, deadline)
+
+    async_cluster_backend.arun = alice_s_node_fails  # type: ignore[method-assign]
+    try:
+        with pytest.raises(rl.BackendError):
+            await limiter._give_back_all(hits)
+    finally:
+        del async_cluster_backend.arun
+    assert sorted(call.layout[0][1] for call in sent) == names  # one call each, all tried
+    assert not (await limiter.peek(slots, "alice")).allowed  # its lease will free it
+    assert (await limiter.peek(slots, "bob")).allowed
+    assert (await limiter.peek(slots, "carol")).allowed
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 async def test_async_cluster_runs_every_algorithm(
     async_cluster_backend: rl.AsyncRedisBackend, prefix: str, step_clock: StepClock,

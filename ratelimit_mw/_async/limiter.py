@@ -217,9 +217,16 @@ class AsyncLimiter(_Shared):
     async def _give_back_all(self, hits: Sequence[tuple[Sequence[Check], str | None]],
                              timeout: float | None = None) -> None:
         """`_give_back` of several admitted hits (the responses that ended in one turn of
-        the event loop) in one call, or on a cluster one per identity's slot."""
+        the event loop) in one call, or on a cluster one per identity's slot: every call is
+        sent, a node that fails one does not keep the others; then the first error."""
+        failed: Exception | None = None
         for call in self._release_calls(hits):
-            await self._backend.arun(call, timeout)
+            try:
+                await self._backend.arun(call, timeout)
+            except Exception as exc:  # noqa: PERF203 (each call is tried; 3.11's try is free)
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     async def _renew(self, checks: Sequence[Check], token: str,
                      timeout: float | None = None) -> None:

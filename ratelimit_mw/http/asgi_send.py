@@ -152,7 +152,8 @@ class Holding(Watch):
     its status gives back, together with every other response of the guard that ends in the
     same turn of the event loop (`Holders`); it renews their lease on a chunk sent a third of
     a lease after the last renewal (a response, or a WebSocket, that sends nothing for that
-    long is renewed by the holders' timer)."""
+    long is renewed by the holders' timer). Outside asyncio (trio) there are no holders:
+    renewed on chunks only, given back in place."""
 
     __slots__ = ("guard", "held", "holders", "http", "limiter", "renewal")
 
@@ -164,11 +165,9 @@ class Holding(Watch):
         self.limiter = limiter
         self.held = held
         self.renewal: asyncio.Task[None] | None = None
-        holders = guard.holders
-        if holders is None:
-            holders = guard.holders = Holders(guard)
-        self.holders: Holders = holders
-        holders.hold(self)
+        self.holders = Holders.on_this_loop(guard)
+        if self.holders is not None:
+            self.holders.hold(self)
 
     async def send(self, message: Any) -> None:
         await super().send(message)
@@ -197,15 +196,18 @@ class Holding(Watch):
         # Most responses give back no hit: their slots alone (a WebSocket's, always).
         checks = (guard.released(held.admit, self.status)
                   if self.http and guard.given_back(held.admit, self.status) else held.checks)
-        if self.holders.give_back(self, checks, held.token):
+        holders = self.holders
+        if holders is None:
+            await guard.refund_async(self.limiter, checks, held.token)
+        elif holders.give_back(self, checks, held.token):
             try:
                 await asyncio.sleep(0)  # a turn of the loop: the others of this one join
             finally:  # cancelled or not, the turn's slots go back
-                await self.holders.send()
+                await holders.send()
 
 
 class Holders:
-    """The requests of one guard that hold in-flight slots on this event loop: one timer
+    """The requests of one guard that hold in-flight slots on one event loop: one timer
     renews the leases of those that send nothing for a third of a lease, and the slots of
     the responses that end in one turn of the loop go back in one call (per limiter; on a
     cluster, per identity's slot), sent by the first of them a turn later. No task: the
@@ -213,25 +215,39 @@ class Holders:
 
     __slots__ = ("every", "guard", "hits", "live", "loop", "timer")
 
-    def __init__(self, guard: Guard) -> None:
+    def __init__(self, guard: Guard, loop: asyncio.AbstractEventLoop) -> None:
         self.guard = guard
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop = loop
         self.live: set[Holding] = set()
         self.timer: asyncio.TimerHandle | None = None
         self.every = 0.0  # the timer's period: the shortest renewal period among the live
         self.hits: list[tuple[AsyncLimiter, Sequence[Check], str | None]] = []
 
+    @staticmethod
+    def on_this_loop(guard: Guard) -> Holders | None:
+        """The guard's holders on the running asyncio loop (None under another library: trio).
+        One per loop: a guard may serve several at once (test clients, threads); those of
+        closed loops are dropped when a new loop comes."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+        by_loop: dict[asyncio.AbstractEventLoop, Holders] = guard.holders
+        found = by_loop.get(loop)
+        if found is None:
+            for closed in [each for each in list(by_loop) if each.is_closed()]:
+                by_loop.pop(closed, None)
+            found = by_loop[loop] = Holders(guard, loop)
+        return found
+
     def hold(self, holding: Holding) -> None:
-        loop = asyncio.get_running_loop()
-        if loop is not self.loop:  # another loop (a test client's per request): afresh
-            self.loop, self.live, self.timer, self.hits = loop, set(), None, []
         self.live.add(holding)
         every = holding.held.every
         if self.timer is None or every < self.every:
             if self.timer is not None:
                 self.timer.cancel()
             self.every = every
-            self.timer = loop.call_later(every, self._tick)
+            self.timer = self.loop.call_later(every, self._tick)
 
     def _tick(self) -> None:
         """Renew what is due; a holder is renewed at most two thirds of its lease after the
@@ -242,7 +258,7 @@ class Holders:
         for holding in list(self.live):
             holding.renew()
         self.every = min(holding.held.every for holding in self.live)
-        self.timer = self.loop.call_later(self.every, self._tick)  # type: ignore[union-attr]
+        self.timer = self.loop.call_later(self.every, self._tick)
 
     def give_back(self, holding: Holding, checks: Sequence[Check], token: str | None
                   ) -> bool:
@@ -255,8 +271,6 @@ class Holders:
     async def send(self) -> None:
         """Send what this turn gives back: one call per limiter (on a cluster, per slot)."""
         hits, self.hits = self.hits, []
-        if not hits:  # dropped while waiting: the guard moved to another loop (`hold`)
-            return
         limiter = hits[0][0]
         if all(each is limiter for each, _, _ in hits):
             await self.guard.refund_all_async(limiter, [(checks, token)

@@ -284,9 +284,9 @@ class Guard:
         self.breaker = Breaker(config.backend_cooldown,
                                repr(policy) if isinstance(policy, str) else "<callable>")
         self.log_failure = ThrottledLog()
-        # The ASGI requests holding in-flight slots, renewed and given back together
-        # (asgi_send.Holders), made on first use.
-        self.holders: Any = None
+        # The ASGI requests holding in-flight slots, renewed and given back together, per
+        # event loop (asgi_send.Holders).
+        self.holders: dict[Any, Any] = {}
         # on_backend_error="memory": the store's stand-in while it is out, counting on
         # across outages (see `_decide_in_memory`).
         self._fallback: Any = self._fresh_fallback() if policy == "memory" else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -475,34 +476,71 @@ def test_in_flight_counters_are_named_per_route_rule_and_default() -> None:
     assert config.in_flight is not None and config.in_flight.name == "default 8 in flight"
 
 
-def test_a_guard_moved_to_another_loop_drops_the_old_loop_s_give_backs_without_raising(
-) -> None:
-    # A guard shared by two event loops (a test client per request, a thread of its own):
-    # what a loop that went away had pending is dropped (its leases end it), never raised.
-    from types import SimpleNamespace
+def test_a_guard_serving_two_event_loops_at_once_renews_and_gives_back_on_each() -> None:
+    # Two loops (two test clients' threads) on one app: requests held and given back on one
+    # loop leave the other's holders alone, so a silent response there stays renewed.
+    limiter = rl.AsyncLimiter(rl.MemoryBackend())  # real time: the loops' timers
+    entered, release = threading.Event(), threading.Event()
 
-    from ratelimit_mw.http.asgi_send import Holders
+    @limiter.limit(concurrency=rl.Policy.in_flight(1, lease=0.3))
+    async def quiet(request: Request) -> Response:
+        entered.set()
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return PlainTextResponse("ok")
 
-    sent: list[object] = []
+    @limiter.limit(concurrency=5)
+    async def quick(request: Request) -> Response:
+        return PlainTextResponse("ok")
 
-    async def refund_all_async(limiter: object, hits: object) -> None:
-        sent.append(hits)
+    app = app_of(limiter, [Route("/quiet", quiet), Route("/quick", quick)])
+    # Built on this thread first (Starlette builds its middleware on the first request).
+    assert asyncio.run(answered(app, "/quick")).status == 200
+    held: list[int] = []
 
-    holders = Holders(SimpleNamespace(refund_all_async=refund_all_async))  # type: ignore[arg-type]
-    class Holding:  # what Holders reads of one
-        limiter = "L"
-        held = SimpleNamespace(every=20.0)
+    async def loop_a() -> None:
+        holder = await answered(app, "/quiet")
+        held.append(holder.status)
 
-    holding = Holding()
+    seen: list[int] = []
 
-    async def first_loop() -> bool:
-        holders.hold(holding)  # type: ignore[arg-type]
-        return holders.give_back(holding, (), "t1")  # type: ignore[arg-type]
+    async def loop_b() -> None:
+        entered.wait(5)
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + 1.0  # more than three leases of the held response
+        while loop.time() < ends:
+            assert (await answered(app, "/quick")).status == 200
+            seen.append((await answered(app, "/quiet")).status)
+            await asyncio.sleep(0.05)
+        release.set()
 
-    async def second_loop() -> None:
-        holders.hold(holding)  # type: ignore[arg-type]
-        await holders.send()  # the first loop's leader, come back after the move
+    threads = [threading.Thread(target=lambda run=run: asyncio.run(run()), daemon=True)
+               for run in (loop_a, loop_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)  # a loop that never ends fails the test instead of hanging it
+    release.set()
+    assert not any(thread.is_alive() for thread in threads)
+    assert seen and set(seen) == {429} and held == [200]
+    assert asyncio.run(answered(app, "/quiet")).status == 200  # every slot back
 
-    assert asyncio.run(first_loop()) is True
-    asyncio.run(second_loop())
-    assert sent == [] and holders.hits == []
+
+def test_under_trio_a_held_slot_is_renewed_on_chunks_and_given_back_in_place() -> None:
+    import anyio
+    import httpx
+
+    limiter = rl.AsyncLimiter(rl.MemoryBackend())
+
+    @limiter.limit(concurrency=1)
+    async def one(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    app = app_of(limiter, [Route("/one", one)])
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            return [(await client.get("/one")).status_code for _ in range(3)]
+
+    assert anyio.run(main, backend="trio") == [200, 200, 200]
