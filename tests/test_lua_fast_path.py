@@ -2,8 +2,9 @@
 
 The shortcuts answer the common hits without the loop: a hit on one tier without a penalty
 (each algorithm's check written out inline), and a hit on epoch-aligned fixed windows and
-in-flight slots without a penalty, of one policy or several. The reference is the same script with both shortcut
-blocks switched off (`if false and ...`), so the general loop decides every call.
+in-flight slots without a penalty, of one policy or several. The reference is the same script
+with both shortcut blocks switched off (`if false and ...`), so the general loop decides every
+call.
 
 Hypothesis draws policies and a sequence of hits, peeks and bookings (entries ahead of now,
 which the sliding log's shortcut must see); each call runs on two fresh fakeredis servers,
