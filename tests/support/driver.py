@@ -159,6 +159,9 @@ class Driver:
         self._close.append(lambda: client.__exit__(None, None, None))
         backend = self.backend
         if isinstance(backend, rl.AsyncRedisBackend):
+            # Connected as an app starts (`aping`), so that a slow connect (a busy machine,
+            # the sentinels asked) is not a first request's failure policy.
+            client.portal.call(backend.aping)
             # On the client's loop, before it ends: the redis.asyncio client is bound to it.
             self._close.append(lambda: client.portal.call(backend.aclose))
 
@@ -255,6 +258,7 @@ class Driver:
         self._close.append(site.close)
         backend = self.backend
         if isinstance(backend, rl.AsyncRedisBackend):
+            site.run(backend.aping())  # connected as an app starts (see `_build_asgi`)
             self._close.append(lambda: site.run(backend.aclose()))
 
         def send(method: str, path: str, headers: dict[str, str]) -> Reply:
@@ -297,6 +301,7 @@ class Driver:
         self._close.append(lambda: client.__exit__(None, None, None))
         backend = self.backend
         if isinstance(backend, rl.AsyncRedisBackend):
+            client.blocking_portal.call(backend.aping)  # connected as an app starts
             # On the client's loop, before it ends: the redis.asyncio client is bound to it.
             self._close.append(lambda: client.blocking_portal.call(backend.aclose))
 
