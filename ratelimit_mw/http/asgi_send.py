@@ -271,10 +271,9 @@ class Holders:
     async def send(self) -> None:
         """Send what this turn gives back: one call per limiter (on a cluster, per slot)."""
         hits, self.hits = self.hits, []
-        limiter = hits[0][0]
-        if all(each is limiter for each, _, _ in hits):
-            await self.guard.refund_all_async(limiter, [(checks, token)
-                                                        for _, checks, token in hits])
-            return
-        for each, checks, token in hits:  # limiters swapped under a live app (a test's)
-            await self.guard.refund_async(each, checks, token)
+        # Nearly always one limiter; a test's fixture may swap it under a live app.
+        by_limiter: dict[int, tuple[AsyncLimiter, list[tuple[Sequence[Check], str | None]]]] = {}
+        for limiter, checks, token in hits:
+            by_limiter.setdefault(id(limiter), (limiter, []))[1].append((checks, token))
+        for limiter, given in by_limiter.values():
+            await self.guard.refund_all_async(limiter, given)
