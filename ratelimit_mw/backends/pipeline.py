@@ -630,11 +630,13 @@ class PipelinedConnection:
             return announced
         if settings.locate is not None:
             # A connect timeout per sentinel, all told: each is asked with its own client's
-            # timeouts, and this bounds a client built without any.
+            # timeouts, and this bounds a client built without any. The deadline rule of
+            # every call (`bounded`): a stalled loop (a collection, a busy start-up) is not
+            # the sentinels answering late.
             bound = (None if settings.connect_timeout is None
                      else settings.connect_timeout * max(1, len(settings.sentinels)))
             try:
-                return await asyncio.wait_for(settings.locate(), bound)
+                return await bounded(settings.locate(), bound)
             except asyncio.TimeoutError as exc:
                 raise RedisTimeoutError(
                     f"Timeout asking the sentinels for {settings.service!r}") from exc

@@ -411,3 +411,31 @@ async def test_a_hung_sentinel_listed_first_leaves_the_others_time_to_answer(
             await limiter.reset("5/minute", "u")
         finally:
             await backend.aclose()
+
+
+
+@ON_BOTH
+async def test_a_loop_stalled_while_the_sentinels_are_asked_still_finds_the_primary(
+    sentinel: LocalSentinel,
+) -> None:
+    """The lookup's bound (a connect timeout per sentinel, all told) follows the deadline
+    rule of every call: a worker that stalls past it (a collection, a busy start-up) while a
+    hung sentinel is asked does not fail its start-up check; the next sentinel answers."""
+    import socket
+    import time
+
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(16)
+        hosts = ",".join(f"127.0.0.1:{port}"
+                         for port in (hung.getsockname()[1], *sentinel.sentinel_ports))
+        backend = rl.AsyncRedisBackend.from_url(
+            f"{sentinel.flavour.name}+sentinel://{hosts}/{sentinel.service}/0")
+        # While the hung sentinel is waited for, the whole loop stops for longer than the
+        # lookup's bound (four sentinels x the 0.1 s default connect timeout).
+        asyncio.get_running_loop().call_later(0.05, time.sleep, 0.5)
+        try:
+            report = await backend.aping()
+            assert report["backend"] == "redis-sentinel"
+        finally:
+            await backend.aclose()
