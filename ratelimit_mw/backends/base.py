@@ -69,17 +69,17 @@ TURNS = 2
 
 
 class Later:
-    """`callback(*args)` at loop time `when`, then TURNS turns of the loop later; cancellable
-    at every step."""
+    """`callback(*args)` at loop time `when`, then `turns` (TURNS) turns of the loop later;
+    cancellable at every step."""
 
     __slots__ = ("args", "callback", "handle", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, when: float,
-                 callback: Callable[..., None], *args: Any) -> None:
+                 callback: Callable[..., None], *args: Any, turns: int = TURNS) -> None:
         self.loop = loop
         self.callback = callback
         self.args = args
-        self.handle: asyncio.Handle = loop.call_at(when, self._turn, TURNS)
+        self.handle: asyncio.Handle = loop.call_at(when, self._turn, turns)
 
     def _turn(self, left: int) -> None:
         if left:
@@ -98,19 +98,19 @@ class _Rescheduling(Protocol):
 
 
 class _Deadline:
-    """The two timers of `bounded` (each acting TURNS turns late: see `Later`): at the
-    deadline, one look (see `look`); then the
-    cancellation, queued behind the wake-ups that are due already (call_soon order), so a
-    task whose answer has come resumes with it instead of being cancelled."""
+    """The two timers of `bounded` (each acting turns late: see `Later`): at the deadline,
+    `turns` turns later, one look (see `look`); then the cancellation, queued behind the
+    wake-ups that are due already (call_soon order), so a task whose answer has come resumes
+    with it instead of being cancelled."""
 
     __slots__ = ("handle", "loop", "scope", "when")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, scope: _Rescheduling,
-                 when: float) -> None:
+                 when: float, turns: int) -> None:
         self.loop = loop
         self.scope = scope
         self.when = when
-        self.handle = Later(loop, when, self._look)
+        self.handle = Later(loop, when, self._look, turns=turns)
 
     def _look(self) -> None:
         now = self.loop.time()
@@ -125,14 +125,17 @@ class _Deadline:
 
 if sys.version_info >= (3, 11):
 
-    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
-        """`awaitable`, cancelled with TimeoutError after `seconds` (None: no deadline) and
-        the loop's one look (see LOOK): `seconds` <= 0 still lets it run until the look."""
+    async def bounded(awaitable: Awaitable[T], seconds: float | None,
+                      turns: int = TURNS) -> T:
+        """`awaitable`, cancelled with TimeoutError after `seconds` (None: no deadline),
+        `turns` turns of the loop and its one look (see LOOK): `seconds` <= 0 still lets it
+        run until the look. An exchange of several round trips (a connection's set-up)
+        passes the turns it takes."""
         if seconds is None:
             return await awaitable
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(None) as scope:
-            deadline = _Deadline(loop, scope, loop.time() + seconds)
+            deadline = _Deadline(loop, scope, loop.time() + seconds, turns)
             try:
                 return await awaitable
             finally:
@@ -140,5 +143,6 @@ if sys.version_info >= (3, 11):
 
 else:  # pragma: no cover - exercised on Python 3.10 only (end of life): no look there
 
-    async def bounded(awaitable: Awaitable[T], seconds: float | None) -> T:
+    async def bounded(awaitable: Awaitable[T], seconds: float | None,
+                      turns: int = TURNS) -> T:
         return await (awaitable if seconds is None else asyncio.wait_for(awaitable, seconds))

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 from backends.loops import event_loops, io_callback, run_on
 
-from ratelimit_mw.backends.base import bounded
+from ratelimit_mw.backends.base import TURNS, bounded
+from ratelimit_mw.backends.pipeline import SETUP_TURNS
 
 pytestmark = pytest.mark.skipif(sys.version_info < (3, 11),
                                 reason="Python 3.10's bounded is asyncio.wait_for, no look")
@@ -43,16 +44,19 @@ def test_an_answer_that_came_while_the_loop_was_busy_past_the_deadline_is_taken(
     assert run_on(new_loop, lambda: answered_by_io_while_busy(0.02, 0.05)) == "answer"
 
 
+@pytest.mark.parametrize("turns", [TURNS, SETUP_TURNS])
 @pytest.mark.parametrize("new_loop", event_loops())
 def test_no_answer_by_the_look_is_a_timeout_and_the_task_is_not_left_cancelling(
-    new_loop: Callable[[], asyncio.AbstractEventLoop],
+    new_loop: Callable[[], asyncio.AbstractEventLoop], turns: int,
 ) -> None:
+    """On an idle loop the turns a deadline waits for take no time: a server that does not
+    answer fails the call (a set-up's turns included) long before its late answer."""
     async def main() -> tuple[str, int]:
         loop = asyncio.get_running_loop()
         late: asyncio.Future[str] = loop.create_future()
         loop.call_later(0.2, late.set_result, "too late")  # the loop idles meanwhile
         try:
-            await bounded(late, 0.02)
+            await bounded(late, 0.02, turns)
         except TimeoutError as exc:
             outcome = type(exc).__name__
         else:
@@ -93,3 +97,43 @@ def test_no_deadline_waits_as_long_as_it_takes(
         return await bounded(slow, None)
 
     assert run_on(new_loop, main) == "answer"
+
+
+async def exchange_on_a_busy_loop(hops: int, turns: int) -> str:
+    """`bounded` (20 ms deadline) around an exchange that takes `hops` turns of the loop (a
+    set-up's round trips, each answer handed on by a callback), on a loop whose every turn a
+    busy task makes 10 ms long."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[str] = loop.create_future()
+    busy = True
+
+    async def hold() -> None:
+        while busy:
+            time.sleep(0.01)
+            await asyncio.sleep(0)
+
+    def hop(left: int) -> None:
+        if left:
+            loop.call_soon(hop, left - 1)
+        else:
+            answer.set_result("set up")
+
+    holder = loop.create_task(hold())
+    hop(hops)
+    try:
+        return await bounded(answer, 0.02, turns)
+    except TimeoutError:
+        return "timed out"
+    finally:
+        busy = False
+        await holder
+
+
+@pytest.mark.parametrize("new_loop", event_loops())
+def test_an_exchange_of_many_turns_on_a_busy_loop_is_given_its_turns(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    """Twenty turns of 10 ms outlast the deadline: a call waiting for its usual two turns is cut
+    although nothing is wrong with the server, one given a set-up's turns is answered."""
+    assert run_on(new_loop, lambda: exchange_on_a_busy_loop(20, TURNS)) == "timed out"
+    assert run_on(new_loop, lambda: exchange_on_a_busy_loop(20, SETUP_TURNS)) == "set up"
