@@ -12,8 +12,9 @@ stalls: compare them between checkouts, and read the harness for throughput.
 
 Cases (in process, no server, memory backend, ``1000000/minute`` or larger, all admitted):
 Starlette bare, behind the least a limiter does (``starlette-floor``: a dict counter and the
-RateLimit fields, benchmarks/profiling.py), and behind ``RateLimitMiddleware`` (fixed-window; ``starlette-inflight``: with an
-in-flight limit beside it, one request at a time), Flask bare and with the
+RateLimit fields, benchmarks/profiling.py), and behind ``RateLimitMiddleware`` (fixed-window;
+``starlette-inflight``: with an in-flight limit beside it, one request at a time), Flask bare
+and with the
 ``RateLimit`` extension, and ``Limiter.hit`` for each algorithm, 1000 returning identities.
 """
 
@@ -28,7 +29,8 @@ import sys
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-CASES = ["starlette-bare", "starlette-floor", "starlette-memory", "starlette-inflight", "flask-bare", "flask-memory",
+CASES = ["starlette-bare", "starlette-floor", "starlette-memory", "starlette-inflight",
+         "flask-bare", "flask-memory",
          "hit-fixed-window", "hit-sliding-log", "hit-sliding-window", "hit-gcra"]
 SHORT, LONG = 500, 2500
 
