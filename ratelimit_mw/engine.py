@@ -230,16 +230,15 @@ class _Shared:
         return time.monotonic() if self.clock is None else self.clock()
 
     def _cache_now(self) -> int:
-        """The deny cache's clock in µs: the test clock (then exactly the `now` the store is
-        given), else a monotonic one (only differences matter: the store's answer is counted
-        down from the moment its call was sent, so it never outlives the store's own)."""
+        """The deny cache's clock in µs: the test clock (exactly the `now` the store is given),
+        else a monotonic one (an answer counts down from its call's send: never past the
+        store's own)."""
         return time.monotonic_ns() // 1000 if self.clock is None else round(self.clock() * 1e6)
 
     # -- building calls ----------------------------------------------------------------------
     def _compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
-        """The `Compiled` calls of these (policy, cost) pairs under this limiter's prefix,
-        built once per distinct set (a bounded cache: dynamic limits and costs make new
-        sets)."""
+        """The `Compiled` calls of these (policy, cost) pairs under this limiter's prefix, built
+        once per distinct set (a bounded cache: dynamic limits and costs make new sets)."""
         key = tuple(items)
         found = self._compiled.get(key)
         if found is None:
@@ -292,10 +291,9 @@ class _Shared:
 
     def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]]
                        ) -> list[ScriptCall]:
-        """The calls giving back what these hits recorded: those named by a token in one
-        call (on a cluster, one per identity's slot), each check by its hit's token; one
-        hit alone, its own call (memoised); the deny cache forgets every check, since the
-        store changes under it."""
+        """The calls giving back these hits: those with a token batched in one call (one per
+        identity's slot on a cluster), a lone hit its own (memoised) call. The deny cache
+        forgets every check, since the store changes under it."""
         if len(hits) == 1:
             checks, token = hits[0]
             self._forget(checks)
@@ -343,10 +341,9 @@ class _Shared:
     def _settled(self, call: ScriptCall, compiled: Compiled, identities: Sequence[str],
                  checks: tuple[Check, ...] | None, reply: list[int], sent: int, cached: bool,
                  started: float) -> Decision:
-        """The store's reply to a hit as a Decision, for a refusal, a metrics hook or a deny
-        cache that holds anything. The deny cache keeps a refusal, and an admitted hit drops
-        what it held for the same (policy, identity) pairs; it is asked after the reply, so a
-        refusal recorded while the call was out is forgotten too."""
+        """The store's reply to a hit as a Decision (for a refusal, metrics or a non-empty deny
+        cache). The deny cache keeps a refusal, and an admitted hit drops what it held for its
+        pairs; asked after the reply, so a refusal recorded meanwhile is forgotten too."""
         deny = self._deny
         if checks is None:
             checks = compiled.checks(identities)
@@ -374,9 +371,8 @@ class _Shared:
                     names.append(name)
                     metrics.observe(event, name, seconds)
         except Exception as exc:
-            # A metrics bug must not change the answer: raised from here it would reach the
-            # middleware as a store failure, and on_backend_error="allow" would admit
-            # everyone (the hit was recorded already).
+            # A metrics bug must not change the answer: raised from here it would look like a
+            # store failure, and on_backend_error="allow" would admit everyone.
             self._metrics_failed("ratelimit_mw metrics hook raised", exc)
 
 

@@ -78,10 +78,9 @@ _REFUND = "ratelimit_mw.refund"
 class _Refund:
     """One admitted request's give-back, decided once on the response that goes out.
 
-    ``after_request`` hands it every response it finishes (Flask finishes a second one, a
-    500, when a view or another after_request hook raises); only the close of the last one
-    runs it, after the response has gone out, so the client does not wait for the round
-    trip. When no response of ours goes out (the exception propagates: debug mode,
+    ``after_request`` hands it every response (Flask makes a second one, a 500, when a view
+    or another hook raises); the close of the last one runs it, so the client does not wait
+    for the round trip. With no response of ours (the exception propagates: debug mode,
     ``app.testing``), ``teardown_request`` runs it with status 500, as the WSGI middleware
     counts an exception.
     """
@@ -173,10 +172,9 @@ class _AppState:
         # endpoint -> what applies to it (limits, EXEMPT or None). Filled on first use, not
         # at init_app: decorators written above @app.route run after the view is registered.
         self.routes: dict[str, object] = {}
-        # (endpoint, method) -> its Selection, when no path rule makes the policies depend on
-        # the path as well. The method matters to decorators with methods=; a matched
-        # endpoint only sees the methods its route allows, and no endpoint (404, 405) is
-        # cached under "" whatever the method, so the map stays bounded.
+        # (endpoint, method) -> its Selection, when no path rule makes it depend on the path.
+        # Bounded: a matched endpoint sees only its route's methods, and no endpoint (404,
+        # 405) is cached under "" whatever the method.
         self.selections: dict[tuple[str | None, str], Selection | None] | None = (
             None if config.rule_list else {}
         )

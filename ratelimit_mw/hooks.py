@@ -5,7 +5,7 @@ before the guard plans (`answer_all_async`), and the guard reads its answer inst
 (`ask`). Under WSGI and Flask an async hook is a ConfigurationError at configuration
 (`refuse_async`), and one that slips through (a plain function returning a coroutine) fails
 like a hook that raised: a coroutine object is never taken for a value (it is truthy: as
-``exempt_when`` it switched the limit off).
+``exempt_when`` it would switch the limit off).
 """
 
 from __future__ import annotations

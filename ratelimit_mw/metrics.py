@@ -33,7 +33,7 @@ class MetricsHook(Protocol):
 # text); the rest are counted under OTHER_POLICY.
 OTHER_POLICY: Final = "other"
 DEFAULT_MAX_POLICIES: Final = 1000
-# Seconds: a check costs ~0.1-1 ms on a healthy local Redis, up to the 100 ms socket timeout.
+# Seconds: from a healthy local Redis's round trip up to the 100 ms socket timeout.
 LATENCY_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
                           0.1, 0.25, 1.0)
 

@@ -1,15 +1,14 @@
 """Per-route limits: what `@limiter.limit(...)` and `@limiter.exempt` attach to an endpoint.
 
 Decorators only attach metadata to the function; the middleware finds the endpoint a request
-routes to and enforces. Applying the decorator above or below the framework's route decorator
-both work, because the frameworks register the function object itself.
+routes to and enforces. The decorator works above or below the framework's route decorator,
+because the frameworks register the function object itself.
 
-Counter names hold the endpoint's module by its full dotted name, so that two modules of one
-last name (two ``api.py``, every Django app's ``views.py``) count apart, and that name is the
-same however the app is started: a decorated ``report`` in ``pkg/app.py`` is
-``route pkg.app.report 5/minute`` under ``uvicorn pkg.app:app``, ``python -m pkg.app`` and
-``python pkg/app.py`` alike (never ``__main__``). Give ``name=`` to share a quota between
-routes.
+Counter names hold the endpoint's full dotted module name, so two modules of one last name
+(every Django app's ``views.py``) count apart, and the same however the app is started:
+``report`` in ``pkg/app.py`` is ``route pkg.app.report 5/minute`` under
+``uvicorn pkg.app:app``, ``python -m pkg.app`` and ``python pkg/app.py`` alike (never
+``__main__``). Give ``name=`` to share a quota between routes.
 """
 
 from __future__ import annotations

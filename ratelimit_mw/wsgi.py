@@ -80,10 +80,9 @@ def missing(present: Iterable[tuple[str, str]], extra: Headers) -> Headers:
 
 
 class _DeferredRequest(Request):
-    """The werkzeug ``Request`` the middleware hands key functions and hooks, parsed on first
-    use: most key functions read only ``environ`` (``keys.client_ip()`` does), and parsing the
-    rest would cost about as much as the key function itself on every request. The attributes
-    ``Request.__init__`` sets are filled in when one of them is first read."""
+    """The werkzeug ``Request`` handed to key functions and hooks, parsed when an attribute
+    ``Request.__init__`` sets is first read: most key functions read only ``environ``
+    (``keys.client_ip()`` does), so parsing every request would be wasted."""
 
     def __init__(self, environ: dict[str, Any]) -> None:  # parsing waits for _Parsed
         self.environ = environ
@@ -140,9 +139,8 @@ class _Refunding:
     went away or the body raised), give back what the status gives back and the in-flight
     slots the request holds (renewed while the body is read), in one call.
 
-    The give-back waits for close() rather than start_response so that the last status
-    wins (an app may call start_response again with exc_info) and so that its round trip
-    happens after the response has gone out, not before the first byte.
+    It waits for close(), not start_response, so that the last status wins (an app may call
+    start_response again with exc_info) and its round trip comes after the response.
     """
 
     __slots__ = ("_admit", "_held", "_iterable", "_middleware", "_status")
@@ -200,9 +198,8 @@ class RateLimitMiddleware:
         self.limiter = require_sync_limiter(limiter, "RateLimitMiddleware")
         self.config = build_config(config, options)
         self.guard = sync_guard(self.config, self.limiter, "the WSGI middleware")
-        # Without path rules the same policies (the defaults) apply to every request: select
-        # them once instead of decoding the path and looking them up per request. A
-        # per-method default depends on the method, which select() caches cheaply.
+        # Without path rules the defaults apply to every request: selected once, not per
+        # request (a per-method default depends on the method, which select() caches).
         self._per_path = bool(self.guard.rules)
         self._fixed = None if self._per_path else self.guard.select("GET", "/", None)
 

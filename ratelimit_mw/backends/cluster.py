@@ -1,10 +1,7 @@
 """The async Redis Cluster path: one pipelined connection per primary, calls routed by slot.
 
-redis.asyncio.RedisCluster caps its pool at 100 connections per node and raises
-MaxConnectionsError beyond, and under a burst its calls queued past the middleware's 100 ms
-deadline: 200 concurrent requests against 100/minute were 160-200 admitted, unchecked, by
-the failure policy. Here each primary gets one pipelined connection per event loop (see
-pipeline.py), so a burst is one queue per socket, as on a single node.
+Each primary gets one pipelined connection per event loop (pipeline.py), so a burst is one
+queue per socket, as on a single node, with no pool ceiling to queue behind.
 
 Routing: every key of one script call shares one hash tag (the identity), so the call goes
 to the primary serving the CRC16 slot of its first key. The slot map comes from CLUSTER
@@ -51,10 +48,8 @@ def slot_of(key: str) -> int:
 
 
 def parse_slots(reply: Any, asked: Address) -> list[Address | None]:
-    """CLUSTER SLOTS → the primary serving each slot (None for a slot nobody serves).
-
-    A node that does not know its own address reports an empty host: it is the one asked.
-    """
+    """CLUSTER SLOTS → the primary serving each slot (None for a slot nobody serves); an
+    empty host (a node that does not know its address) is the node asked."""
     table: list[Address | None] = [None] * SLOTS
     for entry in reply:
         start, end, primary = int(entry[0]), int(entry[1]), entry[2]
@@ -132,11 +127,8 @@ class PipelinedCluster:
         raise RedisClusterException(f"too many cluster redirections for hash slot {slot}")
 
     async def _load(self) -> list[Address | None]:
-        """The slot map, loaded by one task that concurrent callers share.
-
-        A caller cancelled while waiting (the middleware's deadline) leaves the load running
-        for the others (shield).
-        """
+        """The slot map, loaded by one task that concurrent callers share; shielded: a
+        cancelled caller leaves the load running for the others."""
         loop = asyncio.get_running_loop()
         task = self._loading
         if task is None or task.done() or task.get_loop() is not loop:

@@ -3,18 +3,12 @@
 Every async Redis call goes through it, whatever the transport: TCP, TLS, a unix socket,
 the primary that Redis Sentinel names, and each node of a cluster (cluster.py).
 
-redis.asyncio spends more CPU per awaited call than the rate limit check itself: a pool
-checkout and return with their hooks, a Python command packer, and an ``asyncio.wait_for``
-(a new Task) around every write. For one EVALSHA per request the physical floor is lower:
-one connection per event loop and node, each call written at once (calls from concurrent
-requests pipeline on the wire, which Redis answers in order), replies parsed by hiredis in C
-and handed to the waiting futures in the same order. There is no pool, so no pool ceiling: a
-burst of any size is one queue on one socket (redis-py's cluster client raised
-MaxConnectionsError past 100 connections per node, which the middleware took for an outage).
-
-No pool, so no pool ceiling (redis-py's sentinel pool raised MaxConnectionsError at its
-ceiling), and a TLS handshake happens once per connection, not once per concurrent call of
-a burst, where a short connect timeout failed them all (docs/guarantees.md has the figures).
+Why not redis.asyncio: its pool checkout, Python packer and ``wait_for`` per call cost more
+CPU than the check itself. Here each call is written at once on the one connection
+(concurrent calls pipeline on the wire, which Redis answers in order), and hiredis parses
+the replies in C for the waiting futures, in order. No pool means no pool ceiling (a burst
+of any size is one queue on one socket, never MaxConnectionsError), and one TLS handshake
+per connection, not one per concurrent call of a burst.
 
 The connection mirrors the redis-py client it is given (``Settings.from_kwargs``): its
 connection class says the transport (TLS through redis-py's own SSL context), and its host,
@@ -110,11 +104,9 @@ class Settings:
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any], **where: Any) -> Settings:
         """From a redis-py connection class and its kwargs (`where` gives a cluster node's
-        host and port): the class says the transport, the kwargs the rest.
-
-        TLS takes redis-py's own SSL context, built from the ``ssl_*`` options by the same
-        code a redis-py connection runs, so certificates, verification and hostname checks
-        mean what they mean there."""
+        host and port): the class says the transport, the kwargs the rest. TLS uses
+        redis-py's own SSL context from the ``ssl_*`` options, so they mean what they mean
+        there."""
         kwargs = {**kwargs, **where}
         connection_class = kwargs.get("connection_class", _PlainConnection)
         tls = path = locate = None
@@ -173,43 +165,26 @@ class Settings:
 class _Protocol(asyncio.Protocol):
     """Commands out at once or batched; replies in, futures out, in order.
 
-    Auto-pipelining: a command that finds nothing of this connection's in flight (Redis has
-    none of our work) is written at once, so that Redis starts on it while the loop runs
-    the other requests of its iteration. Every command sent while one is in flight is
-    buffered and written with the others of its loop iteration in ONE ``transport.write``
-    at the next iteration, so a burst costs two send system calls however large it is, not
-    one per check. (Batching the first command too left Redis idle while the loop finished
-    its iteration, and the requests waited for it; writing every command at once costs
-    Redis a read per command under load.)
-    Redis answers in order, and each chunk of replies is parsed in one pass (hiredis, in
-    C), each handed to its future.
+    Auto-pipelining: a command sent while nothing of this connection's is in flight is
+    written at once, so Redis starts on it while the loop runs the rest of its iteration;
+    commands sent while one is in flight are buffered and written together in ONE
+    ``transport.write`` at the next iteration (two send calls per burst, not one per check).
 
-    Deadlines: replies come back in order, so the oldest unanswered command tells whether
-    the server is answering. One timer per connection watches it (instead of one timer per
-    call): when the oldest has waited ``timeout``, the connection is given up and every
-    call on it fails with a timeout (a hung Redis should not collect a queue); the next
-    call reconnects.
+    Deadlines: replies come in order, so one timer per connection watches the oldest
+    unanswered command: when it has waited ``timeout``, the connection is given up and every
+    call on it fails with a timeout (a hung Redis should not collect a queue); the next call
+    reconnects.
 
-    Give-ups: a caller may also say how long it waits (the middleware's deadline, 100 ms by
-    default). Past that its call fails with TimeoutError while the connection stays: its
-    reply is still read in its turn, and dropped. One timer serves every caller (a heap of
-    give-up times, entries answered meanwhile dropped when the timer comes), where an
-    ``asyncio.timeout`` per call would cost a timer, a context manager and a cancellation
-    path each.
+    Give-ups: a caller may also say how long it waits (the middleware's deadline). Past that
+    its call fails with TimeoutError while the connection stays: its reply is still read in
+    its turn, and dropped. One timer (a heap of give-up times) serves every caller.
 
-    One look before failing (see ``base.look``): neither timer fails a call before the loop
-    has polled for I/O again and the look has passed since the timer found it overdue: 1 ms
-    when the timer ran on time, as long as it ran late when the loop was busy; and each
-    timer acts only two turns of the loop after it is due (``base.Later``). A loop
-    busy past a deadline would otherwise fail calls whose replies had arrived meanwhile, or
-    that it wrote late itself (a batch leaves at the next iteration): uvloop (libuv) runs
-    the timers that fell due during its I/O callbacks before it polls again, so a reply
-    waiting in the socket would lose to the timer there. A timer that finds a call overdue
-    comes back once, a look later; the calls still unanswered then fail. Each call gets that
-    one look, so a server answering slowly behind a queue still fails its calls on time
-    (1 ms late on a free loop), and a hung one too. (Not covered: under uvloop, a reply that
-    arrives while the loop is busy in the I/O callbacks of the look's own poll is read
-    after the look.)
+    One look before failing (``base.look``, ``base.Later``): neither timer fails a call
+    before the loop has polled for I/O again, so a loop busy past a deadline does not fail
+    calls whose replies arrived meanwhile (uvloop runs timers due during its I/O callbacks
+    before it polls again). A timer that finds a call overdue comes back once, a look later;
+    the calls still unanswered then fail, so a slow or hung server still fails them on time.
+    (Not covered: under uvloop, a reply arriving during the look's own poll is read after it.)
 
     A waiter of None stands for a reply that nobody reads (ASKING's, sent just before the
     command it prefixes): it is consumed in its turn and dropped.
@@ -361,9 +336,8 @@ class _Protocol(asyncio.Protocol):
                 waiter.set_exception(asyncio.TimeoutError())
 
     def _flush(self) -> None:
-        """Write the pending commands, and start their time now: a loop saturated with ready
-        work runs this a long turn after they were made, and that time is the loop's, not
-        Redis's."""
+        """Write the pending commands and start their time now: a saturated loop runs this
+        long after they were made, and that time is the loop's, not Redis's."""
         pending = self.pending
         if not pending or self.transport is None or self.lost is not None:
             return
@@ -408,15 +382,13 @@ class _Protocol(asyncio.Protocol):
 # (they all name it within a second or two of the announcement).
 ANNOUNCED_FOR = 10.0
 
-# How many of its deadlines a call that finds no open connection (a worker's first requests)
-# waits for one, at most: the set-up's round trips (connect, TLS, the handshake) take turns of
-# the loop that a cold worker meeting a burst makes long, which is not Redis answering late;
-# a hung Redis still costs the first request a few deadlines, never the client's 5 s.
+# How many of its deadlines a call that finds no open connection waits for one: a cold
+# worker meeting a burst makes the set-up's loop turns long, which is not Redis answering
+# late; a hung Redis still costs a few deadlines, never the client's connect timeout.
 CONNECT_DEADLINES = 3
-# The turns of the loop a set-up takes (TCP connect, TLS, the handshake's round trip, each
-# answer handed to the task: 8 or 9 measured): a connect is blamed on the server only once
-# the loop has turned that often past its deadline, so a cold worker whose every turn is
-# long (a burst arriving) waits for a healthy server; on an idle loop they take no time.
+# The loop turns a set-up takes (TCP connect, TLS, the handshake), with margin: a connect is
+# blamed on the server only once the loop has turned that often past its deadline, so a
+# cold worker on a busy loop waits for a healthy server.
 SETUP_TURNS = 12
 
 
@@ -483,13 +455,9 @@ class PipelinedConnection:
         return True
 
     async def _load_script(self) -> None:
-        """SCRIPT LOAD, once for all the calls that met NOSCRIPT together.
-
-        A burst against a server that lost its scripts (restarted, flushed) has every call
-        in flight answered NOSCRIPT at once: they share one load of the ~30 KB source
-        instead of each sending its own. A caller cancelled meanwhile leaves it running for
-        the others (shield).
-        """
+        """SCRIPT LOAD, once for all the calls that met NOSCRIPT together (a restarted or
+        flushed server answers a whole burst so); shielded: a cancelled caller leaves it
+        running for the others."""
         loop = asyncio.get_running_loop()
         loading = self._script_loading
         if loading is None or loading.done() or loading.get_loop() is not loop:
@@ -565,13 +533,9 @@ class PipelinedConnection:
         return await protocol.send(packed, skipped)
 
     async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
-        """The connection, opened by one task that every caller meanwhile awaits.
-
-        A burst that meets no connection (cold start, after a drop) waits for the same
-        connect and wakes up at once when it is done; a lock would wake its waiters one
-        per loop iteration, a hundred iterations for a hundred requests. A caller cancelled
-        meanwhile leaves the connect running for the others (shield).
-        """
+        """The connection, opened by one task that every caller meanwhile awaits, so a
+        burst wakes at once when it is done (a lock would wake one waiter per iteration);
+        shielded: a cancelled caller leaves the connect running for the others."""
         bound = self._bound
         if bound is None or bound[0] is not loop:
             # A client belongs to one event loop; a new loop (a test runner's, a worker's)
@@ -612,9 +576,8 @@ class PipelinedConnection:
         address = None if settings.path is not None else await self._address(loop)
         self._dialled = settings.where() if address is None else f"{address[0]}:{address[1]}"
         try:
-            # The deadline rule of every call (`bounded`): a loop busy past the connect
-            # timeout (a cold worker meeting a burst) does not make a healthy server look
-            # unreachable.
+            # `bounded`: a loop busy past the connect timeout does not make a healthy server
+            # look unreachable.
             protocol = await bounded(self._establish(loop, address), settings.connect_timeout,
                                      SETUP_TURNS)
         except asyncio.TimeoutError as exc:
@@ -635,10 +598,8 @@ class PipelinedConnection:
         if announced is not None:
             return announced
         if settings.locate is not None:
-            # A connect timeout per sentinel, all told: each is asked with its own client's
-            # timeouts, and this bounds a client built without any. The deadline rule of
-            # every call (`bounded`): a stalled loop (a collection, a busy start-up) is not
-            # the sentinels answering late.
+            # A connect timeout per sentinel, all told (bounds a client built without any);
+            # `bounded`: a stalled loop is not the sentinels answering late.
             bound = (None if settings.connect_timeout is None
                      else settings.connect_timeout * max(1, len(settings.sentinels)))
             try:
@@ -678,13 +639,10 @@ class PipelinedConnection:
         return protocol
 
     async def _handshake(self, protocol: _Protocol) -> None:
-        """AUTH, SELECT, CLIENT SETNAME as configured, and SCRIPT LOAD, in one round trip
-        (within the connect timeout, with the TCP or TLS connect before it).
+        """AUTH, SELECT, CLIENT SETNAME as configured, and SCRIPT LOAD, in one round trip.
 
-        Loading the script with every new connection costs the server a hash of the source
-        when it has the script already, and saves the NOSCRIPT round trip (and the load
-        after it) on a cold start or after a restart, when the first calls of a burst are
-        the ones closest to the middleware's deadline.
+        Loading the script on every connect saves the NOSCRIPT round trip on a cold start or
+        after a restart, when a burst's first calls are closest to the middleware's deadline.
         """
         settings = self.settings
         commands: list[tuple[Any, ...]] = []

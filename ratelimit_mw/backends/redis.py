@@ -1,12 +1,11 @@
 """Redis backends: the script runs by EVALSHA on redis-py's sync, asyncio and cluster clients.
 
-``from_url`` builds a client with defaults that keep an outage cheap. redis-py's own defaults
-(5 s socket timeouts, retries with backoff) make one call against a down Redis take ~4.4 s,
-and ~60 s when SYNs are dropped; a rate limiter must never hold a request that long. The URL
-is checked first (urls.py); Sentinel clients come from sentinel.py. On asyncio every client,
-single node or cluster, whatever its transport, is driven through pipelined connections of
-our own that mirror it (pipeline.py, cluster.py); sync clients through a connection per
-thread (a single node) or redis-py's cluster client.
+``from_url`` builds a client with defaults that keep an outage cheap: redis-py's own (5 s
+socket timeouts, retries with backoff) would hold a request for seconds against a down Redis.
+The URL is checked first (urls.py); Sentinel clients come from sentinel.py. On asyncio
+every client, single node or cluster, whatever its transport, is driven through pipelined
+connections of our own that mirror it (pipeline.py, cluster.py); sync clients through a
+connection per thread (a single node) or redis-py's cluster client.
 
 ``ping()`` / ``aping()`` are the start-up check: connect, load the script on every primary,
 report the server's version and one round trip, or raise BackendError.
@@ -78,16 +77,14 @@ SAFE_DEFAULTS: dict[str, Any] = {
     "retry_on_timeout": False,
     "health_check_interval": 0,
 }
-# A TLS handshake is milliseconds of CPU on both ends; on a busy host it outlasts 100 ms. It
-# happens once per connection (per event loop on asyncio, per thread when sync), and an async
-# request waits for it a few of its own deadlines at most (pipeline.CONNECT_DEADLINES).
+# A TLS handshake can outlast 100 ms on a busy host; it happens once per connection, and an
+# async request waits for it a few of its own deadlines at most (pipeline.CONNECT_DEADLINES).
 TLS_CONNECT_TIMEOUT = 1.0
 
 
 class _Valkey:
-    """valkey-py's classes, where redis-py's are checked. Looked up only once the process has
-    imported valkey (a valkey client exists only then): valkey stays optional, and costs an
-    app that does not use it nothing."""
+    """valkey-py's classes, where redis-py's are checked; looked up only once the process has
+    imported valkey, so valkey stays optional and free to apps that do not use it."""
 
     @staticmethod
     def classes(*names: str) -> tuple[type, ...]:
@@ -321,11 +318,10 @@ class RedisBackend:
 
     On a ``redis.Redis``, whatever its transport (TCP, TLS, unix socket, the primary that
     Sentinel names), each thread keeps one connection of its own, made like the client's
-    pooled ones, and a call is the command packed once, one send, one read: no pool
-    checkout, and none of ``execute_command``'s per-command bookkeeping (about half of a
-    redis-py call's CPU), with the client's timeouts and retry policy. NOSCRIPT (a flushed
-    or restarted server) loads the script and runs it again. Cluster clients go through
-    ``register_script``, which routes by key.
+    pooled ones: a call is one packed send and one read, with the client's timeouts and
+    retry policy but no pool checkout or ``execute_command`` bookkeeping. NOSCRIPT (a
+    flushed or restarted server) loads the script and runs it again. Cluster clients go
+    through ``register_script``, which routes by key.
     """
 
     in_process = False
@@ -418,13 +414,10 @@ class RedisBackend:
                 self.client = client
 
     def _connection(self) -> Any:
-        """This thread's own connection, made from the client's pool settings.
-
-        Taking a pooled connection and giving it back costs more than the script itself in
-        redis-py 8 (deprecation and observability hooks, an event, a poll syscall); a thread
-        runs one call at a time, so it keeps one connection of its own (a new one after a
-        fork). Threads are bounded by the server, and so are these connections. Under
-        Sentinel the connection asks the sentinels for the primary whenever it connects.
+        """This thread's own connection, made from the client's pool settings (a new one
+        after a fork): a pool checkout costs more than the script, and a thread runs one call
+        at a time (threads are bounded by the server, and so are these connections). Under
+        Sentinel it asks the sentinels for the primary whenever it connects.
         """
         local = self._local
         conn = getattr(local, "conn", None)
@@ -575,12 +568,11 @@ class AsyncRedisBackend:
         return f"AsyncRedisBackend({self.client!r})"
 
     async def arun(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
-        """One call; TimeoutError after `deadline` seconds. On an open connection of a
-        single node the call is written at once and its future awaited, the deadline kept
-        by the connection's one timer (pipeline._Protocol); a call that finds no open
-        connection, or whose connection dropped or forgot the script, is sent the complete
-        way (`evalsha_within`: it connects, mends, and sends the very same bytes again, so a
-        sliding log gets the same members if the first copy reached Redis)."""
+        """One call; TimeoutError after `deadline` seconds. On an open single-node connection
+        it is written at once, the deadline kept by the connection's timer; otherwise (no
+        open connection, a drop, a lost script) `evalsha_within` connects, mends and sends the
+        very same bytes again, so a sliding log gets the same members if the first copy
+        reached Redis."""
         pipe = self._pipe
         try:
             if deadline is None:
@@ -631,9 +623,7 @@ class AsyncRedisBackend:
 
     async def aping(self) -> dict[str, Any]:
         """The async twin of ``RedisBackend.ping``: connect, load the script, time a PING.
-
-        It opens the connections that serve the checks: the first burst then finds them
-        ready instead of connecting inside its deadline."""
+        It opens the connections the checks use, so the first burst finds them ready."""
         try:
             pipe = self._pipe
             if self.is_cluster:

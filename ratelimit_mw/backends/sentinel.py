@@ -1,10 +1,8 @@
 """Redis Sentinel: a client on the primary that the sentinels name, followed through failovers.
 
-redis-py 8 reconnects inside a command's retry through ``connect_check_health``, which goes
-straight to the address the connection last had, not through the sentinels: the one retry
-meant to survive a failover reaches the demoted primary again, and one failed call opens the
-middleware's breaker for a whole cool-down. The connections here ask the sentinels on every
-connect, however it is reached, so that retry lands on the new primary.
+redis-py's retry reconnects to the address the connection last had, not through the
+sentinels, so the one retry meant to survive a failover would reach the demoted primary.
+The connections here ask the sentinels on every connect, so that retry lands on the new one.
 """
 
 from __future__ import annotations
@@ -90,11 +88,10 @@ async def listen(sentinel: Any, service: str, switched: Callable[[str, int], Non
     port)` with each new primary of `service` the moment it names one, subscribing again
     `RESUBSCRIBE` seconds after a failure.
 
-    redis-py's clients find a new primary only when the old one fails or is demoted, and the
-    counts written to the old one meanwhile are lost when it becomes a replica; even
-    ``+switch-master`` comes a second after the promotion. The switch is made at
-    ``+failover-state-wait-promotion`` (docs/backends.md); should that failover be aborted,
-    the replica answers READONLY and the connection asks the sentinels again (pipeline.py).
+    Counts written to the old primary are lost when it becomes a replica, so the switch is
+    made as early as ``+failover-state-wait-promotion``, before ``+switch-master``; should
+    that failover be aborted, the replica answers READONLY and the connection asks the
+    sentinels again (pipeline.py).
     """
     while True:
         connection = _connection(sentinel)
@@ -149,9 +146,8 @@ def _connection(sentinel: Any) -> Any:
 async def primary_of(manager: Any, service: str) -> tuple[str, int]:
     """The primary of `service` as redis-py's ``Sentinel.discover_master`` finds it (the
     first sentinel whose view passes `manager.check_master_state`; ``force_master_ip``
-    applied; that sentinel asked first next time), but on connections of the running loop:
-    redis-py's sentinel clients belong to the loop they first ran on. MasterNotFoundError (a
-    ConnectionError) when none names one."""
+    applied; that sentinel asked first next time), but on the running loop's connections.
+    MasterNotFoundError (a ConnectionError) when none names one."""
     failures: list[str] = []
     sentinels = manager.sentinels
     for index, sentinel in enumerate(list(sentinels)):

@@ -36,9 +36,8 @@ from ratelimit_mw.core.policy import Policy
 
 DEFAULT_MAX_AGE = 1.0
 DEFAULT_MAX_BYTES = 8 * 1024 * 1024
-# What one entry costs besides its identities' text, measured with tracemalloc (the entry,
-# its key, the reply, the last Decision replayed from it, the index): ~1,330 bytes with one
-# tier, ~1,880 with three. The byte bound counts them so that it holds whatever the
+# What one entry costs besides its identities' text (the entry, its key, the reply, the last
+# Decision replayed, the index), fixed and per tier: the byte bound holds whatever the
 # identities look like.
 _ENTRY_BYTES = 1_100
 _TIER_BYTES = 280

@@ -1,12 +1,11 @@
 """The Lua source: the algorithm files (four rates and in-flight slots) and the entry point,
 joined into one script.
 
-The files live in the top-level ``lua/`` folder of the project; the wheel carries them as
-``ratelimit_mw/lua/`` (found through ``importlib.resources``), and a checkout or an editable
-install reads them from ``lua/`` beside the package. They are read once, at first use (the
-first script call or load), never at import: importing the package touches no file. Joining
-them lets one EVALSHA decide tiers of different algorithms together, while each algorithm stays
-in its own file.
+The files live in the project's top-level ``lua/``; the wheel carries them as
+``ratelimit_mw/lua/`` (found through ``importlib.resources``), a checkout or editable install
+reads ``lua/`` beside the package. They are read once, at first use, never at import. Joining
+them lets one EVALSHA decide tiers of different algorithms together, while each algorithm
+stays in its own file.
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ def inline(entry: str, algorithms: dict[str, str]) -> str:
     """`entry` with each ``--@inline file.function(args) -> targets`` line replaced by that
     function's body, from its algorithm file, inside a ``do`` block: its parameters bound to
     `args`, its one ``return`` (its last statement) assigned to `targets`; without targets the
-    function must return nothing. The specialised path is thus generated from the one source
-    of each algorithm (a Lua call and its returns cost more than these checks themselves:
-    benchmarks/lua_ab.py)."""
+    function must return nothing. Inlined because a Lua call costs more than these checks;
+    the specialised path is still generated from each algorithm's one source."""
     out: list[str] = []
     for line in entry.split("\n"):
         marker = _INLINE.match(line)

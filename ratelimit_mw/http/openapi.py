@@ -1,14 +1,11 @@
 """FastAPI's OpenAPI schema documents the 429 of every limited operation, whenever it is built.
 
 Once this module is imported (the ASGI and FastAPI adapters import it where FastAPI is
-installed), ``FastAPI.openapi`` adds the 429 (``Retry-After``, ``RateLimit``,
-``RateLimit-Policy``) to every operation a limit applies to: a route decorated with
-``limiter.limit``, one that depends on a rate-limit dependency, or one that a middleware's
-default or rules limit, whether that middleware wraps the app or was added with
-``app.add_middleware`` (which Starlette builds only on the first request: a schema exported
-by a script before any request is documented too). The adapters are found by what they
-declare, not imported: a dependency class sets `DEPENDENCY_MARK`, a middleware class offers
-``guard_of(app, *args, **kwargs)``.
+installed), ``FastAPI.openapi`` adds the 429 to every operation a limit applies to (see
+`document_rate_limits`), also under a middleware added with ``app.add_middleware``, which
+Starlette builds only on the first request: a schema exported before any request is
+documented too. The adapters are found by what they declare, not imported: a dependency
+class sets `DEPENDENCY_MARK`, a middleware class offers ``guard_of(app, *args, **kwargs)``.
 """
 
 from __future__ import annotations
@@ -49,9 +46,8 @@ def _limited(route: Any, path: str, method: str, guards: list[Guard]) -> bool:
 
 
 def _documented(app: Any, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """The schema `build` answers, documented when this call built it. The guards: those of
-    every RateLimitMiddleware that wraps `app`, and of those added with
-    ``app.add_middleware``, which Starlette builds only on the first request."""
+    """The schema `build` answers, documented when this call built it, by the guards of every
+    RateLimitMiddleware that wraps `app` or was added with ``app.add_middleware``."""
     before = app.openapi_schema
     schema = build()
     if schema is not before:

@@ -110,8 +110,8 @@ class TrustedProxies:
         self.hops = spec if isinstance(spec, int) else None
         self.networks: tuple[IPv4Network | IPv6Network, ...] = (
             () if isinstance(spec, int) else tuple(map(_parse_trusted_network, spec)))
-        # (network, mask) integer pairs per family: a bitwise test is several times faster
-        # than `addr in network`, and an address is only tested against its own family.
+        # (network, mask) integer pairs per family: a bitwise test, cheaper than
+        # `addr in network`, against the address's own family only.
         v4, v6 = ([n for n in self.networks if n.version == version] for version in (4, 6))
         for family, members in ((4, v4), (6, v6)):
             # Entries may together cover a family (0.0.0.0/1 and 128.0.0.0/1) as 0.0.0.0/0 does.
