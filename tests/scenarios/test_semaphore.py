@@ -122,13 +122,18 @@ async def test_async_holders_share_the_slots_and_give_them_back(
     alimiter = rl.AsyncLimiter(abackend, prefix=prefix)
     running = 0
     most = 0
+    three_in = asyncio.Event()
 
     async def job() -> None:
         nonlocal running, most
         async with alimiter.concurrent("vendor", 3):
             running += 1
             most = max(most, running)
-            await asyncio.sleep(0)
+            if running == 3:
+                three_in.set()
+            # The first three hold their slots together (a semaphore that let fewer in at
+            # once times out here; one that let a fourth in shows it in `most`).
+            await asyncio.wait_for(three_in.wait(), 10)
             running -= 1
 
     await asyncio.gather(*(job() for _ in range(12)))
