@@ -35,11 +35,11 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypedDict
 
-from ratelimit_mw.asgi import is_preflight, route_path
+from ratelimit_mw.asgi import RouteResolver, is_preflight, route_path
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy
-from ratelimit_mw.http.asgi_routes import RouteResolver, needs_route
+from ratelimit_mw.http.asgi_routes import needs_route
 from ratelimit_mw.http.config import Config, ErrorPolicy, build_config
 from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Admit, Applied, Guard, Refuse, Selection
