@@ -191,11 +191,6 @@ class Limiter(_Shared):
         """Hit several policies at once, all or nothing."""
         return self._decide(*self._compiled_checks(checks))
 
-    def _probe(self, checks: Sequence[Check], timeout: float | None = None) -> Decision:
-        """`check`, answered by the store, never by the deny cache; TimeoutError after
-        `timeout` seconds."""
-        return self._decide(*self._compiled_checks(checks), timeout, cached=False)
-
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
         return self._decide(self._compiled_hit(policy, identity, cost), (identity,))

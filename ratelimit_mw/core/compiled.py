@@ -55,7 +55,7 @@ def bulk(value: Arg) -> bytes:
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
-    __slots__ = ("_key_suffixes", "_suffixes", "after_key", "after_token", "costs", "head",
+    __slots__ = ("_key_suffixes", "after_key", "after_token", "costs", "head",
                  "in_flight", "items", "log", "policies", "prefix", "rate", "renew_every",
                  "static", "tail")
 
@@ -85,7 +85,6 @@ class Compiled:
                        and len(set(map(id, self.policies))) == len(items))
         suffixes = [s for form in forms for s in form.suffixes]
         self._key_suffixes = tuple(form.suffixes for form in forms)
-        self._suffixes = tuple(tuple(s.encode() for s in form.suffixes) for form in forms)
         args = [arg for form, cost in zip(forms, self.costs, strict=True)
                 for arg in (form.static_args(cost) if self.static else ())]
         self.tail: tuple[Arg, ...] = (len(suffixes), *args)

@@ -112,13 +112,6 @@ class DenyCache:
         return len(self.entries)
 
     @property
-    def watching(self) -> bool:
-        """Whether a write may have to forget an entry (`record` of an admitted hit does
-        nothing when False): read after the store's reply, since a refusal recorded while a
-        call was out must still be forgotten by that call's admitted hit."""
-        return bool(self.index)
-
-    @property
     def bytes(self) -> int:
         """The bytes charged for the entries held (what `max_bytes` bounds)."""
         return self._bytes
