@@ -302,7 +302,10 @@ def test_a_ratelimit_enabled_that_is_neither_on_nor_off_stops_start_up(
 
 # -- backend down --------------------------------------------------------------------------
 def test_backend_down_allow_admits_without_headers(driver: Driver) -> None:
-    driver.build(Config(default="1/minute"), backend=failing_backend("down"))
+    # A cool-down no loaded machine outlasts between three requests (the breaker's clock is
+    # the real one; seen: the default 1 s ran out and a second probe went out).
+    driver.build(Config(default="1/minute", backend_cooldown=60),
+                 backend=failing_backend("down"))
     replies = [driver.request() for _ in range(3)]
     assert [r.status for r in replies] == [200] * 3
     assert "ratelimit" not in replies[0].headers
@@ -325,7 +328,7 @@ def test_backend_down_memory_limits_in_process_with_headers_and_429s(driver: Dri
     """Every adapter (ASGI, FastAPI, WSGI, Flask): the same limit, decided in memory while
     the store is down; the 429 carries Retry-After and the RateLimit headers; metrics say
     backend_error for the call that failed, then fallback."""
-    driver.build(Config(default="2/minute", on_backend_error="memory"),
+    driver.build(Config(default="2/minute", on_backend_error="memory", backend_cooldown=60),
                  backend=failing_backend("down"))
     replies = [driver.request() for _ in range(3)]
     assert [r.status for r in replies] == [200, 200, 429]
