@@ -603,7 +603,7 @@ class PipelinedConnection:
             bound = (None if settings.connect_timeout is None
                      else settings.connect_timeout * max(1, len(settings.sentinels)))
             try:
-                return await bounded(settings.locate(), bound)
+                return await bounded(settings.locate(), bound, SETUP_TURNS)
             except asyncio.TimeoutError as exc:
                 raise RedisTimeoutError(
                     f"Timeout asking the sentinels for {settings.service!r}") from exc
