@@ -55,7 +55,7 @@ def bulk(value: Arg) -> bytes:
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
-    __slots__ = ("_key_suffixes", "after_key", "after_token", "costs", "head",
+    __slots__ = ("_hit_args", "_key_suffixes", "after_key", "after_token", "costs", "head",
                  "in_flight", "items", "log", "policies", "prefix", "rate", "renew_every",
                  "static", "tail")
 
@@ -88,6 +88,8 @@ class Compiled:
         args = [arg for form, cost in zip(forms, self.costs, strict=True)
                 for arg in (form.static_args(cost) if self.static else ())]
         self.tail: tuple[Arg, ...] = (len(suffixes), *args)
+        # The arguments of the common hit (Redis's clock, no token), shared by its calls.
+        self._hit_args: tuple[Arg, ...] = (HIT, "", "", "", *self.tail)
         # RESP: *<count> EVALSHA <sha> <number of keys> <keys...> H <now> <token> "" <tail>
         count = 3 + len(suffixes) + 4 + len(self.tail)
         self.head = (b"*%d\r\n" % count + bulk("EVALSHA") + bulk(scripts.sha1())
@@ -144,11 +146,12 @@ class Compiled:
                 head = f"{prefix}:{{{encode_identity(identity)}}}:"
                 keys += [head + suffix for suffix in suffixes]
             layout = tuple(zip(self.policies, identities, strict=True))
-        args: list[Arg] = [op, "" if now_us is None else now_us, token or "", "", *self.tail]
+        args = (self._hit_args if now_us is None and not token and op == HIT
+                else (op, "" if now_us is None else now_us, token or "", "", *self.tail))
         return _new(ScriptCall, (keys, args, layout, op, None, self))
 
     @staticmethod
     def spans_slots(identities: Sequence[str]) -> bool:
         """Whether the checks belong to several identities: on a cluster, several slots and
-        a call each (`plans.plan_hit`); else one call decides them all."""
+        a call each (the limiter's `_across_slots`); else one call decides them all."""
         return len(identities) > 1 and len(set(identities)) > 1

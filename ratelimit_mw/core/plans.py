@@ -58,7 +58,7 @@ class ScriptCall(NamedTuple):
     """
 
     keys: list[str]
-    args: list[Arg]
+    args: Sequence[Arg]  # never changed in place: a hit's are shared by its calls
     layout: tuple[tuple[Policy, str], ...]  # (policy, identity) per check, tiers in order
     op: str
     booking: Booking | None = None

@@ -83,6 +83,15 @@ class PolicyHeader:
         t = math.ceil(decision.reset_after) if decision.allowed else retry_after_seconds(decision)
         return f"{name};r={decision.remaining};t={t}"
 
+    def admitted_raw(self, decision: Decision) -> RawHeaders:
+        """`rate_limit_headers` of an admitted decision (no legacy fields) as `RawHeaders`,
+        the policy field's bytes rendered once (`ratelimit`, written out: every admitted
+        response of an ASGI app takes this way)."""
+        rate = decision.rate
+        name = self.names.get((id(decision.policy), rate.period_ms if rate else 0), '"limit"')
+        value = f"{name};r={decision.remaining};t={math.ceil(decision.reset_after)}"
+        return [self.raw_item, (b"ratelimit", value.encode("latin-1"))]
+
 
 def rate_limit_headers(decision: Decision, policy_header: PolicyHeader,
                        legacy: bool = False) -> Headers:
@@ -97,13 +106,6 @@ def rate_limit_headers(decision: Decision, policy_header: PolicyHeader,
                     ("X-RateLimit-Remaining", str(decision.remaining)),
                     ("X-RateLimit-Reset", str(reset))]
     return headers
-
-
-def admitted_raw(decision: Decision, policy_header: PolicyHeader) -> RawHeaders:
-    """`rate_limit_headers` of an admitted decision (no legacy fields) as `RawHeaders`,
-    the policy field's bytes rendered once per set of policies."""
-    return [policy_header.raw_item,
-            (b"ratelimit", policy_header.ratelimit(decision).encode("latin-1"))]
 
 
 # Header names, and the pairs that repeat whole (a selection's RateLimit-Policy, fixed 429
