@@ -7,15 +7,16 @@ Each case runs in a child process under ``valgrind --tool=cachegrind --cache-sim
 with a short and a long loop of admitted requests (after the same warm-up); the difference
 of the two instruction totals over the difference of the loops is the cost of one request,
 start-up and warm-up cancelled out. Wall-clock ratios on a shared 2-vCPU VM move by 10-30 %
-between rounds; these counts repeat to about 0.5 %. They count work, not cache misses or
-stalls: compare them between checkouts, and read the harness for throughput.
+between rounds; these counts repeat to a few instructions (a fixed hash seed). They count
+work, not cache misses or stalls: compare them between checkouts, and read the harness for
+throughput.
 
 Cases (in process, no server, memory backend, ``1000000/minute`` or larger, all admitted):
 Starlette bare, behind the least a limiter does (``starlette-floor``: a dict counter and the
 RateLimit fields, benchmarks/profiling.py), and behind ``RateLimitMiddleware`` (fixed-window;
-``starlette-inflight``: with an in-flight limit beside it, one request at a time), Flask bare
-and with the
-``RateLimit`` extension, and ``Limiter.hit`` for each algorithm, 1000 returning identities.
+``starlette-inflight``: with an in-flight limit beside it, one request at a time), Flask bare,
+behind the same floor as an extension (``flask-floor``) and with the ``RateLimit`` extension,
+and ``Limiter.hit`` for each algorithm, 1000 returning identities.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 CASES = ["starlette-bare", "starlette-floor", "starlette-memory", "starlette-inflight",
-         "flask-bare", "flask-memory",
+         "flask-bare", "flask-floor", "flask-memory",
          "hit-fixed-window", "hit-sliding-log", "hit-sliding-window", "hit-gcra"]
 SHORT, LONG = 500, 2500
 
@@ -68,7 +69,10 @@ def _child(case: str, n: int) -> None:
 
 
 def _instructions(tree: Path, case: str, n: int) -> int:
-    env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    # A fixed hash seed: str hashes, and so dict and set layouts, are the same in every run,
+    # and the counts repeat to a few instructions (a random seed moves them by about 1 %).
+    env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               PYTHONHASHSEED="0")
     done = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
          sys.executable, __file__, "--child", case, str(n)],

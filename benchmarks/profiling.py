@@ -144,8 +144,41 @@ def _wsgi_apps(redis_url: str) -> dict[str, Any]:
                       default=Policy(LIMIT, algorithm=ALGORITHM))
         return flask_app
 
-    return {"bare": app(), "memory": app(MemoryBackend()),
+    floor = app()
+    _floor_extension(floor, 1_000_000_000, 3600)
+    return {"bare": app(), "floor": floor, "memory": app(MemoryBackend()),
             "redis": app(RedisBackend.from_url(redis_url))}
+
+
+def _floor_extension(app: Any, limit: int, period: int) -> None:
+    """`_floor_middleware` as a Flask extension: a before_request hook that counts and
+    refuses, an after_request hook that adds the RateLimit fields; for scale, as that one."""
+    import time
+
+    from flask import request
+
+    policy = f'"default";q={limit};w={period}'
+    counts: dict[tuple[str | None, int], int] = {}
+
+    @app.before_request
+    def count() -> Any:
+        environ = request.environ
+        now = int(time.time())
+        window = now - now % period
+        key = (environ.get("REMOTE_ADDR"), window)
+        used = counts[key] = counts.get(key, 0) + 1
+        environ["floor.ratelimit"] = (used, window + period - now)
+        if used > limit:
+            return "", 429, {"Retry-After": str(window + period - now)}
+        return None
+
+    @app.after_request
+    def fields(response: Any) -> Any:
+        used, reset = request.environ["floor.ratelimit"]
+        add = response.headers.add
+        add("RateLimit-Policy", policy)
+        add("RateLimit", f'"default";r={max(limit - used, 0)};t={reset}')
+        return response
 
 
 def _environ() -> dict[str, Any]:
