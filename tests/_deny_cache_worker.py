@@ -23,7 +23,6 @@ POLICY = rl.Policy("10/hour", algorithm="fixed-window", penalty="1 hour", name="
 class Counting:
     """A Redis backend that counts the calls reaching it (capabilities are the wrapped one's)."""
 
-    in_process = False
 
     def __init__(self, inner: rl.RedisBackend) -> None:
         self.inner = inner

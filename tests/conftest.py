@@ -90,7 +90,7 @@ def _record_test_prefixes() -> Iterator[None]:
     def recording_init(self: _Shared, backend: object, prefix: str, *args: object,
                        **kwargs: object) -> None:
         original_init(self, backend, prefix, *args, **kwargs)  # type: ignore[arg-type]
-        if not getattr(backend, "in_process", False):
+        if not isinstance(backend, rl.MemoryBackend):
             HOUSEKEEPER.record(prefix)
 
     def recording_uuid4() -> uuid.UUID:

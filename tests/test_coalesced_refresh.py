@@ -30,7 +30,6 @@ class WireBackend:
     when set, holds every call until it is opened."""
 
     is_cluster = False
-    in_process = False
 
     def __init__(self) -> None:
         self.inner = rl.MemoryBackend()
@@ -165,7 +164,6 @@ class CountingRedis:
     """The real AsyncRedisBackend, counting the calls sent to it."""
 
     is_cluster = False
-    in_process = False
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self.inner = rl.AsyncRedisBackend(client)

@@ -209,7 +209,6 @@ class Scripted:
     recording the operations it was asked."""
 
     is_cluster = True
-    in_process = False
 
     def __init__(self, replies: Sequence[list[int]]) -> None:
         self.replies = iter(replies)

@@ -35,7 +35,6 @@ class CountingBackend:
     """A MemoryBackend that counts the calls that reach it."""
 
     is_cluster = False
-    in_process = True
 
     def __init__(self, inner: Any = None) -> None:
         self.inner = inner or rl.MemoryBackend()
@@ -56,7 +55,6 @@ class FrozenTtlRedis:
     Redis's own clock while the test clock stands still."""
 
     is_cluster = False
-    in_process = False
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client

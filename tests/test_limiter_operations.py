@@ -28,7 +28,6 @@ class Flaky:
     """A MemoryBackend that fails (BackendError) while `down`, counting the calls made."""
 
     is_cluster = False
-    in_process = True
 
     def __init__(self, down: int = 0) -> None:
         self.inner = rl.MemoryBackend()
@@ -116,7 +115,6 @@ def test_acquire_reports_each_try(step_clock: StepClock) -> None:
 # -- ping -----------------------------------------------------------------------------------
 class Pinging:
     is_cluster = False
-    in_process = True
 
     def __init__(self, answer: Any) -> None:
         self.answer = answer

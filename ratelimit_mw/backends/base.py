@@ -1,15 +1,13 @@
-"""What a backend is: one call per side, and the capabilities the limiters read.
+"""What a backend is: one call per side, and the one capability the limiters read.
 
 A backend runs one `ScriptCall` (the keys and arguments of the joined Lua script) and returns
 its integer reply: ``run(call, deadline=None)`` on the sync side, ``await arun(call,
 deadline=None)`` on the async side. ``deadline`` is how many seconds the call may take (the
 middleware's ``backend_timeout``; None: the client's own timeouts): the backend keeps it, cold
 or warm, and raises TimeoutError past it; a backend that answers in process, or a blocking one
-that cannot be interrupted, may ignore it. Any other failure is a BackendError. Capabilities
-are declared as attributes, so that no caller needs an ``isinstance`` check:
-
-- ``is_cluster``: keys are spread over hash slots; calls are split by slot.
-- ``in_process``: the call is answered in this process without I/O (the memory backend).
+that cannot be interrupted, may ignore it. Any other failure is a BackendError. The
+capability is an attribute, so that no caller needs an ``isinstance`` check: ``is_cluster``,
+keys are spread over hash slots and calls are split by slot.
 """
 
 from __future__ import annotations
@@ -26,14 +24,12 @@ T = TypeVar("T")
 
 class SyncBackend(Protocol):
     is_cluster: bool
-    in_process: bool
 
     def run(self, call: ScriptCall, deadline: float | None = None) -> list[int]: ...
 
 
 class AsyncBackend(Protocol):
     is_cluster: bool
-    in_process: bool
 
     async def arun(self, call: ScriptCall, deadline: float | None = None) -> list[int]: ...
 

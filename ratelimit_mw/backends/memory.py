@@ -223,7 +223,6 @@ class MemoryBackend:
     """In-process state; thread-safe, usable from sync and async code alike."""
 
     is_cluster = False
-    in_process = True
 
     def __init__(self) -> None:
         self._data: dict[str, Any] = {}

@@ -324,7 +324,6 @@ class RedisBackend:
     through ``register_script``, which routes by key.
     """
 
-    in_process = False
 
     def __init__(self, client: Any) -> None:
         _require_redis()
@@ -520,7 +519,6 @@ class AsyncRedisBackend:
     The client itself serves only to describe the server, and is closed with the backend.
     """
 
-    in_process = False
 
     def __init__(self, client: Any) -> None:
         _require_redis()

@@ -42,7 +42,6 @@ class CountingBackend:
                  failure: BaseException | str | None = None, delay: float = 0.0) -> None:
         self.inner = inner if inner is not None else rl.MemoryBackend()
         self.is_cluster = getattr(self.inner, "is_cluster", False)
-        self.in_process = False
         self.failure = failure
         self.delay = delay  # seconds each call takes before it answers or fails
         self.calls = 0
