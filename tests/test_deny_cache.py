@@ -215,8 +215,8 @@ def test_the_cache_is_bounded_in_entries_and_drops_expired_ones_first(
         checks = [Check(policy, f"ip:{i}")]
         cache.record(checks, *_refused(limiter, policy, f"ip:{i}", step_clock))
     assert len(cache) == 3
-    assert cache.lookup([Check(policy, "ip:0")], step_clock.us) is None
-    assert cache.lookup([Check(policy, "ip:4")], step_clock.us) is not None
+    assert cache.find([Check(policy, "ip:0")], step_clock.us) is None
+    assert type(cache.find([Check(policy, "ip:4")], step_clock.us)) is rl.Decision
 
 
 def test_the_cache_is_bounded_in_bytes_whatever_the_identities(step_clock: StepClock) -> None:

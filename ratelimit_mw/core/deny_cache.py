@@ -116,14 +116,9 @@ class DenyCache:
         """The bytes charged for the entries held (what `max_bytes` bounds)."""
         return self._bytes
 
-    def lookup(self, checks: Sequence[Check], now_us: int) -> Decision | None:
-        """The store's answer to this very hit now, if a refusal held for it still says it."""
-        found = self.find(checks, now_us)
-        return None if found is LAPSED else found  # type: ignore[return-value]
-
     def find(self, checks: Sequence[Check], now_us: int) -> Decision | Lapsed | None:
-        """`lookup`, telling the two misses apart: None, nothing was held for this call;
-        LAPSED, a refusal of this very call was held and no longer holds (dropped now), so
+        """The store's answer to this very hit now, if a refusal held for it still says it;
+        else one of two misses: None, nothing was held for this call; LAPSED, a refusal of this very call was held and no longer holds (dropped now), so
         the store will most likely refuse again: the async limiter lets one call ask it for
         every request waiting on the same answer."""
         entries = self.entries
