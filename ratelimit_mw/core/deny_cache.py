@@ -118,9 +118,10 @@ class DenyCache:
 
     def find(self, checks: Sequence[Check], now_us: int) -> Decision | Lapsed | None:
         """The store's answer to this very hit now, if a refusal held for it still says it;
-        else one of two misses: None, nothing was held for this call; LAPSED, a refusal of this very call was held and no longer holds (dropped now), so
-        the store will most likely refuse again: the async limiter lets one call ask it for
-        every request waiting on the same answer."""
+        else one of two misses: None, nothing was held for this call; LAPSED, a refusal of
+        this very call was held and no longer holds (dropped now), so the store will most
+        likely refuse again: the async limiter lets one call ask it for every request
+        waiting on the same answer."""
         entries = self.entries
         if not entries:
             return None
