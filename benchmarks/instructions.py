@@ -7,7 +7,7 @@ Each case runs in a child process under ``valgrind --tool=cachegrind --cache-sim
 with a short and a long loop of admitted requests (after the same warm-up); the difference
 of the two instruction totals over the difference of the loops is the cost of one request,
 start-up and warm-up cancelled out. Wall-clock ratios on a shared 2-vCPU VM move by 10-30 %
-between rounds; these counts repeat to a few instructions (a fixed hash seed). They count
+between rounds; these counts repeat to about 0.3 % (a fixed hash seed). They count
 work, not cache misses or stalls: compare them between checkouts, and read the harness for
 throughput.
 
@@ -70,7 +70,7 @@ def _child(case: str, n: int) -> None:
 
 def _instructions(tree: Path, case: str, n: int) -> int:
     # A fixed hash seed: str hashes, and so dict and set layouts, are the same in every run,
-    # and the counts repeat to a few instructions (a random seed moves them by about 1 %).
+    # and the counts repeat to about 0.3 % (a random seed moves them by about 1 %).
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                PYTHONHASHSEED="0")
     done = subprocess.run(
