@@ -71,7 +71,8 @@ EXTENSION_KEY = "ratelimit_mw"
 # What before_request leaves for after_request: the headers to add, whether they only fill
 # gaps (a refusal rendered by the app's own handler), and the checks to refund.
 _PENDING = "ratelimit_mw.pending"
-# An admitted request whose response status may give its hit back: its `_Refund`.
+# An admitted request whose response status may give its hit back: its `Admit`, then its
+# `_Refund` once a response that may give something back has been seen.
 _REFUND = "ratelimit_mw.refund"
 
 
@@ -249,7 +250,7 @@ class _AppState:
             if verdict.headers:
                 environ[_PENDING] = (verdict.headers, False)
             if verdict.refund is not None:
-                environ[_REFUND] = _Refund(self.guard, self.limiter, verdict)
+                environ[_REFUND] = verdict  # a `_Refund` once a response may give back
         elif verdict is not None:
             environ[_PENDING] = (verdict.headers, True)
             return self._refuse(request, verdict)
@@ -289,8 +290,11 @@ class _AppState:
 
     def after_request(self, response: Response) -> Response:
         environ = _request_proxy._get_current_object().environ  # type: ignore[attr-defined]
-        refund: _Refund | None = environ.get(_REFUND)
-        if refund is not None:
+        found: _Refund | Admit | None = environ.get(_REFUND)
+        if isinstance(found, _Refund):
+            found.on(response)
+        elif found is not None and self._may_give_back(found, response.status_code):
+            environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)
             refund.on(response)
         pending = environ.pop(_PENDING, None)
         if pending is not None:
@@ -302,9 +306,22 @@ class _AppState:
                 add(name, value)
         return response
 
+    def _may_give_back(self, admit: Admit, status: int) -> bool:
+        """Whether a response with this status may give anything back (`Guard.released`
+        says what): most give nothing back, and then no `_Refund` is made."""
+        plan = admit.refund
+        return plan is not None and (plan.token is not None or plan.whens is not None
+                                     or self.guard.count_when is not None or status == 405)
+
     def teardown_request(self, exc: BaseException | None) -> None:
-        refund: _Refund | None = _request_proxy.environ.get(_REFUND)
-        if refund is not None and refund.response is None:
+        found: _Refund | Admit | None = _request_proxy.environ.get(_REFUND)
+        if isinstance(found, _Refund):
+            refund = found
+        elif found is not None and self._may_give_back(found, 500):
+            refund = _Refund(self.guard, self.limiter, found)
+        else:
+            return
+        if refund.response is None:
             # No response of ours went out: the exception propagated (or an after_request
             # hook before ours failed twice); it counts as a 500.
             refund.run(None, refund.guard.released(refund.admit, 500))
