@@ -76,6 +76,15 @@ _PENDING = "ratelimit_mw.pending"
 _REFUND = "ratelimit_mw.refund"
 
 
+def _may_give_back(admit: Admit, status: int, guard: Guard) -> bool:
+    """Whether a response with this status may give anything back (`Guard.released` says
+    what): it holds slots, a count_when may say so, or it is a 405 (not charged: else the
+    request has nothing to give back). Most give nothing back, and no `_Refund` is made."""
+    plan = admit.refund
+    return plan is not None and (plan.token is not None or plan.whens is not None
+                                 or guard.count_when is not None or status == 405)
+
+
 class _Refund:
     """One admitted request's give-back, decided once on the response that goes out.
 
@@ -293,7 +302,7 @@ class _AppState:
         found: _Refund | Admit | None = environ.get(_REFUND)
         if isinstance(found, _Refund):
             found.on(response)
-        elif found is not None and self._may_give_back(found, response.status_code):
+        elif found is not None and _may_give_back(found, response.status_code, self.guard):
             environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)
             refund.on(response)
         pending = environ.pop(_PENDING, None)
@@ -306,18 +315,11 @@ class _AppState:
                 add(name, value)
         return response
 
-    def _may_give_back(self, admit: Admit, status: int) -> bool:
-        """Whether a response with this status may give anything back (`Guard.released`
-        says what): most give nothing back, and then no `_Refund` is made."""
-        plan = admit.refund
-        return plan is not None and (plan.token is not None or plan.whens is not None
-                                     or self.guard.count_when is not None or status == 405)
-
     def teardown_request(self, exc: BaseException | None) -> None:
         found: _Refund | Admit | None = _request_proxy.environ.get(_REFUND)
         if isinstance(found, _Refund):
             refund = found
-        elif found is not None and self._may_give_back(found, 500):
+        elif found is not None and _may_give_back(found, 500, self.guard):
             refund = _Refund(self.guard, self.limiter, found)
         else:
             return

@@ -140,7 +140,9 @@ class _Refunding:
     slots the request holds (renewed while the body is read), in one call.
 
     It waits for close(), not start_response, so that the last status wins (an app may call
-    start_response again with exc_info) and its round trip comes after the response.
+    start_response again with exc_info) and its round trip comes after the response. A body
+    whose response started with a status that gives nothing back (no slots, no count_when,
+    not an uncharged 405) is not wrapped: a response started again for an error is a 500.
     """
 
     __slots__ = ("_admit", "_held", "_iterable", "_middleware", "_status")
@@ -249,6 +251,10 @@ class RateLimitMiddleware:
         except BaseException:
             self._refund(verdict, "500")  # the server's answer to what the app raised
             raise
+        plan = verdict.refund
+        if (status and plan.token is None and plan.whens is None
+                and self.guard.count_when is None and not status[-1].startswith("405")):
+            return body  # started with a status that gives nothing back (most responses)
         return _Refunding(body, status, self, verdict)
 
     def _refund(self, admit: Admit, status: str) -> None:
