@@ -28,6 +28,7 @@ so one extension object serves any number of apps built by an app factory.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
@@ -53,6 +54,7 @@ require("flask", "flask", "ratelimit_mw.flask")
 from flask import Blueprint, Flask, Response  # noqa: E402
 from flask import g as _g  # noqa: E402
 from flask import request as _request_proxy  # noqa: E402
+from flask.globals import request_ctx as _request_ctx  # noqa: E402
 from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyRequests  # noqa: E402
 
 from ratelimit_mw.wsgi import (  # noqa: E402
@@ -71,8 +73,8 @@ EXTENSION_KEY = "ratelimit_mw"
 # What before_request leaves for after_request: the headers to add, whether they only fill
 # gaps (a refusal rendered by the app's own handler), and the checks to refund.
 _PENDING = "ratelimit_mw.pending"
-# An admitted request whose response status may give its hit back: its `Admit`, then its
-# `_Refund` once a response that may give something back has been seen.
+# An admitted request whose response may give its hit back: its `_Refund` when any response
+# may (slots, a count_when), else its `Admit` until an uncharged 405 makes one.
 _REFUND = "ratelimit_mw.refund"
 
 
@@ -90,16 +92,19 @@ class _Refund:
 
     ``after_request`` hands it every response (Flask makes a second one, a 500, when a view
     or another hook raises); the close of the last one runs it, so the client does not wait
-    for the round trip. With no response of ours (the exception propagates: debug mode,
-    ``app.testing``), ``teardown_request`` runs it with status 500, as the WSGI middleware
-    counts an exception.
+    for the round trip. When no response of ours goes out (an exception propagates, as in
+    debug mode and ``app.testing``, raised before our after_request or after it by a later
+    hook), ``teardown_request`` runs it with status 500, as the WSGI middleware counts an
+    exception; not the teardown of a copied request context (`context`: the request's own).
     """
 
-    __slots__ = ("admit", "done", "guard", "limiter", "response")
+    __slots__ = ("admit", "context", "done", "erred", "guard", "limiter", "response")
 
     def __init__(self, guard: Guard, limiter: Limiter, admit: Admit) -> None:
         self.guard, self.limiter, self.admit = guard, limiter, admit
+        self.context = _request_ctx._get_current_object()  # type: ignore[attr-defined]
         self.response: Response | None = None
+        self.erred = False  # `response` is Flask's answer to an exception (it goes out)
         self.done = False
 
     def on(self, response: Response) -> None:
@@ -108,6 +113,7 @@ class _Refund:
         if response is self.response:
             return
         self.response = response
+        self.erred = sys.exc_info()[1] is not None
         guard = self.guard
         plan = self.admit.refund
         if plan is None or plan.token is None:  # no slots: what the status gives back
@@ -259,7 +265,8 @@ class _AppState:
             if verdict.headers:
                 environ[_PENDING] = (verdict.headers, False)
             if verdict.refund is not None:
-                environ[_REFUND] = verdict  # a `_Refund` once a response may give back
+                environ[_REFUND] = (_Refund(self.guard, self.limiter, verdict)
+                                    if _may_give_back(verdict, 500, self.guard) else verdict)
         elif verdict is not None:
             environ[_PENDING] = (verdict.headers, True)
             return self._refuse(request, verdict)
@@ -303,7 +310,7 @@ class _AppState:
         if isinstance(found, _Refund):
             found.on(response)
         elif found is not None and _may_give_back(found, response.status_code, self.guard):
-            environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)
+            environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)  # a 405
             refund.on(response)
         pending = environ.pop(_PENDING, None)
         if pending is not None:
@@ -316,17 +323,18 @@ class _AppState:
         return response
 
     def teardown_request(self, exc: BaseException | None) -> None:
-        found: _Refund | Admit | None = _request_proxy.environ.get(_REFUND)
-        if isinstance(found, _Refund):
-            refund = found
-        elif found is not None and _may_give_back(found, 500, self.guard):
-            refund = _Refund(self.guard, self.limiter, found)
-        else:
+        refund = _request_proxy.environ.get(_REFUND)
+        # An Admit: a 500 gives nothing back. Another context: a copied one's end (a thread's
+        # copy_current_request_context), not the request's.
+        if (not isinstance(refund, _Refund)
+                or refund.context is not _request_ctx._get_current_object()):  # type: ignore[attr-defined]
             return
-        if refund.response is None:
-            # No response of ours went out: the exception propagated (or an after_request
-            # hook before ours failed twice); it counts as a 500.
-            refund.run(None, refund.guard.released(refund.admit, 500))
+        if refund.response is not None and (exc is None or refund.erred):
+            return  # the response it saw goes out, and its close gives back
+        # No response of ours goes out: the exception propagated, before our after_request or
+        # after it (a later hook raised: the response it saw is thrown away); a 500.
+        refund.response = None
+        refund.run(None, refund.guard.released(refund.admit, 500))
 
 
 class RateLimit:

@@ -142,7 +142,7 @@ class _Refunding:
     It waits for close(), not start_response, so that the last status wins (an app may call
     start_response again with exc_info) and its round trip comes after the response. A body
     whose response started with a status that gives nothing back (no slots, no count_when,
-    not an uncharged 405) is not wrapped: a response started again for an error is a 500.
+    not an uncharged 405) is not wrapped.
     """
 
     __slots__ = ("_admit", "_held", "_iterable", "_middleware", "_status")
@@ -238,9 +238,14 @@ class RateLimitMiddleware:
         if verdict.refund is None and not extra:
             return self.app(environ, start_response)
         status: list[str] = []
+        unwrapped = False  # the body went out as the app made it: no close of ours
 
         def start(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
+            nonlocal unwrapped
             status.append(status_line)
+            if unwrapped and status_line.startswith("405"):  # started again as a 405
+                unwrapped = False
+                self._refund(verdict, status_line)
             # A new list: the app may reuse its own header list for every response.
             return start_response(status_line, headers + extra if extra else headers, exc_info)
 
@@ -254,7 +259,10 @@ class RateLimitMiddleware:
         plan = verdict.refund
         if (status and plan.token is None and plan.whens is None
                 and self.guard.count_when is None and not status[-1].startswith("405")):
-            return body  # started with a status that gives nothing back (most responses)
+            # Started with a status that gives nothing back (most responses): only a 405
+            # it may be started again as would (`start` sees to it).
+            unwrapped = True
+            return body
         return _Refunding(body, status, self, verdict)
 
     def _refund(self, admit: Admit, status: str) -> None:

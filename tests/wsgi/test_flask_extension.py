@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import flask
@@ -481,3 +482,79 @@ def test_a_failed_request_gives_its_hit_back_once_however_it_failed(
         assert response.status_code == 500
         response.close()
     assert limiter.peek(rl.Policy("3/minute"), PEER).remaining == 2
+
+
+def _late_hook_app(limiter: rl.Limiter, **options: Any) -> Flask:
+    """/fail's response is thrown away by an after_request hook that runs after the
+    extension's (registered before it), and the exception propagates (as in app.testing)."""
+    app = Flask(__name__)
+    app.config["PROPAGATE_EXCEPTIONS"] = True
+
+    @app.after_request
+    def broken(response: Any) -> Any:
+        if flask.request.path == "/fail":
+            raise RuntimeError("a later after_request hook failed")
+        return response
+
+    @app.route("/ok")
+    @app.route("/fail")
+    def ok() -> str:
+        return "ok"
+
+    RateLimit(app, limiter=limiter, **options)
+    return app
+
+
+def test_a_response_a_later_hook_throws_away_gives_back_as_a_500(limiter: rl.Limiter) -> None:
+    # The extension saw the 200, which never went out nor was closed: the request ends as a
+    # 500 in teardown (count_when gives that back), as when the view itself raises.
+    client = _late_hook_app(limiter, default="3/minute",
+                            count_when=lambda status: status < 500).test_client()
+    assert client.get("/ok").status_code == 200
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            client.get("/fail")
+    assert limiter.peek(rl.Policy("3/minute"), PEER).remaining == 2
+
+
+def test_a_slot_comes_back_when_a_later_hook_throws_the_response_away(
+    limiter: rl.Limiter
+) -> None:
+    client = _late_hook_app(limiter, concurrency=1).test_client()
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            client.get("/fail")
+    assert client.get("/ok").status_code == 200  # not 429: /fail's slot came back
+
+
+@pytest.mark.parametrize(("status", "remaining"), [(200, 1), (500, 2)])
+def test_a_copied_request_context_ending_is_not_the_requests_end(
+    limiter: rl.Limiter, status: int, remaining: int
+) -> None:
+    # copy_current_request_context: the copy's teardown runs on the same environ, before the
+    # view has returned. The request still counts by its own response: its hit is kept for a
+    # 200 and given back once for a 500 (twice would give back /ok's too).
+    app = Flask(__name__)
+
+    @app.route("/ok")
+    def ok() -> str:
+        return "ok"
+
+    @app.route("/parallel")
+    def parallel() -> Any:
+        @flask.copy_current_request_context
+        def work() -> None:
+            assert flask.request.path == "/parallel"
+
+        thread = threading.Thread(target=work)
+        thread.start()
+        thread.join()
+        return "done", status
+
+    RateLimit(app, limiter=limiter, default="3/minute", count_when=lambda code: code < 500)
+    client = app.test_client()
+    assert client.get("/ok").status_code == 200
+    response = client.get("/parallel")
+    assert response.status_code == status
+    response.close()
+    assert limiter.peek(rl.Policy("3/minute"), PEER).remaining == remaining

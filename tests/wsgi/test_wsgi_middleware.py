@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from typing import Any
 
 import pytest
@@ -291,6 +292,37 @@ def test_the_refund_waits_until_the_server_closes_the_body(limiter: rl.Limiter) 
     body.close()  # type: ignore[attr-defined]
     assert limiter.peek(policy, PEER).remaining == 2
     assert started == ["200 OK"]
+
+
+@pytest.mark.parametrize(("restart", "remaining"), [(None, 1), ("500 Internal Server Error", 1),
+                                                    ("405 Method Not Allowed", 2)])
+def test_the_last_status_of_a_response_decides_what_comes_back(
+    limiter: rl.Limiter, restart: str | None, remaining: int
+) -> None:
+    # The defaults: a 405 is not charged, and nothing else comes back. A response started as
+    # a 200 and started again while its body is read (PEP 3333's exc_info) counts by its
+    # last status: given back only when that is a 405.
+    def app(environ: Environ, start_response: Any) -> Any:
+        start_response("200 OK", [])
+
+        def body() -> Any:
+            if restart is not None:
+                try:
+                    raise LookupError("found out while the body was made")
+                except LookupError:
+                    start_response(restart, [], sys.exc_info())
+            yield b"body"
+
+        return body()
+
+    policy = rl.Policy("2/minute")
+    started: list[str] = []
+    body = RateLimitMiddleware(app, limiter, default=policy)(
+        environ(), lambda status, headers, exc_info=None: started.append(status))
+    assert b"".join(body) == b"body"
+    getattr(body, "close", lambda: None)()
+    assert started == ["200 OK"] + ([restart] if restart else [])
+    assert limiter.peek(policy, PEER).remaining == remaining
 
 
 def test_an_app_that_raises_is_judged_as_the_500_the_server_will_send(
