@@ -28,7 +28,6 @@ class Counting:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.is_cluster = False
-        self.in_process = getattr(inner, "in_process", False)
         self.calls = 0
 
     def run(self, call: Any) -> list[int]:
