@@ -60,6 +60,7 @@ from werkzeug.exceptions import HTTPException, ServiceUnavailable, TooManyReques
 from ratelimit_mw.wsgi import (  # noqa: E402
     PREFLIGHT,
     json_headers,
+    may_give_back,
     missing,
     renewing,
     sync_guard,
@@ -76,15 +77,6 @@ _PENDING = "ratelimit_mw.pending"
 # An admitted request whose response may give its hit back: its `_Refund` when any response
 # may (slots, a count_when), else its `Admit` until an uncharged 405 makes one.
 _REFUND = "ratelimit_mw.refund"
-
-
-def _may_give_back(admit: Admit, status: int, guard: Guard) -> bool:
-    """Whether a response with this status may give anything back (`Guard.released` says
-    what): it holds slots, a count_when may say so, or it is a 405 (not charged: else the
-    request has nothing to give back). Most give nothing back, and no `_Refund` is made."""
-    plan = admit.refund
-    return plan is not None and (plan.token is not None or plan.whens is not None
-                                 or guard.count_when is not None or status == 405)
 
 
 class _Refund:
@@ -266,7 +258,7 @@ class _AppState:
                 environ[_PENDING] = (verdict.headers, False)
             if verdict.refund is not None:
                 environ[_REFUND] = (_Refund(self.guard, self.limiter, verdict)
-                                    if _may_give_back(verdict, 500, self.guard) else verdict)
+                                    if may_give_back(verdict, 500, self.guard) else verdict)
         elif verdict is not None:
             environ[_PENDING] = (verdict.headers, True)
             return self._refuse(request, verdict)
@@ -309,7 +301,7 @@ class _AppState:
         found: _Refund | Admit | None = environ.get(_REFUND)
         if isinstance(found, _Refund):
             found.on(response)
-        elif found is not None and _may_give_back(found, response.status_code, self.guard):
+        elif found is not None and may_give_back(found, response.status_code, self.guard):
             environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)  # a 405
             refund.on(response)
         pending = environ.pop(_PENDING, None)

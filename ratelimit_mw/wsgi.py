@@ -243,8 +243,8 @@ class RateLimitMiddleware:
         def start(status_line: str, headers: Headers, exc_info: ExcInfo = None) -> Any:
             nonlocal unwrapped
             status.append(status_line)
-            if unwrapped and status_line.startswith("405"):  # started again as a 405
-                unwrapped = False
+            if unwrapped and may_give_back(verdict, _code(status_line), self.guard):
+                unwrapped = False  # started again with a status that gives back (a 405)
                 self._refund(verdict, status_line)
             # A new list: the app may reuse its own header list for every response.
             return start_response(status_line, headers + extra if extra else headers, exc_info)
@@ -256,9 +256,7 @@ class RateLimitMiddleware:
         except BaseException:
             self._refund(verdict, "500")  # the server's answer to what the app raised
             raise
-        plan = verdict.refund
-        if (status and plan.token is None and plan.whens is None
-                and self.guard.count_when is None and not status[-1].startswith("405")):
+        if status and not may_give_back(verdict, _code(status[-1]), self.guard):
             # Started with a status that gives nothing back (most responses): only a 405
             # it may be started again as would (`start` sees to it).
             unwrapped = True
@@ -267,10 +265,7 @@ class RateLimitMiddleware:
 
     def _refund(self, admit: Admit, status: str) -> None:
         """Give back what a response with this status line gives back, and its slots."""
-        try:
-            code = int(status[:3])
-        except (TypeError, ValueError):
-            code = 500
+        code = _code(status)
         plan = admit.refund
         if plan is not None and plan.token is not None:  # with its in-flight slots
             self.guard.release_sync(self.limiter, admit, code)
@@ -295,6 +290,25 @@ class RateLimitMiddleware:
 
                 return response(request.environ, start)  # type: ignore[no-any-return]
         return _answer(start_response, refusal.status, refusal.headers, refusal.body)
+
+
+def may_give_back(admit: Admit, status: int, guard: Guard) -> bool:
+    """Whether an admitted response with this status may give anything back (`Guard.released`
+    says what): it holds slots, a count_when may say so, or it is a 405 (not charged: else
+    the request has nothing to give back). Most give nothing back, and the WSGI middleware
+    and the Flask extension then keep nothing for them. (Here rather than on the guard: the
+    WSGI middleware asks it without leaving its module.)"""
+    plan = admit.refund
+    return plan is not None and (plan.token is not None or plan.whens is not None
+                                 or guard.count_when is not None or status == 405)
+
+
+def _code(status: str) -> int:
+    """The code of a WSGI status line ("200 OK"); a line without one counts as a 500."""
+    try:
+        return int(status[:3])
+    except (TypeError, ValueError):
+        return 500
 
 
 def _answer(start_response: StartResponse, status: int, headers: Headers,
