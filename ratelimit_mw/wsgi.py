@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
-from ratelimit_mw.http.extras import require
+from ratelimit_mw.http.extras import installed
 from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Held, Refuse
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.rules import Rule
@@ -39,8 +39,12 @@ from ratelimit_mw.limiter import Limiter, require_sync_limiter
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
-require("werkzeug", "flask", "ratelimit_mw.wsgi")
-from werkzeug.wrappers import Request  # noqa: E402
+# Key functions get werkzeug's Request where werkzeug is installed (what Flask and werkzeug
+# users read); without it the middleware needs nothing but the standard library.
+if installed("werkzeug"):
+    from ratelimit_mw.http.werkzeug_request import DeferredRequest as _Request
+else:
+    from ratelimit_mw.http.environ_request import EnvironRequest as _Request  # type: ignore[assignment]
 
 __all__ = [
     "DECISION_KEY",
@@ -77,46 +81,6 @@ def missing(present: Iterable[tuple[str, str]], extra: Headers) -> Headers:
     refusal lacks of those every 429 carries."""
     names = {name.lower() for name, _ in present}
     return [item for item in extra if item[0].lower() not in names]
-
-
-class _DeferredRequest(Request):
-    """The werkzeug ``Request`` handed to key functions and hooks, parsed when an attribute
-    ``Request.__init__`` sets is first read: most key functions read only ``environ``
-    (``keys.client_ip()`` does), so parsing every request would be wasted."""
-
-    def __init__(self, environ: dict[str, Any]) -> None:  # parsing waits for _Parsed
-        self.environ = environ
-        # What Request(environ) does at once: werkzeug helpers find the request here.
-        environ["werkzeug.request"] = self
-
-    def _parse(self) -> None:
-        own = dict(self.__dict__)  # whatever the app set on the request before it was parsed
-        Request.__init__(self, own["environ"], populate_request=False)
-        self.__dict__.update(own)
-
-
-class _Parsed:
-    """One attribute of `_DeferredRequest`: reading it parses the request. A non-data
-    descriptor, so that once parsing has put the value in the instance's ``__dict__`` reads
-    no longer come here; not ``__getattr__``, which would turn every ``hasattr`` miss
-    (keys.py's ASGI-or-WSGI test) into a raised exception."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def __get__(self, request: _DeferredRequest | None, owner: type | None = None) -> Any:
-        if request is None:
-            return self
-        request._parse()
-        return request.__dict__[self.name]
-
-
-# What Request.__init__ sets on the instance (environ is there from the start).
-for _name in set(vars(Request({}, populate_request=False))) - {"environ"}:
-    setattr(_DeferredRequest, _name, _Parsed(_name))
-del _name
 
 
 def renewing(chunks: Iterable[bytes], guard: Guard, limiter: Limiter,
@@ -183,8 +147,10 @@ class RateLimitMiddleware:
 
     ``RateLimitMiddleware(app, limiter, config=Config(...))`` or the same options as keywords
     (see `ratelimit_mw.http.config.Config`); ``limiter`` is a sync `Limiter`. Key functions
-    receive a ``werkzeug.wrappers.Request``. ``on_blocked`` returns a WSGI app (a werkzeug
-    ``Response`` is one); the rate-limit headers are added to it unless it sets them.
+    receive a ``werkzeug.wrappers.Request`` where werkzeug is installed, else an
+    `~ratelimit_mw.http.environ_request.EnvironRequest` (the attributes a key reads, spelled
+    as werkzeug's). ``on_blocked`` returns a WSGI app (a werkzeug ``Response`` is one); the
+    rate-limit headers are added to it unless it sets them.
 
     The decision is left in ``environ["ratelimit_mw.decision"]`` (`DECISION_KEY`).
     """
@@ -223,7 +189,7 @@ class RateLimitMiddleware:
             selection = self._fixed
         if selection is None:
             return self.app(environ, start_response)
-        request = _DeferredRequest(environ)
+        request = _Request(environ)
         verdict = self.guard.decide_sync(self.limiter, selection, request, method,
                                          method == "OPTIONS" and PREFLIGHT in environ)
         if verdict is None:
