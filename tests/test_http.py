@@ -160,8 +160,9 @@ def test_decorated_route_names_are_stable_however_the_app_is_started() -> None:
     ("ratelimit_mw.asgi", "starlette", "starlette"),
     ("ratelimit_mw.fastapi", "fastapi", "fastapi"),
     ("ratelimit_mw.flask", "flask", "flask"),
-    ("ratelimit_mw.wsgi", "werkzeug", "flask"),
     ("ratelimit_mw.httpx", "httpx", "httpx"),
+    ("ratelimit_mw.django", "django", "django"),
+    ("ratelimit_mw.litestar", "litestar", "litestar"),
 ])
 def test_an_adapter_without_its_framework_names_the_extra_to_install(
         module: str, package: str, extra: str) -> None:
@@ -173,6 +174,18 @@ def test_an_adapter_without_its_framework_names_the_extra_to_install(
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True).stdout
     assert f"pip install 'ratelimit_mw[{extra}]'" in out
+
+
+def test_the_plain_wsgi_middleware_needs_no_werkzeug() -> None:
+    import subprocess
+    import sys
+
+    script = ("import sys; sys.modules['werkzeug'] = None\n"
+              "import ratelimit_mw.wsgi as w\n"
+              "print(w._Request.__module__)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "ratelimit_mw.http.environ_request"
 
 
 def test_config_built_directly_names_a_misspelt_option_like_the_adapters_do() -> None:

@@ -135,6 +135,18 @@ class Selection:
         self.compiled: Compiled | None = None
 
 
+def _kept_defaults(defaults: tuple[Applied, ...],
+                   routed: tuple[Applied, ...]) -> tuple[Applied, ...]:
+    """The defaults a decorated route keeps: the rates when its limits set none (only
+    in-flight slots), the slots when they set none (only rates)."""
+    def slots(item: Applied) -> bool:
+        return item.policy is not None and item.policy.algorithm == IN_FLIGHT
+
+    sets_rates = any(not slots(item) for item in routed)
+    sets_slots = any(slots(item) for item in routed)
+    return tuple(item for item in defaults if not (sets_slots if slots(item) else sets_rates))
+
+
 class Plan(NamedTuple):
     """What one request sends: the compiled hit, an identity per check, the selection they
     came from (for headers), when some limit has one, each check's own count_when, and
@@ -346,8 +358,10 @@ class Guard:
         """The limits for one request; `route` is what its endpoint carries (or None).
 
         A decorated route replaces the defaults with its own limits (those whose ``methods``
-        include the request's), an exempt route drops them, an undecorated route gets the
-        defaults; rules always add.
+        include the request's) part by part: its rates replace the default rates, its
+        in-flight slots the default slots, and a part it does not set is kept (a
+        ``limit(concurrency=2)`` keeps the default rate). An exempt route drops them, an
+        undecorated route gets the defaults; rules always add.
         """
         if not self.enabled:
             return None
@@ -390,7 +404,9 @@ class Guard:
             )
         if routed:
             fallback = Selection(plain) if plain else None
-            selection: Selection | None = Selection(routed + from_rules, len(routed), fallback)
+            kept = _kept_defaults(self.defaults, routed)
+            selection: Selection | None = Selection(routed + kept + from_rules, len(routed),
+                                                    fallback)
         else:
             selection = Selection(plain) if plain else None
         for made in (selection, selection.fallback if selection is not None else None):

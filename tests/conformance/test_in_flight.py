@@ -44,3 +44,22 @@ def test_a_route_and_a_rule_hold_slots_of_their_own(routed: Driver) -> None:
     assert routed.statuses(3, path="/items") == [200] * 3
     reply = routed.request(path="/keyed")
     assert reply.headers["ratelimit"] == '"minute";r=1;t=60'
+
+
+def test_a_decorator_with_only_slots_keeps_the_default_rate(routed: Driver) -> None:
+    # The most expensive route must not leave the default rate by gaining a slot limit.
+    routed.build(Config(default="3/minute"), route_rates=None, route_options={"concurrency": 2})
+    assert routed.statuses(3) == [200] * 3
+    reply = routed.request(path="/keyed")
+    assert reply.status == 429
+    assert reply.headers["ratelimit"] == '"minute";r=0;t=60'
+    assert reply.headers["ratelimit-policy"] == f'{SLOT.replace("q=1", "q=2")}, "minute";q=3;w=60'
+
+
+def test_a_decorator_with_only_a_rate_keeps_the_default_slots(routed: Driver) -> None:
+    routed.build(Config(default="100/minute", concurrency=1), route_rates="5/minute")
+    replies = [routed.request(path="/keyed") for _ in range(3)]
+    assert [reply.status for reply in replies] == [200] * 3  # each slot came back
+    policy = replies[-1].headers["ratelimit-policy"]
+    assert SLOT in policy and "q=5;w=60" in policy and "q=100" not in policy
+    assert replies[-1].headers["ratelimit"].endswith("r=2;t=60")
