@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
+from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.asgi_routes import (
     RouteMeta,
     carries_any,
@@ -228,6 +229,13 @@ def route_path(scope: Scope) -> str:
     return path
 
 
+def _inside_litestar(app: object) -> bool:
+    """Whether `app` is a piece of a Litestar app's route handling (not the whole app, which
+    this middleware may wrap for its defaults and rules, 404s included)."""
+    module = type(app).__module__
+    return module.partition(".")[0] == "litestar" and module != "litestar.app"
+
+
 class RateLimitMiddleware:
     """Rate-limit every HTTP request of an ASGI app.
 
@@ -243,6 +251,15 @@ class RateLimitMiddleware:
 
     def __init__(self, app: ASGIApp, limiter: AsyncLimiter, *, config: Config | None = None,
                  **options: Unpack[ConfigOptions]) -> None:
+        if _inside_litestar(app):
+            # Litestar builds this per route handler (DefineMiddleware), where its handlers'
+            # decorators cannot be seen: a limit silently ignored is worse than none.
+            raise ConfigurationError(
+                "ratelimit_mw.asgi.RateLimitMiddleware cannot see Litestar's route handlers "
+                "(their @limiter.limit would be ignored); use the Litestar adapter: "
+                "plugins=[RateLimitPlugin(limiter, default=...)] or middleware=[DefineMiddleware("
+                "RateLimitMiddleware, limiter=limiter, default=...)] with both imported from "
+                "ratelimit_mw.litestar")
         self.app = app
         self.guard = self.guard_of(app, limiter, config=config, **options)
         self.limiter: AsyncLimiter = self.guard.limiter
