@@ -158,3 +158,36 @@ def test_limiting_switched_off_in_one_test_is_on_again_in_the_next(
             assert [client.get("/").status_code for _ in range(2)] == [200, 429]
     """)
     pytester.runpytest("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_an_autouse_fixture_in_conftest_isolates_every_test_of_a_suite(
+        pytester: pytest.Pytester) -> None:
+    # The recipe docs/testing.md gives: tests that never name `ratelimit` are isolated too,
+    # each in a memory of its own (the counts do not carry from one test to the next).
+    pytester.makeconftest("""
+    import pytest
+
+    from ratelimit_mw.testing import Isolation
+
+    @pytest.fixture(autouse=True)
+    def _ratelimit_isolated(ratelimit: Isolation) -> None:
+        pass
+    """)
+    pytester.makepyfile(_APP_PINGING_A_CLOSED_PORT + """
+    def test_one(client):
+        assert [client.get("/").status_code for _ in range(3)] == [200, 200, 429]
+
+    def test_two(client):
+        assert [client.get("/").status_code for _ in range(3)] == [200, 200, 429]
+    """)
+    pytester.runpytest("-q", "-p", "no:cacheprovider").assert_outcomes(passed=2)
+
+
+def test_without_the_fixture_a_test_reaches_the_apps_real_store(
+        pytester: pytest.Pytester) -> None:
+    # What the recipe above is for: the same app, no fixture, fails on its lifespan's ping.
+    pytester.makepyfile(_APP_PINGING_A_CLOSED_PORT + """
+    def test_one(client):
+        client.get("/")
+    """)
+    pytester.runpytest("-q", "-p", "no:cacheprovider").assert_outcomes(errors=1)
