@@ -4,8 +4,9 @@ pyproject's, and every page that gives the suite's size gives the same one."""
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Bundles of other extras and tooling, not something a user installs for a feature.
@@ -13,6 +14,7 @@ BUNDLES = {"test", "docs", "demo", "hiredis"}
 
 
 def test_the_readme_lists_every_extra_of_the_package() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = set(pyproject["project"]["optional-dependencies"]) - BUNDLES
     readme = (ROOT / "README.md").read_text()
