@@ -190,13 +190,6 @@ def test_the_committed_results_render_within_the_page_width() -> None:
     assert f"{report.BEGIN}\n{markdown}" in page
 
 
-def test_the_performance_page_is_at_most_400_lines_of_120_characters() -> None:
-    lines = (REPO / "docs" / "performance.md").read_text().splitlines()
-    assert len(lines) <= 400
-    too_wide = [(n, len(line)) for n, line in enumerate(lines, 1) if len(line) > 120]
-    assert not too_wide, too_wide
-
-
 def test_report_redraws_the_block_from_the_json_without_measuring(tmp_path: Path) -> None:
     shutil.copy(REPO / "docs" / "benchmarks.json", tmp_path / "benchmarks.json")
     (tmp_path / "capacity.png").write_bytes(b"")

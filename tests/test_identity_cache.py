@@ -30,6 +30,9 @@ def test_a_flood_of_distinct_8_kb_identities_leaves_nothing_behind() -> None:
     assert grown < 100_000, grown  # was ~8.5 KB per identity: 17 MB
 
 
-def test_the_short_identity_cache_has_a_fixed_number_of_entries() -> None:
-    assert identity_module.encode_short.cache_info().maxsize == 16_384
-    assert identity_module.CACHED_LENGTH == 64
+def test_a_flood_of_distinct_short_identities_stays_within_the_caches_entries() -> None:
+    limit = identity_module.encode_short.cache_info().maxsize
+    assert limit is not None
+    for i in range(limit + 1_000):
+        encode_identity(f"{i:064d}")  # as long as is cached
+    assert identity_module.encode_short.cache_info().currsize == limit

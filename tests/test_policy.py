@@ -29,12 +29,6 @@ def test_each_algorithm_has_its_wire_code(algorithm: Algorithm, code: str) -> No
     assert wire.wire(policy).segment.endswith("." + code)
 
 
-def test_a_policy_holds_only_what_the_user_configured() -> None:
-    policy = rl.Policy("10/minute")
-    for moved in ("code", "segment", "call_template", "ban_end", "calendar"):
-        assert not hasattr(policy, moved), moved
-
-
 def test_policy_accepts_a_string_a_rate_or_a_list_of_rates() -> None:
     tiers = (rl.Rate(1, 60_000), rl.Rate(5, 3_600_000))
     assert rl.Policy("1/minute;5/hour").rates == tiers

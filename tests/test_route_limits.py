@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 
 import ratelimit_mw as rl
 from ratelimit_mw.asgi import Config, RateLimitMiddleware
-from ratelimit_mw.routing import validate_methods
+from ratelimit_mw.routing import route_limits, validate_methods
 
 
 @pytest.mark.parametrize(
@@ -109,11 +109,21 @@ def test_a_decorator_and_the_middleware_on_one_limiter_must_agree_on_a_log(
 
 
 def test_other_limiters_and_other_algorithms_keep_their_own_names() -> None:
-    rl.AsyncLimiter().limit("3/hour", name="n")(_endpoint("a"))
-    rl.AsyncLimiter().limit("3/second", name="n")(_endpoint("b"))  # another limiter
+    # One name for two rates refuses only where they would count in one log: the same
+    # limiter's sliding log. Here each keeps its name and its rate.
+    endpoints = [
+        rl.AsyncLimiter().limit("3/hour", name="n")(_endpoint("a")),
+        rl.AsyncLimiter().limit("3/second", name="n")(_endpoint("b")),  # another limiter
+    ]
     limiter = rl.AsyncLimiter()
-    limiter.limit(rl.Policy("3/hour", name="n", algorithm="gcra"))(_endpoint("c"))
-    limiter.limit(rl.Policy("3/second", name="n", algorithm="gcra"))(_endpoint("d"))
+    endpoints += [
+        limiter.limit(rl.Policy("3/hour", name="n", algorithm="gcra"))(_endpoint("c")),
+        limiter.limit(rl.Policy("3/second", name="n", algorithm="gcra"))(_endpoint("d")),
+    ]
+    bound = [route_limits(endpoint) for endpoint in endpoints]
+    policies = [limits[0].policy for limits in bound if isinstance(limits, tuple)]
+    assert [(p.name, str(p.rates[0])) for p in policies if p is not None] == [
+        ("n", "3/hour"), ("n", "3/second"), ("n", "3/hour"), ("n", "3/second")]
 
 
 def _endpoint(name: str) -> Any:
