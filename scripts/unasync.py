@@ -37,14 +37,12 @@ END_MARK = "unasync: end"
 SUBSTITUTIONS = [
     (r"\basync def\b", "def"),
     (r"\basync with\b", "with"),
-    (r"\basync for\b", "for"),
     (r"\bawait ", ""),
     (r"\bAsyncBackend\b", "SyncBackend"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
     (r"\b(\w+)_async\b", r"\1_sync"),
     (r"\barun\b", "run"),
     (r"\baping\b", "ping"),
-    (r"\baclose\b", "close"),
     (r"\b__aenter__\b", "__enter__"),
     (r"\b__aexit__\b", "__exit__"),
     (r"\bratelimit_mw\._async\b", "ratelimit_mw._sync"),
@@ -56,17 +54,20 @@ SUBSTITUTIONS = [
 _COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in SUBSTITUTIONS]
 
 
-def unasync_lines(lines: list[str]) -> list[str]:
+def unasync_lines(lines: list[str], used: set[int] | None = None) -> list[str]:
     """The sync twin of async source lines. The continuation lines of a signature that got
-    shorter move left with its parenthesis, so that they stay aligned with it."""
+    shorter move left with its parenthesis, so that they stay aligned with it. `used`
+    collects the index of every substitution that changed a line."""
     out = []
     depth = shift = 0  # parentheses still open in such a signature; how far it moved
     for line in lines:
         source = line
         if depth > 0 and line.startswith(" " * shift):
             line = line[shift:]
-        for pattern, replacement in _COMPILED:
-            line = pattern.sub(replacement, line)
+        for index, (pattern, replacement) in enumerate(_COMPILED):
+            line, count = pattern.subn(replacement, line)
+            if count and used is not None:
+                used.add(index)
         if depth > 0:
             depth += source.count("(") - source.count(")")
         elif "async def " in source and "(" in source:
@@ -76,13 +77,13 @@ def unasync_lines(lines: list[str]) -> list[str]:
     return out
 
 
-def unasync(source: str, name: str) -> str:
+def unasync(source: str, name: str, used: set[int] | None = None) -> str:
     """The sync twin of one async source module."""
     return "".join([f"# Generated from ratelimit_mw/_async/{name} by scripts/unasync.py: "
-                    "do not edit.\n", *unasync_lines(source.splitlines(keepends=True))])
+                    "do not edit.\n", *unasync_lines(source.splitlines(keepends=True), used)])
 
 
-def regenerate(text: str) -> str:
+def regenerate(text: str, used: set[int] | None = None) -> str:
     """`text` with each generated region made again from the async source before it."""
     lines = text.splitlines(keepends=True)
     out: list[str] = []
@@ -101,30 +102,45 @@ def regenerate(text: str) -> str:
         elif mark.endswith(SYNC_MARK):
             if source is None:
                 raise SystemExit(f"a '{SYNC_MARK}' line without its '{ASYNC_MARK}' line")
-            out += unasync_lines(source)
+            out += unasync_lines(source, used)
             source, skipping = None, True
         elif source is not None:
             source.append(line)
     return "".join(out)
 
 
-def made() -> dict[Path, str]:
+def made(used: set[int] | None = None) -> dict[Path, str]:
     """Every generated file as its sources make it."""
-    files = {TARGETS / path.name: unasync(path.read_text(), path.name)
+    files = {TARGETS / path.name: unasync(path.read_text(), path.name, used)
              for path in sorted(SOURCES.glob("*.py")) if path.name not in HAND_WRITTEN}
-    files.update({path: regenerate(path.read_text()) for path in REGIONS})
+    files.update({path: regenerate(path.read_text(), used) for path in REGIONS})
     return files
+
+
+def unused(used: set[int]) -> list[str]:
+    """The substitutions that changed nothing in any source: stale rules, which would
+    silently rewrite a line written later."""
+    return [SUBSTITUTIONS[index][0] for index in range(len(SUBSTITUTIONS))
+            if index not in used]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check, write nothing")
     args = parser.parse_args()
-    stale = [path for path, text in made().items()
+    used: set[int] = set()
+    files = made(used)
+    idle = unused(used)
+    for pattern in idle:
+        print(f"a substitution that matches nothing in the async sources: {pattern!r}; "
+              "remove it from SUBSTITUTIONS")
+    if idle:
+        return 1
+    stale = [path for path, text in files.items()
              if not path.exists() or path.read_text() != text]
     for path in stale:
         if not args.check:
-            path.write_text(made()[path])
+            path.write_text(files[path])
         print(f"{'stale' if args.check else 'wrote'}: {path.relative_to(ROOT)}")
     return 1 if args.check and stale else 0
 

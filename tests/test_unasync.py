@@ -53,3 +53,20 @@ def test_a_signature_continued_over_lines_stays_aligned() -> None:
         "    def decide_sync(self, a: int,\n",
         "                    b: int) -> None:\n",
     ]
+
+
+def test_every_substitution_rewrites_something_in_the_sources() -> None:
+    used: set[int] = set()
+    unasync.made(used)
+    assert unasync.unused(used) == []
+
+
+def test_a_substitution_that_matches_nothing_fails_the_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    idle = (r"\bnever_written_anywhere\b", "x")
+    monkeypatch.setattr(unasync, "SUBSTITUTIONS", [*unasync.SUBSTITUTIONS, idle])
+    monkeypatch.setattr(unasync, "_COMPILED", [
+        *unasync._COMPILED, (unasync.re.compile(idle[0]), idle[1])])
+    used: set[int] = set()
+    unasync.made(used)
+    assert unasync.unused(used) == [idle[0]]
