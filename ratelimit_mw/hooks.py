@@ -46,16 +46,35 @@ def name_of(hook: object) -> str:
     return str(getattr(hook, "__qualname__", None) or type(hook).__qualname__)
 
 
+def unawaited(hook: object, value: Any) -> TypeError:
+    """The error for an awaitable that no one here can await (closed, so that Python does
+    not warn that it was never awaited)."""
+    close = getattr(value, "close", None)
+    if close is not None:
+        close()
+    return TypeError(f"{name_of(hook)} returned an awaitable, which nothing here awaits")
+
+
+async def awaited_async(hook: object, value: Any) -> Any:
+    """What an async hook's answer comes to, on the async side."""
+    return await value
+
+
+def awaited_sync(hook: object, value: Any) -> Any:
+    """An async hook's answer on the sync side, where there is no loop to await it on."""
+    raise unawaited(hook, value)
+
+
 # -- unasync: the async source
 async def answer_all_async(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Answers:
     """Each hook's answer for `request`, awaited on the async side (a coroutine on the sync
-    side is left for `ask` to refuse); what one raises is kept as Raised."""
+    side fails as the hook raising would); what one raises is kept as Raised."""
     found: Answers = {}
     for hook in hooks:
         try:
             value = hook(request)
             if inspect.isawaitable(value):
-                value = await value
+                value = await awaited_async(hook, value)
         except Exception as exc:
             value = Raised(exc)
         found[id(hook)] = value
@@ -65,13 +84,13 @@ async def answer_all_async(hooks: Iterable[Callable[[Any], Any]], request: Any) 
 # -- unasync: its sync twin, generated: do not edit
 def answer_all_sync(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Answers:
     """Each hook's answer for `request`, awaited on the async side (a coroutine on the sync
-    side is left for `ask` to refuse); what one raises is kept as Raised."""
+    side fails as the hook raising would); what one raises is kept as Raised."""
     found: Answers = {}
     for hook in hooks:
         try:
             value = hook(request)
             if inspect.isawaitable(value):
-                pass  # awaited on the async side
+                value = awaited_sync(hook, value)
         except Exception as exc:
             value = Raised(exc)
         found[id(hook)] = value
@@ -92,10 +111,7 @@ def ask(hook: Callable[[Any], Any], request: Any, answers: Answers | None) -> An
             return found
     value = hook(request)
     if inspect.isawaitable(value):
-        close = getattr(value, "close", None)
-        if close is not None:
-            close()
-        raise TypeError(f"{name_of(hook)} returned an awaitable, which nothing here awaits")
+        raise unawaited(hook, value)
     return value
 
 

@@ -48,8 +48,6 @@ SUBSTITUTIONS = [
     (r"\bratelimit_mw\._async\b", "ratelimit_mw._sync"),
     (r"\bAwaitable\[(\w+)\]", r"\1"),
     (r"^(from collections\.abc import .*)\bAwaitable, ", r"\1"),
-    # What `x = await x` leaves: nothing to do on the sync side.
-    (r"^(\s*)(\w+) = \2$", r"\1pass  # awaited on the async side"),
 ]
 _COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in SUBSTITUTIONS]
 
