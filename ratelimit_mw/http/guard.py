@@ -41,6 +41,7 @@ from ratelimit_mw.hooks import (
     is_async,
     refuse_async,
 )
+from ratelimit_mw.http import slots as _slots
 from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
@@ -53,16 +54,7 @@ from ratelimit_mw.http.headers import (
     unavailable_body,
 )
 from ratelimit_mw.http.rules import Rule
-from ratelimit_mw.http.slots import (
-    IN_FLIGHT,
-    Slots,
-    give_back_async,
-    give_back_sync,
-    renew_async,
-    renew_sync,
-    settle_owed_async,
-    settle_owed_sync,
-)
+from ratelimit_mw.http.slots import IN_FLIGHT
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.limiter import SWITCH, AsyncLimiter, Limiter
 from ratelimit_mw.log import ThrottledLog, describe, logger
@@ -297,7 +289,7 @@ class Guard:
         # event loop (asgi_send.Holders).
         self.holders: dict[Any, Any] = {}
         # Give-backs owed to a store that missed them, slots taken in the memory fallback.
-        self.slots = Slots()
+        self.slots = _slots.Slots()
         # on_backend_error="memory": the store's stand-in while it is out, counting on
         # across outages (see `_decide_in_memory`).
         self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
@@ -752,13 +744,14 @@ class Guard:
         """Whether to try a refund now: not while the breaker skips a backend known down."""
         if self.breaker.is_open:
             self.log_failure("ratelimit_mw: backend cooling down; a hit that should have been "
-                             "given back stays counted")
+                             "given back stays counted (in-flight slots: until it answers)")
             return False
         return True
 
     def refund_failed(self, exc: BaseException) -> None:
         self.breaker.failed(describe(exc, self.timeout))
-        self.log_failure("ratelimit_mw: could not give back a hit; it stays counted", exc)
+        self.log_failure("ratelimit_mw: could not give back a hit; it stays counted (in-flight "
+                         "slots: until the store answers)", exc)
 
     # -- the one I/O step of a request: unasync: the async source
     async def decide_async(self, limiter: AsyncLimiter, selection: Selection, request: Any,
@@ -783,7 +776,7 @@ class Guard:
         start = perf_counter() if self.shadow else 0.0
         try:
             if self.slots.owed:  # give-backs the store missed while it was out go first
-                await settle_owed_async(self, limiter)
+                await _slots.settle_owed_async(self, limiter)
             if peek:
                 decision = await limiter.peek(*plan.checks[0][:2], self.timeout)
             else:
@@ -809,7 +802,7 @@ class Guard:
         """`refund_async` of several responses (those that ended in one turn of the event
         loop), in one call; never raises. Slots the store misses are owed to it, slots
         taken in the memory fallback go back there (`slots.give_back_async`)."""
-        await give_back_async(self, limiter, hits)
+        await _slots.give_back_async(self, limiter, hits)
 
     async def release_async(self, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
         """After an admitted response with this status has ended, however it ended: what it
@@ -822,7 +815,7 @@ class Guard:
         """Push the leases of the slots a long response holds (a lease that could not be
         renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
         only where the slot has gone to another request and ``on_lease_lost="end"``."""
-        await renew_async(self, limiter, held)
+        await _slots.renew_async(self, limiter, held)
 
     # -- unasync: its sync twin, generated: do not edit
     def decide_sync(self, limiter: Limiter, selection: Selection, request: Any,
@@ -847,7 +840,7 @@ class Guard:
         start = perf_counter() if self.shadow else 0.0
         try:
             if self.slots.owed:  # give-backs the store missed while it was out go first
-                settle_owed_sync(self, limiter)
+                _slots.settle_owed_sync(self, limiter)
             if peek:
                 decision = limiter.peek(*plan.checks[0][:2], self.timeout)
             else:
@@ -873,7 +866,7 @@ class Guard:
         """`refund_sync` of several responses (those that ended in one turn of the event
         loop), in one call; never raises. Slots the store misses are owed to it, slots
         taken in the memory fallback go back there (`slots.give_back_sync`)."""
-        give_back_sync(self, limiter, hits)
+        _slots.give_back_sync(self, limiter, hits)
 
     def release_sync(self, limiter: Limiter, admit: Admit, status: int) -> None:
         """After an admitted response with this status has ended, however it ended: what it
@@ -886,7 +879,7 @@ class Guard:
         """Push the leases of the slots a long response holds (a lease that could not be
         renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
         only where the slot has gone to another request and ``on_lease_lost="end"``."""
-        renew_sync(self, limiter, held)
+        _slots.renew_sync(self, limiter, held)
 
     # -- unasync: end
 
