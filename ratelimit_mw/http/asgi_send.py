@@ -174,8 +174,8 @@ class Holding(Watch):
             self.holders.hold(self)
 
     async def send(self, message: Any) -> None:
-        if self.held.lost and message["type"] in _LATER and self.guard.slots.must_end(
-                self.guard, self.held):  # the timer's renewal found the slot gone
+        if (self.held.lost and message["type"] in _LATER
+                and self.guard.config.on_lease_lost == "end"):  # found by the timer's renewal
             raise LeaseLost("the response's in-flight slot went to another request while its "
                             "lease had ended (on_lease_lost=\"end\")")
         body = message["type"] == "http.response.body"

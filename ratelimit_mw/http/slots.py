@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from ratelimit_mw.limiter import AsyncLimiter, Limiter
 
 IN_FLIGHT = "concurrency"  # the algorithm of in-flight slots
-LEASE_LOST_CHOICES = ("continue", "end")
 # Give-backs kept for a store that is out: a worker's in-flight responses of a few leases
 # at most; past it the oldest go (their leases end first, and free them).
 OWED_MAX = 10_000
@@ -158,10 +157,6 @@ class Slots:
         if guard.config.on_lease_lost == "end":
             raise LeaseLost("the response's in-flight slot went to another request while "
                             "its lease had ended (on_lease_lost=\"end\")")
-
-    def must_end(self, guard: Guard, held: Held) -> bool:
-        """Whether a response whose renewal (the timer's) found its slot gone must end now."""
-        return held.lost and guard.config.on_lease_lost == "end"
 
 
 # -- unasync: the async source
