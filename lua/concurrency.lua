@@ -62,18 +62,32 @@ local function concurrency()
     if token ~= '' then redis.call('ZREM', key, unpack(members(token, cost))) end
   end
 
-  -- Push a holder's lease to now + lease. A lease already ended stays ended: its slot may be
-  -- someone else's by now.
-  local function renew(key, lease, cost, token, now)
+  -- Push a holder's leases to now + lease; true when it holds every slot afterwards. A lease
+  -- already ended may be someone else's slot by now: it is taken again only if the tier has
+  -- room for every ended one (the holder was paused past its lease and its slot is still
+  -- free), else it stays ended and the holder is told (false).
+  local function renew(key, limit, lease, cost, token, now)
+    local ended = {}
     local renewed = false
     for _, member in ipairs(members(token, cost)) do
       local ends = redis.call('ZSCORE', key, member)
       if ends and ends + 0 > now then
         redis.call('ZADD', key, now + lease, member)
         renewed = true
+      else
+        ended[#ended + 1] = member
+      end
+    end
+    local held = #ended == 0
+    if not held then
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+      if redis.call('ZCARD', key) + #ended <= limit then
+        for _, member in ipairs(ended) do redis.call('ZADD', key, now + lease, member) end
+        renewed, held = true, true
       end
     end
     if renewed then redis.call('PEXPIRE', key, lease) end
+    return held
   end
 
   return check, take, release, renew, reset

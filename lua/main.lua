@@ -17,6 +17,8 @@
 --       ban key index in KEYS (0: no penalty), ban end ("" none, "d<ms>" a duration from the
 --       refusal, "a<ms>" an absolute end), a time zone's UTC-offset schedule for the whole-day
 --       tiers of a fixed-window policy with tz= ("" otherwise; see fixed_window.lua)
+-- Reply to R, C, X: {1}; to N: {1} when the hit holds every slot after it (its ended leases
+--       taken again where there was room), {0} when one has gone to someone else.
 -- Reply: integers only (Redis truncates Lua floats and stops a table at a nil):
 --       { all admitted 0/1, then per tier: admitted 0/1, remaining, retry ms (-1: never),
 --         reset ms, banned 0/1 }; a refused hit (H) appends three values per tier for the
@@ -183,6 +185,7 @@ if op == 'R' or op == 'C' or op == 'N' then
     if argv[b + 1] == 'sl' and (longest[key] or 0) < period then longest[key] = period end
   end
   local done = {}
+  local held = 1  -- N: every slot still the hit's
   local cc_release, cc_renew, _
   for i = 1, n do
     local b = 7 * i - 2
@@ -202,7 +205,7 @@ if op == 'R' or op == 'C' or op == 'N' then
       elseif algo == 'cc' then
         if cc_release == nil then _, _, cc_release, cc_renew = concurrency() end
         if op == 'N' then
-          cc_renew(key, period, cost, token, now)
+          if not cc_renew(key, limit, period, cost, token, now) then held = 0 end
         else
           cc_release(key, cost, token)
         end
@@ -222,7 +225,7 @@ if op == 'R' or op == 'C' or op == 'N' then
       end
     end
   end
-  return {1}
+  return {held}
 end
 
 local at = now

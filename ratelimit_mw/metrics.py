@@ -17,9 +17,9 @@ from typing import Any, Final, Literal, Protocol, get_args
 from ratelimit_mw.core.errors import ConfigurationError
 
 Event = Literal["admitted", "refused", "shadow_refused", "backend_error", "breaker_open",
-                "fallback"]
+                "fallback", "lease_lost"]
 EVENTS: Final[tuple[Event, ...]] = get_args(Event)
-ADMITTED, REFUSED, SHADOW_REFUSED, BACKEND_ERROR, BREAKER_OPEN, FALLBACK = EVENTS
+ADMITTED, REFUSED, SHADOW_REFUSED, BACKEND_ERROR, BREAKER_OPEN, FALLBACK, LEASE_LOST = EVENTS
 
 
 class MetricsHook(Protocol):

@@ -224,10 +224,15 @@ class AsyncLimiter(_Shared):
             raise failed
 
     async def _renew(self, checks: Sequence[Check], token: str,
-                     timeout: float | None = None) -> None:
-        """Push the leases of the in-flight slots that the hit named `token` holds."""
+                     timeout: float | None = None) -> bool:
+        """Push the leases of the in-flight slots that the hit named `token` holds; False
+        when one had ended and its slot has gone to someone else meanwhile (one that ended
+        and is still free is taken again)."""
+        held = True
         for call in self._slot_calls(plans.RENEW, checks, token):
-            await self._backend.arun(call, timeout)
+            reply = await self._backend.arun(call, timeout)
+            held = held and bool(reply[0])
+        return held
 
     async def peek(self, policy: Policy | str, identity: str,
                    timeout: float | None = None) -> Decision:

@@ -225,10 +225,15 @@ class Limiter(_Shared):
             raise failed
 
     def _renew(self, checks: Sequence[Check], token: str,
-               timeout: float | None = None) -> None:
-        """Push the leases of the in-flight slots that the hit named `token` holds."""
+               timeout: float | None = None) -> bool:
+        """Push the leases of the in-flight slots that the hit named `token` holds; False
+        when one had ended and its slot has gone to someone else meanwhile (one that ended
+        and is still free is taken again)."""
+        held = True
         for call in self._slot_calls(plans.RENEW, checks, token):
-            self._backend.run(call, timeout)
+            reply = self._backend.run(call, timeout)
+            held = held and bool(reply[0])
+        return held
 
     def peek(self, policy: Policy | str, identity: str,
              timeout: float | None = None) -> Decision:

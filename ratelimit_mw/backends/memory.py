@@ -277,8 +277,8 @@ class MemoryBackend:
             self._called_at = now
             n = argv[4]
             if op in _UPKEEP:
-                self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now, now_us)
-                return [1]
+                return [self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now,
+                                     now_us)]
             # Anything else decides, as main.lua. A booking in the past is a booking now.
             at = max(int(argv[3]), now) if op == "B" else now
             checks = self._checks
@@ -503,13 +503,15 @@ class MemoryBackend:
         reply += extra
 
     def _upkeep(self, op: str, keys: Sequence[str], tiers: list[_Tier], token: str,
-                now: int, now_us: int) -> None:
+                now: int, now_us: int) -> int:
         """Reset (X), refund (R), renew (N) or cancel a booking (C): once per key and hit,
-        as main.lua (a batch of R or N names each tier's token, separated by spaces)."""
+        as main.lua (a batch of R or N names each tier's token, separated by spaces). The
+        reply's one value: 1, or 0 for a renewal that found a slot gone to someone else."""
         if op == "X":
             for key in keys:
                 self._delete(key)
-            return
+            return 1
+        held = 1
         spans = _sl_spans(tiers)
         tokens = (token.split() if op != "C" and " " in token
                   else itertools.repeat(token, len(tiers)))
@@ -523,7 +525,8 @@ class MemoryBackend:
                 if algo == "sl":
                     self._sl_refund(key, _members(token, cost), cost, spans[key], now)
             elif algo == "cc":
-                self._cc_upkeep(op, key, period, cost, token, now)
+                if not self._cc_upkeep(op, key, limit, period, cost, token, now):
+                    held = 0
             elif op == "N":  # leases are in-flight tiers' only
                 continue
             elif algo == "fw":
@@ -535,6 +538,7 @@ class MemoryBackend:
             else:
                 self._sl_refund(key, _members(token, cost) if token else None, cost,
                                 spans[key], now)
+        return held
 
     # -- concurrency (lua/concurrency.lua): the value is {member: lease end ms} -------------
     def _cc_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,
@@ -555,23 +559,38 @@ class MemoryBackend:
             live[member] = now + lease
         self._set(key, live, now, lease)
 
-    def _cc_upkeep(self, op: str, key: str, lease: int, cost: int, token: str,
-                   now: int) -> None:
-        """Give a holder's slots back (R), or renew its leases that have not ended (N)."""
+    def _cc_upkeep(self, op: str, key: str, limit: int, lease: int, cost: int, token: str,
+                   now: int) -> bool:
+        """Give a holder's slots back (R), or renew its leases (N): those that have ended are
+        taken again if the tier has room for them all; False when it has not (lost)."""
         slots: dict[str, int] | None = self._get(key, now)
-        if slots is None or not token:
-            return
+        if not token:
+            return True
+        if slots is None:
+            slots = {}
         renewed = False
+        ended: list[str] = []
         for member in _members(token, cost):
             if op == "R":
                 slots.pop(member, None)
             elif slots.get(member, 0) > now:
                 slots[member] = now + lease
                 renewed = True
+            else:
+                ended.append(member)
+        held = not ended
+        if ended:
+            for member in [m for m, end in slots.items() if end <= now]:
+                del slots[member]
+            if len(slots) + len(ended) <= limit:
+                for member in ended:
+                    slots[member] = now + lease
+                renewed = held = True
         if not slots:
             self._delete(key)  # Redis drops an empty sorted set
         elif renewed:
             self._set(key, slots, now, lease)
+        return held
 
     # -- fixed-window (lua/fixed_window.lua): the value is (window start, count) --------------
     def _fw_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,

@@ -8,12 +8,14 @@ refused WebSocket handshake before ``accept``; `serve_connection` runs an admitt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.http.guard import Admit, Guard, Held, Refuse, Unavailable
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
+from ratelimit_mw.http.slots import LeaseLost
 from ratelimit_mw.limiter import AsyncLimiter
 
 # Every framework's own ASGI types are narrower; these take them all.
@@ -21,6 +23,8 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Any]]
 Send = Callable[[Any], Awaitable[None]]
 App = Callable[[Any, Any, Any], Awaitable[None]]
+# The messages of a response (or a WebSocket) after its start: a lost slot ends it there.
+_LATER = frozenset({"http.response.body", "websocket.send"})
 
 
 def is_preflight(scope: Scope) -> bool:
@@ -170,19 +174,28 @@ class Holding(Watch):
             self.holders.hold(self)
 
     async def send(self, message: Any) -> None:
+        if (self.held.lost and message["type"] in _LATER
+                and self.guard.config.on_lease_lost == "end"):  # found by the timer's renewal
+            raise LeaseLost("the response's in-flight slot went to another request while its "
+                            "lease had ended (on_lease_lost=\"end\")")
+        body = message["type"] == "http.response.body"
+        more = body and message.get("more_body", False)
+        if more and self.held.due():  # renewed first: a chunk goes out only with its slot
+            await self.guard.renew_async(self.limiter, self.held)
         await super().send(message)
-        if message["type"] == "http.response.body":
-            if not message.get("more_body", False):
-                await self.end()
-            elif self.held.due():
-                await self.guard.renew_async(self.limiter, self.held)
+        if body and not more:
+            await self.end()
 
     def renew(self) -> None:
         """From the holders' timer: renew the lease if it is due (and no renewal runs)."""
         if self.held.due() and (self.renewal is None or self.renewal.done()):
             # Kept here: the loop holds only a weak reference to a task.
-            self.renewal = asyncio.get_running_loop().create_task(
-                self.guard.renew_async(self.limiter, self.held))
+            self.renewal = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        # A lost slot with on_lease_lost="end" ends the response at its next message (`send`).
+        with contextlib.suppress(LeaseLost):
+            await self.guard.renew_async(self.limiter, self.held)
 
     async def end(self) -> None:
         """Give the slots back (once), with what the response's status gives back: the

@@ -94,6 +94,9 @@ class Config:
     # N (or a Policy.in_flight): at most N of a key's requests in flight at once, for
     # requests that no decorator limits (as `default`)
     concurrency: Policy | int | None = None
+    # A renewal that finds an in-flight slot gone to another request (the process paused
+    # past its lease): "continue" the response without it, or "end" it.
+    on_lease_lost: str = "continue"
     # Normalised forms, filled in by __post_init__.
     defaults: tuple[Policy, ...] = field(default=(), init=False, repr=False)
     in_flight: Policy | None = field(default=None, init=False, repr=False)
@@ -125,6 +128,11 @@ class Config:
                 f'on_backend_error must be "allow", "deny", "memory" or a callable (request, '
                 f"error) -> bool, got {self.on_backend_error!r}"
             )
+        if self.on_lease_lost not in ("continue", "end"):
+            raise ConfigurationError(
+                f'on_lease_lost must be "continue" (the response goes on without its slot) '
+                f'or "end" (the response is ended), got {self.on_lease_lost!r}; e.g. '
+                f'on_lease_lost="end"')
         if self.mode not in ("enforce", "shadow"):
             raise ConfigurationError(f'mode must be "enforce" or "shadow", got {self.mode!r}')
         for name in ("headers", "legacy_headers", "per_method", "charge_preflight",
@@ -180,6 +188,7 @@ class ConfigOptions(TypedDict, total=False):
     enabled: bool | None
     websockets: bool
     concurrency: Policy | int | None
+    on_lease_lost: str
 
 
 _dataclass_init = Config.__init__

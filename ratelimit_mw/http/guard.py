@@ -41,6 +41,7 @@ from ratelimit_mw.hooks import (
     is_async,
     refuse_async,
 )
+from ratelimit_mw.http import slots as _slots
 from ratelimit_mw.http.breaker import Breaker
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
@@ -53,6 +54,7 @@ from ratelimit_mw.http.headers import (
     unavailable_body,
 )
 from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.http.slots import IN_FLIGHT
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.limiter import SWITCH, AsyncLimiter, Limiter
 from ratelimit_mw.log import ThrottledLog, describe, logger
@@ -79,7 +81,6 @@ _VERBS = _METHODS | {"HEAD"}
 _NO_STORE = ("Cache-Control", "no-store")
 _JSON = ("Content-Type", "application/json")
 _FALLBACK_KEY = _keys.client_ip()
-IN_FLIGHT = "concurrency"  # the algorithm of in-flight slots
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +174,10 @@ class Plan(NamedTuple):
 class Held:
     """The in-flight slots of one admitted request while its response runs: when their
     lease is due for renewal (a third of the shortest lease since the last one, on the
-    limiter's clock), and whether they have been given back (once)."""
+    limiter's clock), whether they have been given back (once), and whether a renewal found
+    them gone to another request (`slots.Slots.renewed`)."""
 
-    __slots__ = ("admit", "checks", "clock", "done", "every", "next")
+    __slots__ = ("admit", "checks", "clock", "done", "every", "lost", "next")
 
     def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
         plan = admit.refund
@@ -187,6 +189,7 @@ class Held:
         self.clock = clock
         self.next = clock() + self.every
         self.done = False
+        self.lost = False
 
     @property
     def token(self) -> str:
@@ -297,6 +300,8 @@ class Guard:
         # The ASGI requests holding in-flight slots, renewed and given back together, per
         # event loop (asgi_send.Holders).
         self.holders: dict[Any, Any] = {}
+        # Give-backs owed to a store that missed them, slots taken in the memory fallback.
+        self.slots = _slots.Slots()
         # on_backend_error="memory": the store's stand-in while it is out, counting on
         # across outages (see `_decide_in_memory`).
         self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
@@ -655,21 +660,23 @@ class Guard:
         which keeps what every outage counted until its windows end (per worker: in one
         window the store admits up to the limit and each of N workers up to the limit, so
         (N + 1) x the limit however often the store fails). What it admits is never given
-        back (count_when): the store never recorded it."""
-        checks = plan.checks
-        if plan.token is not None:
-            # In-flight slots are the store's alone: taken here, nothing would give them
-            # back (the memory keeps counting the rates).
-            checks = tuple(check for check in checks if check.policy.algorithm != IN_FLIGHT)
-            if not checks:
-                return PASS
+        back (count_when): the store never recorded it. In-flight slots are taken in it too
+        (per worker, as the rates), and given back and renewed there (`slots.Slots.local`)."""
+        checks, fallback, token = plan.checks, self._fallback, plan.token
         try:
-            decision = (self._fallback.peek(*checks[0][:2]) if peek
-                        else self._fallback.check(checks))
+            if peek:
+                decision = fallback.peek(*checks[0][:2])
+            elif token is None:
+                decision = fallback.check(checks)
+            else:
+                decision = fallback._decide(*fallback._compiled_checks(checks), token=token)
         except Exception as exc:  # the memory backend's own failure: admit, as "allow"
             self.log_failure("ratelimit_mw in-memory fallback failed; admitting", exc)
             return PASS
-        return self._verdict(request, plan, decision, 0.0, False)
+        holds = token is not None and not peek and decision.allowed
+        if holds:
+            self.slots.taken_here(self.limiter, checks, token)  # type: ignore[arg-type]
+        return self._verdict(request, plan, decision, 0.0, holds)
 
     def _admit_on_error(self, request: Any, exc: BaseException) -> bool:
         policy = self.config.on_backend_error
@@ -753,13 +760,14 @@ class Guard:
         """Whether to try a refund now: not while the breaker skips a backend known down."""
         if self.breaker.is_open:
             self.log_failure("ratelimit_mw: backend cooling down; a hit that should have been "
-                             "given back stays counted")
+                             "given back stays counted (in-flight slots: until it answers)")
             return False
         return True
 
     def refund_failed(self, exc: BaseException) -> None:
         self.breaker.failed(describe(exc, self.timeout))
-        self.log_failure("ratelimit_mw: could not give back a hit; it stays counted", exc)
+        self.log_failure("ratelimit_mw: could not give back a hit; it stays counted (in-flight "
+                         "slots: until the store answers)", exc)
 
     # -- the one I/O step of a request: unasync: the async source
     async def decide_async(self, limiter: AsyncLimiter, selection: Selection, request: Any,
@@ -783,6 +791,8 @@ class Guard:
         # Timed only where an event reports it (a shadow refusal): a clock read costs.
         start = perf_counter() if self.shadow else 0.0
         try:
+            if self.slots.owed:  # give-backs the store missed while it was out go first
+                await _slots.settle_owed_async(self, limiter)
             if peek:
                 decision = await limiter.peek(*plan.checks[0][:2], self.timeout)
             else:
@@ -806,13 +816,9 @@ class Guard:
     async def refund_all_async(self, limiter: AsyncLimiter,
                                hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
         """`refund_async` of several responses (those that ended in one turn of the event
-        loop), in one call; never raises."""
-        if not self.may_refund():
-            return
-        try:
-            await limiter._give_back_all(hits, self.timeout)
-        except Exception as exc:
-            self.refund_failed(exc)
+        loop), in one call; never raises. Slots the store misses are owed to it, slots
+        taken in the memory fallback go back there (`slots.give_back_async`)."""
+        await _slots.give_back_async(self, limiter, hits)
 
     async def release_async(self, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
         """After an admitted response with this status has ended, however it ended: what it
@@ -822,12 +828,10 @@ class Guard:
             await self.refund_async(limiter, self.released(admit, status), plan.token)
 
     async def renew_async(self, limiter: AsyncLimiter, held: Held) -> None:
-        """Push the leases of the slots a long response holds; never raises (a lease that
-        could not be renewed ends, and its slot comes back, when its time is up)."""
-        try:
-            await limiter._renew(held.checks, held.token, self.timeout)
-        except Exception as exc:
-            self.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
+        """Push the leases of the slots a long response holds (a lease that could not be
+        renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
+        only where the slot has gone to another request and ``on_lease_lost="end"``."""
+        await _slots.renew_async(self, limiter, held)
 
     # -- unasync: its sync twin, generated: do not edit
     def decide_sync(self, limiter: Limiter, selection: Selection, request: Any,
@@ -851,6 +855,8 @@ class Guard:
         # Timed only where an event reports it (a shadow refusal): a clock read costs.
         start = perf_counter() if self.shadow else 0.0
         try:
+            if self.slots.owed:  # give-backs the store missed while it was out go first
+                _slots.settle_owed_sync(self, limiter)
             if peek:
                 decision = limiter.peek(*plan.checks[0][:2], self.timeout)
             else:
@@ -874,13 +880,9 @@ class Guard:
     def refund_all_sync(self, limiter: Limiter,
                         hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
         """`refund_sync` of several responses (those that ended in one turn of the event
-        loop), in one call; never raises."""
-        if not self.may_refund():
-            return
-        try:
-            limiter._give_back_all(hits, self.timeout)
-        except Exception as exc:
-            self.refund_failed(exc)
+        loop), in one call; never raises. Slots the store misses are owed to it, slots
+        taken in the memory fallback go back there (`slots.give_back_sync`)."""
+        _slots.give_back_sync(self, limiter, hits)
 
     def release_sync(self, limiter: Limiter, admit: Admit, status: int) -> None:
         """After an admitted response with this status has ended, however it ended: what it
@@ -890,12 +892,10 @@ class Guard:
             self.refund_sync(limiter, self.released(admit, status), plan.token)
 
     def renew_sync(self, limiter: Limiter, held: Held) -> None:
-        """Push the leases of the slots a long response holds; never raises (a lease that
-        could not be renewed ends, and its slot comes back, when its time is up)."""
-        try:
-            limiter._renew(held.checks, held.token, self.timeout)
-        except Exception as exc:
-            self.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
+        """Push the leases of the slots a long response holds (a lease that could not be
+        renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
+        only where the slot has gone to another request and ``on_lease_lost="end"``."""
+        _slots.renew_sync(self, limiter, held)
 
     # -- unasync: end
 

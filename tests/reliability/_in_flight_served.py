@@ -1,6 +1,7 @@
 """The apps the in-flight proof serves with several workers (uvicorn: ``--factory
 make_asgi_app``; gunicorn: ``make_wsgi_app()``), configured by the environment: RL_REDIS_URL,
-RL_PREFIX, RL_SLOTS (N) and RL_LEASE (seconds).
+RL_PREFIX, RL_SLOTS (N) and RL_LEASE (seconds); RL_ON_LEASE_LOST, when set, is the ASGI
+app's ``on_lease_lost``.
 
 Every request with an ``X-Client`` header holds one of that client's N slots (the default
 in-flight limit, beside a rate far from binding); ``/healthz`` (no header) holds none. Each
@@ -135,9 +136,11 @@ def make_asgi_app() -> Any:
                             Route("/healthz", healthz)])
     limiter = AsyncLimiter(AsyncRedisBackend.from_url(url, socket_timeout=5,
                                                       socket_connect_timeout=5), prefix=prefix)
+    lost = os.environ.get("RL_ON_LEASE_LOST")
     return RateLimitMiddleware(app, limiter, default="100000/hour", concurrency=slots,
                                key=keys.header("x-client"), on_backend_error="deny",
-                               backend_timeout=5.0)
+                               backend_timeout=5.0,
+                               **({"on_lease_lost": lost} if lost else {}))
 
 
 def make_wsgi_app() -> Any:

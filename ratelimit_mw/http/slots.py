@@ -1,0 +1,272 @@
+"""The in-flight slots a guard answers for beyond a response's own calls, for every adapter.
+
+A slot is taken in the request's one call and given back, renewed, in one call each
+(`ratelimit_mw.http.guard`). Three cases a lease alone would settle late, or never report:
+
+- **A give-back the store missed** (it was down, or the breaker skipped it): the slots are
+  owed to the store (`Slots.owed`), and given back with the next give-back this guard sends,
+  or just before the next request's call to the store (the breaker's probe, after an
+  outage), whichever comes first. Only slots are kept (a ZREM by the hit's
+  token: sending it twice changes nothing), at most `OWED_MAX`, each until its lease has
+  ended (the store frees it then anyway).
+- **A slot taken in the memory fallback** (``on_backend_error="memory"``): it is given back
+  and renewed in that memory, by its token, never in the store (`Slots.local`).
+- **A lease that ended before its renewal** (the process was paused past it): the script
+  takes the slot again if it is still free; if it is someone else's, the holder is lost:
+  the ``lease_lost`` metric, a throttled log line, and ``on_lease_lost`` ("continue": the
+  response goes on without its slot; "end": `LeaseLost` is raised into it).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ratelimit_mw.core.plans import Check
+from ratelimit_mw.log import ThrottledLog
+from ratelimit_mw.metrics import LEASE_LOST
+
+if TYPE_CHECKING:
+    from ratelimit_mw.http.guard import Guard, Held
+    from ratelimit_mw.limiter import AsyncLimiter, Limiter
+
+IN_FLIGHT = "concurrency"  # the algorithm of in-flight slots
+# Give-backs kept for a store that is out: a worker's in-flight responses of a few leases
+# at most; past it the oldest go (their leases end first, and free them).
+OWED_MAX = 10_000
+
+Hits = Sequence[tuple[Sequence[Check], str | None]]
+
+
+class LeaseLost(Exception):
+    """Raised into a response that holds in-flight slots (``on_lease_lost="end"``) when a
+    renewal finds its lease ended and the slot taken by another request: the response ends
+    (the server closes its connection), so the limit holds again."""
+
+
+class Owed(NamedTuple):
+    """Slots whose give-back the store missed: `limiter`'s, by `token`, until `until` (the
+    limiter's monotonic clock), when their lease has freed them anyway."""
+
+    until: float
+    limiter: Any
+    checks: tuple[Check, ...]
+    token: str
+
+
+def _lease(checks: Iterable[Check]) -> float:
+    return max(check.policy.rates[0].period_ms for check in checks) / 1000
+
+
+class Slots:
+    """One guard's owed give-backs and slots taken in its memory fallback (threads may share
+    it: a lock around every change; readers look at `owed` and `local` without it)."""
+
+    __slots__ = ("_lock", "dropped", "local", "log", "owed")
+
+    def __init__(self) -> None:
+        self.owed: list[Owed] = []
+        # token -> when its lease ends (the limiter's clock): slots taken in the fallback.
+        self.local: dict[str, float] = {}
+        self.dropped = 0  # owed give-backs dropped for room (OWED_MAX)
+        self._lock = threading.Lock()
+        self.log = ThrottledLog()
+
+    # -- owed to the store ---------------------------------------------------------------
+    def keep(self, limiter: Any, hits: Hits) -> None:
+        """The give-back of `hits` failed: keep their slots for the store's return."""
+        now = limiter._monotonic()
+        kept = [Owed(now + _lease(held), limiter, held, token) for checks, token in hits
+                if token for held in (tuple(c for c in checks
+                                            if c.policy.algorithm == IN_FLIGHT),) if held]
+        if kept:
+            self.put_back(kept)
+
+    def put_back(self, owed: Sequence[Owed]) -> None:
+        """Owed give-backs that were sent and failed again: kept as they were (same end)."""
+        with self._lock:
+            self.owed.extend(owed)
+            over = len(self.owed) - OWED_MAX
+            if over > 0:
+                del self.owed[:over]
+                self.dropped += over
+
+    def due(self, limiter: Any) -> list[Owed]:
+        """Take the give-backs owed by `limiter` whose leases have not ended (the ended
+        ones are dropped: the store has freed them)."""
+        now = limiter._monotonic()
+        with self._lock:
+            owed, self.owed = self.owed, []
+            mine = [each for each in owed if each.limiter is limiter]
+            # Another limiter's (a test fixture's swap) wait for a call of their own.
+            self.owed = [each for each in owed if each.limiter is not limiter
+                         and each.until > now]
+        return [each for each in mine if each.until > now]
+
+    # -- taken in the memory fallback ----------------------------------------------------
+    def taken_here(self, limiter: Any, checks: Sequence[Check], token: str) -> None:
+        now = limiter._monotonic()
+        with self._lock:
+            local = self.local
+            if len(local) >= OWED_MAX:  # responses that never ended: their leases did
+                for stale in [t for t, until in local.items() if until <= now]:
+                    del local[stale]
+            local[token] = now + _lease(c for c in checks if c.policy.algorithm == IN_FLIGHT)
+
+    def release_here(self, fallback: Limiter, hits: Hits) -> Hits:
+        """Give back in the fallback's memory the slots among `hits` that were taken there;
+        the rest, for the store. (What the fallback admitted is never given back, only
+        its slots: the store never recorded it.)"""
+        mine: list[tuple[tuple[Check, ...], str]] = []
+        rest: list[tuple[Sequence[Check], str | None]] = []
+        with self._lock:
+            for checks, token in hits:
+                if token and self.local.pop(token, None) is not None:
+                    mine.append((tuple(c for c in checks if c.policy.algorithm == IN_FLIGHT),
+                                 token))
+                else:
+                    rest.append((checks, token))
+        if mine:
+            try:
+                fallback._give_back_all(mine)
+            except Exception as exc:  # the memory backend's own failure: the lease frees it
+                self.log("ratelimit_mw: could not give back a slot held in memory", exc)
+        return rest
+
+    # -- a renewal's answer --------------------------------------------------------------
+    def renewed(self, guard: Guard, held: Held, kept: bool) -> None:
+        """What a renewal found: the slots held (renewed, or taken again after a pause), or
+        lost to another request: reported once per response, then ``on_lease_lost``."""
+        if kept:
+            if held.lost:
+                held.lost = False
+                self.log("ratelimit_mw: an in-flight response took its slot again after "
+                         "losing it")
+            return
+        if not held.lost:
+            held.lost = True
+            names = [check.policy.name for check in held.checks]
+            guard._observe(LEASE_LOST, names, 0.0)
+            choice = guard.config.on_lease_lost
+            self.log(f"ratelimit_mw: an in-flight lease ({', '.join(dict.fromkeys(names))}) "
+                     f"ended before its renewal (the process paused past it?) and its slot "
+                     f"is another request's now; on_lease_lost={choice!r}: "
+                     + ("the response goes on without it" if choice == "continue"
+                        else "ending the response"))
+        if guard.config.on_lease_lost == "end":
+            raise LeaseLost("the response's in-flight slot went to another request while "
+                            "its lease had ended (on_lease_lost=\"end\")")
+
+
+# -- unasync: the async source
+async def give_back_async(guard: Guard, limiter: AsyncLimiter, hits: Hits) -> None:
+    """`Guard.refund_all_async`: the slots taken in memory given back there; the rest, with
+    any give-backs owed to the store, in one call (kept if the store misses them)."""
+    slots = guard.slots
+    if slots.local and guard._fallback is not None:
+        hits = slots.release_here(guard._fallback, hits)
+        if not hits:
+            return
+    if not guard.may_refund():
+        slots.keep(limiter, hits)
+        return
+    owed = slots.due(limiter) if slots.owed else []
+    try:
+        await limiter._give_back_all([*hits, *((each.checks, each.token) for each in owed)]
+                                     if owed else hits, guard.timeout)
+    except Exception as exc:
+        slots.keep(limiter, hits)
+        slots.put_back(owed)
+        guard.refund_failed(exc)
+
+
+async def settle_owed_async(guard: Guard, limiter: AsyncLimiter) -> None:
+    """Before a request's call to the store: the give-backs it missed while it was out, in
+    one call. If that fails they stay owed, and the error is the request's (the store is
+    out: its failure policy, without a second deadline)."""
+    owed = guard.slots.due(limiter)
+    if not owed:
+        return
+    try:
+        await limiter._give_back_all([(each.checks, each.token) for each in owed],
+                                     guard.timeout)
+    except BaseException:
+        guard.slots.put_back(owed)
+        raise
+
+
+async def renew_async(guard: Guard, limiter: AsyncLimiter, held: Held) -> None:
+    """`Guard.renew_async`: in the memory fallback for a slot taken there, else in the store;
+    a lease found lost is reported (`Slots.renewed`); raises `LeaseLost` only then, with
+    ``on_lease_lost="end"``."""
+    slots = guard.slots
+    token = held.token
+    try:
+        if token in slots.local:
+            kept = guard._fallback._renew(held.checks, token)
+            slots.local[token] = limiter._monotonic() + _lease(held.checks)
+        else:
+            kept = await limiter._renew(held.checks, token, guard.timeout)
+    except Exception as exc:
+        guard.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
+        return
+    slots.renewed(guard, held, kept)
+
+
+# -- unasync: its sync twin, generated: do not edit
+def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
+    """`Guard.refund_all_sync`: the slots taken in memory given back there; the rest, with
+    any give-backs owed to the store, in one call (kept if the store misses them)."""
+    slots = guard.slots
+    if slots.local and guard._fallback is not None:
+        hits = slots.release_here(guard._fallback, hits)
+        if not hits:
+            return
+    if not guard.may_refund():
+        slots.keep(limiter, hits)
+        return
+    owed = slots.due(limiter) if slots.owed else []
+    try:
+        limiter._give_back_all([*hits, *((each.checks, each.token) for each in owed)]
+                                     if owed else hits, guard.timeout)
+    except Exception as exc:
+        slots.keep(limiter, hits)
+        slots.put_back(owed)
+        guard.refund_failed(exc)
+
+
+def settle_owed_sync(guard: Guard, limiter: Limiter) -> None:
+    """Before a request's call to the store: the give-backs it missed while it was out, in
+    one call. If that fails they stay owed, and the error is the request's (the store is
+    out: its failure policy, without a second deadline)."""
+    owed = guard.slots.due(limiter)
+    if not owed:
+        return
+    try:
+        limiter._give_back_all([(each.checks, each.token) for each in owed],
+                                     guard.timeout)
+    except BaseException:
+        guard.slots.put_back(owed)
+        raise
+
+
+def renew_sync(guard: Guard, limiter: Limiter, held: Held) -> None:
+    """`Guard.renew_sync`: in the memory fallback for a slot taken there, else in the store;
+    a lease found lost is reported (`Slots.renewed`); raises `LeaseLost` only then, with
+    ``on_lease_lost="end"``."""
+    slots = guard.slots
+    token = held.token
+    try:
+        if token in slots.local:
+            kept = guard._fallback._renew(held.checks, token)
+            slots.local[token] = limiter._monotonic() + _lease(held.checks)
+        else:
+            kept = limiter._renew(held.checks, token, guard.timeout)
+    except Exception as exc:
+        guard.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
+        return
+    slots.renewed(guard, held, kept)
+
+
+# -- unasync: end
