@@ -2,16 +2,16 @@
 
 Closed (the normal state), every request calls the backend. It opens on evidence that the
 store is down: at once on any failure but a timeout (refused, reset, an error reply but a
-cluster's CLUSTERDOWN, which never opens it), and on timeouts only when they come in a row (`TIMEOUTS`, each at least one deadline after the last
-one counted, with no answer in time between): a store that has answered nothing for that
-long is hung, while one late answer (a stall, a starved CPU) costs only the calls caught in
-it. Open, each request takes the failure policy at once for ``cooldown`` seconds; then
-exactly ONE request is let through as a probe and the cool-down starts again, so however
-many requests are in flight, the backend sees one call per cool-down until a probe succeeds
-and closes the breaker. A probe that never reports back (its request was cancelled) costs
-one cool-down, never a stuck breaker. On a cluster there is one breaker per node
-(`Breakers`): a sick node does not open the breaker of the others. Its log lines:
-docs/operations.md#logging.
+cluster's CLUSTERDOWN, which never opens it), and on timeouts only when they come in a row
+(`TIMEOUTS`, each at least one deadline after the last one counted, with no answer in time
+between): a store that has answered nothing for that long is hung, while one late answer
+(a stall, a starved CPU) costs only the calls caught in it. Open, each request takes the
+failure policy at once for ``cooldown`` seconds; then exactly ONE request is let through as
+a probe and the cool-down starts again, so however many requests are in flight, the
+backend sees one call per cool-down until a probe succeeds and closes the breaker. A probe
+that never reports back (its request was cancelled) costs one cool-down, never a stuck
+breaker. On a cluster there is one breaker per node (`Breakers`): a sick node does not open
+the breaker of the others. Its log lines: docs/operations.md#logging.
 """
 
 from __future__ import annotations
