@@ -561,7 +561,9 @@ class Guard:
         """The backend's answer; `started` is when the call began (perf_counter), in shadow
         mode, for the latency a shadow refusal reports."""
         breaker = self.breaker if self.nodes is None else self.nodes.of(plan.identities)
-        if breaker.open_until or breaker.timeouts:
+        # An admission is the store's answer (the deny cache holds only refusals): it ends a
+        # row of timeouts; an open breaker's probe is always the store's.
+        if breaker.open_until or (breaker.timeouts and decision.allowed):
             # The memory keeps its counts until their windows end: a store that fails again
             # within them is not a fresh quota for this worker.
             breaker.succeeded()

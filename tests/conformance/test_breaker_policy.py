@@ -136,3 +136,40 @@ def test_a_guard_on_a_cluster_backend_keys_its_breakers_by_node() -> None:
                                        rl.AsyncLimiter(Clustered()))  # type: ignore[arg-type]
     assert guard_breakers is not None and guard_breakers.of(["x1"]) is guard_breakers.of(["x2"])
     assert Breakers.per_node(Breaker(1.0, "'allow'"), rl.AsyncLimiter()) is None
+
+
+def test_a_refusal_from_the_deny_cache_does_not_end_a_row_of_timeouts() -> None:
+    """The deny cache answers a refused client without the store: that is no evidence the
+    store answers, so a hung store still opens the breaker however many such refusals come
+    between its timeouts (an admission, always the store's, ends the row)."""
+    import httpx
+    from starlette.responses import PlainTextResponse
+    from support import CountingBackend
+
+    from ratelimit_mw import asgi, keys
+
+    backend = CountingBackend()
+    app = asgi.RateLimitMiddleware(PlainTextResponse("ok"), rl.AsyncLimiter(backend),
+                                   default="1/minute", key=keys.header("x-client"),
+                                   backend_timeout=0.05)
+    clock = MonotonicClock()
+    breaker = app.guard.breaker = Breaker(1.0, "'allow'", clock, deadline=0.05)
+
+    async def main() -> list[int]:
+        transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            async def get(who: str) -> int:
+                return (await client.get("/", headers={"x-client": who})).status_code
+
+            seen = [await get("x"), await get("x")]  # admitted, then refused: cached
+            backend.failure = "hang"
+            for _ in range(TIMEOUTS):
+                calls = backend.calls
+                seen.append(await get("x"))  # the deny cache's refusal: no call
+                assert backend.calls == calls
+                seen.append(await get("y"))  # times out: counted
+                clock.advance(1.0)
+            return seen
+
+    assert asyncio.run(main()) == [200, 429] + [429, 200] * TIMEOUTS
+    assert breaker.is_open
