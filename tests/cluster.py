@@ -4,7 +4,9 @@
 them with ``redis-cli --cluster create`` and waits for ``cluster_state:ok``; `stop()` shuts
 down every server it started (by its own pid as a last resort) and removes the directory.
 Never touches the shared Redis on 6379. ``flavour=valkey()`` runs Valkey's binaries instead
-(tests/servers.py).
+(tests/servers.py). ``replicas=1`` gives each master a replica (``node_timeout`` in ms: how
+soon a replica takes over a master that stops answering); `pause(port)` freezes a server
+(SIGSTOP: hung, not dead) until `resume(port)` or `stop()`, which resumes every paused one.
 """
 
 from __future__ import annotations
@@ -50,11 +52,16 @@ def free_ports(count: int) -> list[int]:
 
 class LocalCluster:
     def __init__(self, directory: Path, masters: int = MASTERS,
-                 flavour: Flavour = REDIS) -> None:
+                 flavour: Flavour = REDIS, replicas: int = 0,
+                 node_timeout: int | None = None, options: tuple[str, ...] = ()) -> None:
         self.directory = Path(directory)
         self.flavour = flavour
-        self.ports = free_ports(masters)
+        self.replicas = replicas
+        self.node_timeout = node_timeout
+        self.options = options  # more of the server's command line
+        self.ports = free_ports(masters * (1 + replicas))
         self.started: list[int] = []
+        self.paused: set[int] = set()
 
     @property
     def url(self) -> str:
@@ -77,6 +84,9 @@ class LocalCluster:
                     "--dir", str(self.directory), "--save", "", "--appendonly", "no",
                     "--daemonize", "yes", "--pidfile", str(self._pidfile(port)),
                     "--logfile", str(self.directory / f"redis-{port}.log"),
+                    *(() if self.node_timeout is None
+                      else ("--cluster-node-timeout", str(self.node_timeout))),
+                    *self.options,
                 ],
                 check=True, capture_output=True, timeout=10,
             )
@@ -87,11 +97,54 @@ class LocalCluster:
         subprocess.run(
             [self.flavour.cli, "--cluster", "create",
              *(f"127.0.0.1:{port}" for port in self.ports),
-             "--cluster-replicas", "0", "--cluster-yes"],
+             "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             check=True, capture_output=True, timeout=_START_TIMEOUT,
         )
         for port in self.ports:
             self._wait(port, deadline, _cluster_ok)
+        for port in self.primaries():  # each replica has the data and follows its master
+            self._wait(port, deadline, lambda c: _replicas_online(c) >= self.replicas)
+
+    def nodes(self, port: int | None = None) -> list[dict[str, str]]:
+        """CLUSTER NODES as one server (a running one by default) sees it: each node's
+        ``port``, ``id``, ``flags`` and ``master`` (its master's id, or "-")."""
+        port = port or next(p for p in self.started if p not in self.paused)
+        client = redis.Redis(port=port, socket_timeout=2, decode_responses=True)
+        try:
+            parsed = client.cluster("NODES")  # redis-py: {"host:port@bus": {...}}
+        finally:
+            client.close()
+        rows = []
+        for address, node in parsed.items():
+            rows.append({"id": node["node_id"], "flags": node["flags"],
+                         "master": node["master_id"],
+                         "port": address.split("@")[0].rsplit(":", 1)[1]})
+        return rows
+
+    def primaries(self, port: int | None = None) -> list[int]:
+        """The ports of the masters, as one server sees it (failed ones included)."""
+        return sorted(int(row["port"]) for row in self.nodes(port)
+                      if "master" in row["flags"].split(","))
+
+    def replica_of(self, primary: int) -> int:
+        """The port of a master's replica."""
+        rows = self.nodes()
+        master_id = next(row["id"] for row in rows if int(row["port"]) == primary)
+        return next(int(row["port"]) for row in rows if row["master"] == master_id)
+
+    def pid(self, port: int) -> int:
+        return int(self._pidfile(port).read_text().strip())
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP the server: it still accepts TCP connections (the kernel does), answers
+        nothing, and its peers see it fail after ``node_timeout``."""
+        os.kill(self.pid(port), signal.SIGSTOP)
+        self.paused.add(port)
+
+    def resume(self, port: int) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            os.kill(self.pid(port), signal.SIGCONT)
+        self.paused.discard(port)
 
     @staticmethod
     def _wait(port: int, deadline: float, ready: object) -> None:
@@ -109,6 +162,8 @@ class LocalCluster:
         raise RuntimeError(f"redis-server on port {port} not ready in time ({last})")
 
     def stop(self) -> None:
+        for port in list(self.paused):  # a paused server would never read its SHUTDOWN
+            self.resume(port)
         stop_servers(self.started, self.directory)
         self.started = []
 
@@ -135,6 +190,12 @@ def stop_servers(ports: list[int], directory: Path) -> None:
             with contextlib.suppress(ValueError, OSError):
                 os.kill(int(pidfile.read_text().strip()), signal.SIGKILL)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def _replicas_online(client: redis.Redis) -> int:
+    info = client.info("replication")
+    return sum(1 for key, value in info.items() if key.startswith("slave")
+               and isinstance(value, dict) and value.get("state") == "online")
 
 
 def _cluster_ok(client: redis.Redis) -> bool:

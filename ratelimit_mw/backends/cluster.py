@@ -12,8 +12,14 @@ and again after a redirect or a lost node:
 - ASK: the slot is migrating; this one call goes to the named node, prefixed by ASKING;
   the map is left as it is;
 - a connection that fails after its one retry marks the map stale: the node may have failed
-  over, and the next call reloads the map before it is routed.
-NOSCRIPT, timeouts and cancellation are handled per connection, as on a single node.
+  over, and the next call reloads the map before it is routed;
+- a call that gets no answer in time (a timeout, or the caller's deadline) makes its node a
+  suspect: a hung node (a stopped process still accepts TCP connections, so no connection
+  error ever comes) is handled as a failover would be. The map is asked again in the
+  background, off the call's deadline, from the other nodes first (suspects last), each
+  asked for a bounded time, one load at a time, at most once per RELOAD_GAP; once a replica
+  is promoted, the map names it and the slot's calls go there.
+NOSCRIPT and cancellation are handled per connection, as on a single node.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import hiredis
 from redis.crc import key_slot
 from redis.exceptions import ClusterDownError, RedisClusterException, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.backends.pipeline import (
     ASKING,
     PipelinedConnection,
@@ -35,11 +43,18 @@ from ratelimit_mw.backends.pipeline import (
     pack_evalsha,
     raise_for_error,
 )
+from ratelimit_mw.core.identity import identity_slot
 
 SLOTS = 16384
 # More redirects than a resharding in progress produces for one call (MOVED, then ASK).
 MAX_REDIRECTS = 5
 Address = tuple[str, int]
+# The least time between two loads of the map that a timeout starts: a hung node times out
+# every call sent to it, and one load at a time, this far apart, finds a promotion soon enough.
+RELOAD_GAP = 0.1
+# The longest one node is asked for the map (the client's own timeouts end it sooner): a node
+# that hangs is never waited on for longer, whatever the client's settings.
+ASK_TIMEOUT = 1.0
 
 
 def slot_of(key: str) -> int:
@@ -79,6 +94,10 @@ class PipelinedCluster:
         self._known: list[Address] = []  # every primary of the last map: whom to ask next
         self._connections: dict[Address, PipelinedConnection] = {}
         self._loading: asyncio.Task[list[Address | None]] | None = None
+        # Nodes whose calls got no answer in time, asked for the map last; and when (loop
+        # time) a timeout last started a load.
+        self._suspects: set[Address] = set()
+        self._reloaded_at = float("-inf")
 
     @classmethod
     def for_client(cls, client: Any) -> PipelinedCluster:
@@ -99,7 +118,25 @@ class PipelinedCluster:
         slots = self._slots if self._slots is not None and not self._stale else await self._load()
         return sorted({address for address in slots if address is not None})
 
-    async def evalsha(self, keys: list[str], args: list[Any]) -> Any:
+    def node_of(self, identity: str) -> Address | None:
+        """The primary serving an identity's keys as the map says now; None before it is
+        loaded (the middleware keys its breakers by it)."""
+        slots = self._slots
+        return None if slots is None else slots[identity_slot(identity)]
+
+    async def evalsha(self, keys: list[str], args: list[Any],
+                      deadline: float | None = None) -> Any:
+        """The script on the primary serving the keys' slot; TimeoutError after `deadline`
+        seconds (None: the client's timeouts). No answer in time: see `_suspect`."""
+        called: list[Address] = []  # the nodes the call went to, redirects included
+        try:
+            return await bounded(self._evalsha(keys, args, called), deadline)
+        except (TimeoutError, RedisTimeoutError, asyncio.CancelledError):
+            if called:
+                self._suspect(called[-1])
+            raise
+
+    async def _evalsha(self, keys: list[str], args: list[Any], called: list[Address]) -> Any:
         packed = pack_evalsha(keys, args)
         slot = slot_of(keys[0])
         slots = self._slots if self._slots is not None and not self._stale else await self._load()
@@ -108,12 +145,17 @@ class PipelinedCluster:
         for _ in range(MAX_REDIRECTS):
             if target is None:
                 raise ClusterDownError(f"no node serves hash slot {slot}")
+            called.append(target)
             try:
                 reply = await self.connection(target).run_script(
                     ASKING + packed if asking else packed, skipped=1 if asking else 0)
+            except TimeoutError:
+                raise  # an OSError too, but no answer in time: `evalsha` handles it
             except (RedisConnectionError, OSError):
                 self._stale = True  # the node may have failed over: reload before routing
                 raise
+            if self._suspects:
+                self._suspects.discard(target)  # it answers
             if not isinstance(reply, hiredis.ReplyError):
                 return reply
             redirect = parse_redirect(str(reply), target)
@@ -135,6 +177,16 @@ class PipelinedCluster:
             task = self._loading = loop.create_task(self._fetch_slots())
         return await asyncio.shield(task)
 
+    def _suspect(self, address: Address) -> None:
+        """A call to `address` got no answer in time: the node may be hung, and its replica
+        promoted by now or soon. Ask for the map again in the background (its callers are
+        not kept waiting on it), from the other nodes first."""
+        self._suspects.add(address)
+        now = asyncio.get_running_loop().time()
+        if now - self._reloaded_at >= RELOAD_GAP:
+            self._reloaded_at = now
+            self._reload_soon()
+
     def _reload_soon(self) -> None:
         task = self._loading
         if task is None or task.done():
@@ -144,18 +196,23 @@ class PipelinedCluster:
             task.add_done_callback(consume)
 
     async def _fetch_slots(self) -> list[Address | None]:
-        """CLUSTER SLOTS from the first node that answers: known primaries first."""
+        """CLUSTER SLOTS from the first node that answers, each asked for ASK_TIMEOUT at
+        most: known primaries first, suspects last."""
         candidates = list(dict.fromkeys([*self._known, *self.startup]))
+        if self._suspects:
+            candidates.sort(key=self._suspects.__contains__)  # stable: the others keep order
         failure: BaseException | None = None
         for address in candidates:
             try:
-                reply = await self.connection(address).command("CLUSTER", "SLOTS")
+                reply = await bounded(self.connection(address).command("CLUSTER", "SLOTS"),
+                                      ASK_TIMEOUT)
             except (RedisError, OSError, TimeoutError, hiredis.HiredisError) as exc:
                 failure = exc  # down, or not in cluster mode: ask the next one
                 continue
             table = parse_slots(reply, address)
             self._slots, self._stale = table, False
             self._known = sorted({a for a in table if a is not None})
+            self._suspects &= set(self._known)  # a node that serves nothing is no concern
             self._forget_unused(table)
             return table
         raise RedisClusterException(

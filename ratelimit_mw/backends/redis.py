@@ -27,11 +27,11 @@ import time
 from typing import Any
 
 from ratelimit_mw.backends import urls
-from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.compiled import bulk
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.identity import identity_slot
 from ratelimit_mw.core.plans import ScriptCall
 from ratelimit_mw.core.wire import Arg
 
@@ -389,6 +389,13 @@ class RedisBackend:
     def __repr__(self) -> str:
         return f"RedisBackend({self.client!r})"
 
+    def node_of(self, identity: str) -> str | None:
+        """On a cluster, the primary serving an identity's keys as the client's slot map says
+        now (None before it is loaded, and off a cluster): the middleware's breaker per node."""
+        manager = getattr(self.client, "nodes_manager", None) if self.is_cluster else None
+        nodes = None if manager is None else manager.slots_cache.get(identity_slot(identity))
+        return nodes[0].name if nodes else None
+
     def run(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
         """One call, bounded by the client's timeouts (a blocking call cannot be cut short
         at `deadline`: built from a URL, they are 100 ms)."""
@@ -565,6 +572,11 @@ class AsyncRedisBackend:
     def __repr__(self) -> str:
         return f"AsyncRedisBackend({self.client!r})"
 
+    def node_of(self, identity: str) -> Any:
+        """On a cluster, the primary serving an identity's keys as the slot map says now
+        (None before it is loaded, and off a cluster): the middleware's breaker per node."""
+        return self._pipe.node_of(identity) if self.is_cluster else None
+
     async def arun(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
         """One call; TimeoutError after `deadline` seconds. On an open single-node connection
         it is written at once, the deadline kept by the connection's timer; otherwise (no
@@ -576,7 +588,7 @@ class AsyncRedisBackend:
             if deadline is None:
                 return await pipe.evalsha(call.keys, call.args)  # type: ignore[no-any-return]
             if self.is_cluster:
-                return await bounded(pipe.evalsha(call.keys, call.args), deadline)
+                return await pipe.evalsha(call.keys, call.args, deadline)  # type: ignore[no-any-return]
             packed = pack(call)
             protocol = pipe.ready()
             if protocol is not None:

@@ -11,6 +11,7 @@ make a key longer than the fixed bound.
 from __future__ import annotations
 
 import base64
+import binascii
 import functools
 import hashlib
 import re
@@ -44,6 +45,12 @@ def encode_identity(identity: str) -> str:
     if len(identity) > CACHED_LENGTH:
         return _digest(identity)
     return encode_short(identity)
+
+
+def identity_slot(identity: str) -> int:
+    """The Redis Cluster hash slot of every key of one identity: CRC16 (XMODEM, as Redis
+    computes it) of its encoded form, the keys' hash tag."""
+    return binascii.crc_hqx(encode_identity(identity).encode(), 0) % 16_384
 
 
 # Names of decorators and rules hold spaces ("route app.search 5/minute"): written with "~",

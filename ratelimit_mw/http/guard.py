@@ -42,7 +42,7 @@ from ratelimit_mw.hooks import (
     refuse_async,
 )
 from ratelimit_mw.http import slots as _slots
-from ratelimit_mw.http.breaker import Breaker
+from ratelimit_mw.http.breaker import Breaker, Breakers
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
     Headers,
@@ -295,7 +295,9 @@ class Guard:
             (exempt,) if exempt is not None and is_async(exempt) else ())
         policy = config.on_backend_error
         self.breaker = Breaker(config.backend_cooldown,
-                               repr(policy) if isinstance(policy, str) else "<callable>")
+                               repr(policy) if isinstance(policy, str) else "<callable>",
+                               deadline=timeout)
+        self.nodes = Breakers.per_node(self.breaker, limiter)  # None but on a cluster
         self.log_failure = ThrottledLog()
         # The ASGI requests holding in-flight slots, renewed and given back together, per
         # event loop (asgi_send.Holders).
@@ -579,10 +581,13 @@ class Guard:
                 started: float = 0.0) -> Admit | Refuse:
         """The backend's answer; `started` is when the call began (perf_counter), in shadow
         mode, for the latency a shadow refusal reports."""
-        if self.breaker.open_until:
+        breaker = self.breaker if self.nodes is None else self.nodes.of(plan.identities)
+        # An admission is the store's answer (the deny cache holds only refusals): it ends a
+        # row of timeouts; an open breaker's probe is always the store's.
+        if breaker.open_until or (breaker.timeouts and decision.allowed):
             # The memory keeps its counts until their windows end: a store that fails again
             # within them is not a fresh quota for this worker.
-            self.breaker.succeeded()
+            breaker.succeeded()
         watch = self.watch_status or plan.whens is not None or plan.token is not None
         if decision.allowed:
             return self._admit(decision, plan.selection, plan if watch else None)
@@ -642,7 +647,8 @@ class Guard:
                 self._observe(BACKEND_ERROR, names,
                               self.timeout if isinstance(exc, TimeoutError) and self.timeout
                               else 0.0)
-            self.breaker.failed(describe(exc, self.timeout))
+            (self.breaker if self.nodes is None else self.nodes.of(plan.identities)).failed(
+                describe(exc, self.timeout), exc)
             error = exc
         if self._fallback is not None:
             return self._decide_in_memory(request, plan, peek)
@@ -765,7 +771,7 @@ class Guard:
         return True
 
     def refund_failed(self, exc: BaseException) -> None:
-        self.breaker.failed(describe(exc, self.timeout))
+        self.breaker.failed(describe(exc, self.timeout), exc)
         self.log_failure("ratelimit_mw: could not give back a hit; it stays counted (in-flight "
                          "slots: until the store answers)", exc)
 
@@ -785,7 +791,8 @@ class Guard:
         plan = self.plan(selection, request, method, preflight, answers)
         if plan is None:
             return None
-        breaker = self.breaker  # closed (open_until 0.0) on nearly every request: no call
+        # Closed (open_until 0.0) on nearly every request: no call. A cluster's: its node's.
+        breaker = self.breaker if self.nodes is None else self.nodes.of(plan.identities)
         if breaker.open_until and not breaker.may_call():  # skips the backend: the policy
             return self.failed(request, plan, None, peek=peek)
         # Timed only where an event reports it (a shadow refusal): a clock read costs.
@@ -849,7 +856,8 @@ class Guard:
         plan = self.plan(selection, request, method, preflight, answers)
         if plan is None:
             return None
-        breaker = self.breaker  # closed (open_until 0.0) on nearly every request: no call
+        # Closed (open_until 0.0) on nearly every request: no call. A cluster's: its node's.
+        breaker = self.breaker if self.nodes is None else self.nodes.of(plan.identities)
         if breaker.open_until and not breaker.may_call():  # skips the backend: the policy
             return self.failed(request, plan, None, peek=peek)
         # Timed only where an event reports it (a shadow refusal): a clock read costs.

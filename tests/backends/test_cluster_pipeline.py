@@ -20,7 +20,7 @@ from reliability._support import refused_port
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends import cluster as _cluster
-from ratelimit_mw.core.identity import encode_identity
+from ratelimit_mw.core.identity import encode_identity, identity_slot
 
 if TYPE_CHECKING:
     from conftest import StepClock
@@ -257,3 +257,27 @@ async def test_a_lost_start_up_node_is_not_needed_once_the_primaries_are_known(
         cluster._stale = True  # as after a lost connection
         assert (await limiter.hit("3/minute", "u")).remaining == 1  # asked another primary
     assert not cluster._stale
+
+
+async def test_node_of_names_the_primary_that_serves_an_identity(
+        backend: rl.AsyncRedisBackend, primaries: dict[int, redis.Redis],
+        redis_cluster_url: str, prefix: str) -> None:
+    """What the middleware keys its breaker per node by: the async and the sync backends
+    name the primary whose slot range holds the identity's keys (None before the map is
+    loaded)."""
+    identities = ["u0", "user:42", "{x}", "é" * 80]
+    assert backend.node_of("u0") is None
+    limiter = rl.AsyncLimiter(backend, prefix=prefix)
+    sync = rl.RedisBackend.from_url(redis_cluster_url)
+    try:
+        for identity in identities:
+            await limiter.hit("5/minute", identity)
+            rl.Limiter(sync, prefix=prefix).hit("5/minute", identity)
+        for identity in identities:
+            slot = identity_slot(identity)
+            assert slot == key_slot(f"{prefix}:{{{encode_identity(identity)}}}:x".encode())
+            port = owner(primaries, slot)
+            assert backend.node_of(identity)[1] == port
+            assert str(sync.node_of(identity)).endswith(f":{port}")
+    finally:
+        sync.close()

@@ -1,9 +1,12 @@
 """The breaker: one probe per cool-down whatever the concurrency, and one family of log lines.
 
 A backend that fails (hangs past the deadline under ASGI, fails after 20 ms under WSGI) is
-hit by rounds of N concurrent requests, N = 1, 8, 32. The first round finds the breaker
-closed (every request calls, every call fails); in each later round, one cool-down later,
-exactly one request probes the backend and the others take the failure policy at once.
+hit by rounds of N concurrent requests, N = 1, 8, 32. A failure that is not a timeout opens
+the breaker at once: the first round finds it closed (every request calls, every call
+fails). Timeouts open it only in a row (breaker.TIMEOUTS rounds, each a deadline or more
+after the last): until then every request calls. Open, in each later round, one cool-down
+later, exactly one request probes the backend and the others take the failure policy at
+once.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 from support import CountingBackend, MonotonicClock, Recorder, failing_backend
 
 import ratelimit_mw as rl
-from ratelimit_mw.http.breaker import Breaker
+from ratelimit_mw.http.breaker import TIMEOUTS, Breaker
 from ratelimit_mw.http.config import Config
 
 ROUNDS = 3
@@ -44,7 +47,8 @@ def _wsgi_ok(environ: Any, start_response: Any) -> list[bytes]:
 
 
 def _asgi_rounds(backend: CountingBackend, concurrency: int,
-                 recorder: Recorder | None = None, heal_at: int = -1) -> list[int]:
+                 recorder: Recorder | None = None, heal_at: int = -1,
+                 rounds: int = ROUNDS + 1) -> list[int]:
     from ratelimit_mw.asgi import RateLimitMiddleware
 
     limiter = rl.AsyncLimiter(backend)
@@ -57,7 +61,7 @@ def _asgi_rounds(backend: CountingBackend, concurrency: int,
         transport = httpx.ASGITransport(app)  # type: ignore[arg-type]
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
             calls = []
-            for index in range(ROUNDS + 1):
+            for index in range(rounds):
                 if index == heal_at:
                     backend.failure = None
                 before = backend.calls
@@ -98,8 +102,17 @@ def _wsgi_rounds(backend: CountingBackend, concurrency: int,
 
 @pytest.mark.parametrize("concurrency", [1, 8, 32])
 def test_asgi_sends_one_probe_per_cool_down_whatever_the_concurrency(concurrency: int) -> None:
-    calls = _asgi_rounds(failing_backend("hang"), concurrency)
-    assert calls == [concurrency] + [1] * ROUNDS
+    calls = _asgi_rounds(failing_backend("hang"), concurrency, rounds=TIMEOUTS + ROUNDS)
+    # A hung backend: every request of the first TIMEOUTS rounds costs its deadline (each
+    # round's timeouts count once), then one probe per cool-down.
+    assert calls == [concurrency] * TIMEOUTS + [1] * ROUNDS
+
+
+@pytest.mark.parametrize("concurrency", [1, 8, 32])
+def test_asgi_opens_at_once_on_a_failure_that_is_not_a_timeout(concurrency: int) -> None:
+    calls = _asgi_rounds(failing_backend("down"), concurrency)
+    assert 1 <= calls[0] <= concurrency
+    assert calls[1:] == [1] * ROUNDS
 
 
 @pytest.mark.parametrize("concurrency", [1, 8, 32])
@@ -113,8 +126,8 @@ def test_wsgi_sends_one_probe_per_cool_down_whatever_the_concurrency(concurrency
 
 def test_skipped_requests_report_breaker_open_to_the_limiters_metrics_hook() -> None:
     recorder = Recorder()
-    _asgi_rounds(failing_backend("hang"), 4, recorder)
-    # Each round after the first: one probe, three skipped.
+    _asgi_rounds(failing_backend("hang"), 4, recorder, rounds=TIMEOUTS + ROUNDS)
+    # Each round once it is open: one probe, three skipped.
     assert recorder.names("breaker_open") == ["100/minute"] * (3 * ROUNDS)
 
 
@@ -128,11 +141,20 @@ def _log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_an_outage_is_logged_once_with_its_reason_and_once_when_it_ends(
         adapter: str, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="ratelimit_mw")
-    backend = failing_backend("hang" if adapter == "asgi" else "down")
-    rounds = _asgi_rounds if adapter == "asgi" else _wsgi_rounds
-    calls = rounds(backend, 8, heal_at=2)  # fails for two rounds, then answers again
+    if adapter == "asgi":  # hangs: opens at the TIMEOUTS-th round, answers two rounds later
+        calls = _asgi_rounds(failing_backend("hang"), 8, heal_at=TIMEOUTS + 1,
+                             rounds=TIMEOUTS + 2)
+    else:  # down: opens at once, answers two rounds later
+        calls = _wsgi_rounds(failing_backend("down"), 8, heal_at=2)
     lines = _log_lines(caplog)
     reason = "timed out after 50 ms" if adapter == "asgi" else "down"
+    if adapter == "asgi":
+        # The timeouts before the breaker opens: one line, however many (at most every 10 s).
+        assert lines.pop(0) == (
+            "ratelimit_mw: a rate-limit backend call failed (timed out after 50 ms); "
+            "on_backend_error="
+            f"'allow' applied to that request (the breaker opens after {TIMEOUTS} timeouts "
+            "in a row, or on any failure but a timeout or CLUSTERDOWN)")
     assert lines[0] == (f"ratelimit_mw: rate-limit backend failed ({reason}); applying "
                         "on_backend_error='allow', probing it once every 1 s")
     assert len(lines) == 2

@@ -17,6 +17,7 @@ from support.django_site import Site, configure
 import ratelimit_mw as rl
 from ratelimit_mw import keys
 from ratelimit_mw.django import ais_ratelimited, exempt, is_ratelimited
+from ratelimit_mw.http.breaker import TIMEOUTS
 from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN
 
 configure()
@@ -73,12 +74,17 @@ def test_a_hung_store_costs_the_deadline_then_the_breaker_skips_it() -> None:
         assert first.content == b"ok"                 # on_backend_error="allow"
         assert hung.calls == 1
         assert took < 0.2 + 1.0                       # the deadline, not the store's hang
+        # Each later timeout comes a deadline after the last: TIMEOUTS in a row open it.
+        for _ in range(TIMEOUTS - 1):
+            assert site.run(asyncio.wait_for(site.client.get("/v"), 10)).content == b"ok"
+        assert hung.calls == TIMEOUTS
         # Counting or asking: the breaker is open, the store is not called again.
         assert site.run(asyncio.wait_for(site.client.get("/c?count=1"), 10)).content == b"ok"
-        assert hung.calls == 1
+        assert hung.calls == TIMEOUTS
     finally:
         site.close()
-    assert [event for event, _, _ in recorder.events] == [BACKEND_ERROR, BREAKER_OPEN]
+    assert [event for event, _, _ in recorder.events] == [BACKEND_ERROR] * TIMEOUTS + [
+        BREAKER_OPEN]
 
 
 @pytest.mark.parametrize(("policy", "answers"), [

@@ -130,7 +130,8 @@ async def test_every_request_is_one_event_also_when_the_deadline_cuts_its_call_o
     """A paused Redis (CLIENT PAUSE), a frozen one (SIGSTOP) and a stopped one: the request
     whose call fails or outlasts the middleware's deadline yields its event (backend_error),
     and those the breaker then skips yield breaker_open, one each. (Before: a request the
-    deadline cut off yielded none, so an alert on backend_error missed a hung Redis.)"""
+    deadline cut off yielded none, so an alert on backend_error missed a hung Redis.) A
+    stopped Redis opens the breaker at once; a hung one after TIMEOUTS timeouts in a row."""
     import asyncio
     import os
     import signal
@@ -140,6 +141,7 @@ async def test_every_request_is_one_event_also_when_the_deadline_cuts_its_call_o
     from starlette.responses import PlainTextResponse
 
     from ratelimit_mw import asgi, keys
+    from ratelimit_mw.http.breaker import TIMEOUTS
 
     server = PrivateRedis().start()
     events = _Events()
@@ -162,13 +164,15 @@ async def test_every_request_is_one_event_also_when_the_deadline_cuts_its_call_o
                 os.kill(server.proc.pid, signal.SIGSTOP)  # type: ignore[union-attr]
             else:
                 server.stop()
-            for i in range(4):
+            # Sequential: each timeout comes a deadline or more after the one before.
+            failing = 1 if fault == "stopped" else TIMEOUTS
+            for i in range(failing + 3):
                 await client.get("/", headers={"x-client": f"p{i}"})
             await asyncio.sleep(0)
-        per_request = 1 if lane else 2  # one event per policy of the request
+        errors = failing * (1 if lane else 2)  # one event per policy of the request
         after = events.seen[admitted:]
-        assert after[:per_request] == ["backend_error"] * per_request
-        assert after[per_request:] == ["breaker_open"] * 3 * per_request
+        assert after[:errors] == ["backend_error"] * errors
+        assert after[errors:] == ["breaker_open"] * 3 * (1 if lane else 2)
     finally:
         if fault == "sigstop":
             os.kill(server.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]

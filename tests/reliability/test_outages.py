@@ -38,6 +38,7 @@ from werkzeug.test import Client
 
 import ratelimit_mw as rl
 from ratelimit_mw import asgi, wsgi
+from ratelimit_mw.http.breaker import TIMEOUTS
 from reliability._apps import asgi_app, asgi_client, install_clock, remaining, wsgi_app
 from reliability._support import (
     CountingAsyncBackend,
@@ -56,6 +57,7 @@ STACKS = ["asgi", "wsgi"]
 POLICY = rl.Policy("5/minute", name="outage")
 OOM_ARGS = ("--maxmemory", "2mb", "--maxmemory-policy", "noeviction",
             "--enable-debug-command", "local")
+DEADLINE = 0.1  # backend_timeout's default: how far apart timeouts count in a row
 BOUND = 1.0  # seconds: a sanity bound on any single request, never a performance claim
 PEER = "192.0.2.10"
 
@@ -157,6 +159,17 @@ async def broken(fault: str, kind: str, private_redis: Callable[..., PrivateRedi
         await stack.close()
 
 
+async def _opening(stack: Stack, fault: str) -> list[Result]:
+    """The requests until the breaker opens: one for a failure that opens it at once,
+    TIMEOUTS for a hung Redis, each a deadline after the last on the breaker's clock."""
+    results = [await stack.get()]
+    for _ in range(TIMEOUTS - 1 if fault == "hung" else 0):
+        assert stack.clock is not None
+        stack.clock.advance(DEADLINE)
+        results.append(await stack.get())
+    return results
+
+
 def _assert_admitted_undecided(result: Result) -> None:
     assert result.status == 200
     assert not result.decided
@@ -177,7 +190,8 @@ async def test_fail_open_admits_and_the_breaker_skips_redis_during_the_cool_down
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ratelimit_mw")
     async with broken(fault, kind, private_redis, prefix) as stack:
-        first = await stack.get()
+        opening = await _opening(stack, fault)
+        first = opening[0]
         rest = [await stack.get() for _ in range(19)]
         calls_in_cool_down = stack.calls
         assert stack.clock is not None
@@ -185,13 +199,15 @@ async def test_fail_open_admits_and_the_breaker_skips_redis_during_the_cool_down
         later = [await stack.get() for _ in range(5)]
         calls_after = stack.calls
 
-    for result in [first, *rest, *later]:
+    for result in [*opening, *rest, *later]:
         _assert_admitted_undecided(result)
         assert result.seconds < BOUND
-    assert calls_in_cool_down == 1
-    assert calls_after == 2
+    assert calls_in_cool_down == len(opening)
+    assert calls_after == len(opening) + 1
     warnings = [r for r in caplog.records if r.name == "ratelimit_mw"]
-    assert len(warnings) == 1  # logged once, not once per request
+    # Logged once, not once per request (a hung Redis: once more, for the timeouts before
+    # the breaker opened).
+    assert len(warnings) == (2 if fault == "hung" else 1)
     figures.record(f"outage.{fault}.{kind}.breaker", {
         "first_request_ms": ms(first.seconds),
         "cool_down_request_ms_mean": ms(statistics.mean(r.seconds for r in rest)),
@@ -205,12 +221,13 @@ async def test_fail_closed_answers_503_with_retry_after(
     fault: str, kind: str, private_redis: Callable[..., PrivateRedis], prefix: str
 ) -> None:
     async with broken(fault, kind, private_redis, prefix, on_backend_error="deny") as stack:
-        results = [await stack.get() for _ in range(10)]
+        opening = await _opening(stack, fault)
+        results = [*opening, *[await stack.get() for _ in range(10)]]
         calls = stack.calls
     for result in results:
         _assert_unavailable(result)
         assert result.seconds < BOUND
-    assert calls == 1
+    assert calls == len(opening)
 
 
 @pytest.mark.parametrize("kind", STACKS)
@@ -371,17 +388,18 @@ async def test_a_cold_asgi_worker_meeting_a_hung_redis_answers_within_a_few_dead
 ) -> None:
     """The first request of a worker with no connection yet waits for the connection at most
     three times its deadline (300 ms), whatever the client's own timeouts (redis-py's
-    5 s, or none), then takes the failure policy, and the breaker keeps the next one off
-    Redis."""
+    5 s, or none), then takes the failure policy; after TIMEOUTS of them, each a deadline
+    after the last, the breaker keeps the next one off Redis."""
     backend = ASYNC_BUILDS[build](hung_server, transport)
     calls = _counted(backend)
     mw = asgi.RateLimitMiddleware(asgi_app(), rl.AsyncLimiter(backend, prefix=prefix),
                                   default=POLICY, on_backend_error=on_backend_error)
-    install_clock(mw)  # the cool-down lasts until the test moves its clock
+    clock = install_clock(mw)  # the cool-down lasts until the test moves its clock
     client = asgi_client(mw)
     try:
         results = []
-        for _ in range(2):
+        for _ in range(TIMEOUTS + 1):
+            clock.advance(DEADLINE)
             started = time.perf_counter()
             # A failure, not a hung suite: a client without timeouts waited forever.
             response = await asyncio.wait_for(client.get("/"), 30)
@@ -394,7 +412,7 @@ async def test_a_cold_asgi_worker_meeting_a_hung_redis_answers_within_a_few_dead
     for result in results:
         _assert_failure_policy(result, on_backend_error)
     assert first.seconds < BOUND
-    assert len(calls) == 1  # the second request found the breaker open
+    assert len(calls) == TIMEOUTS  # the next request found the breaker open
     figures.record(f"outage.hung_cold.asgi.{build}.{transport}.first_request_ms",
                    ms(first.seconds))
 
@@ -410,13 +428,15 @@ async def test_a_cold_wsgi_worker_meeting_a_hung_redis_pays_the_from_url_timeout
     stack = Stack("wsgi", _url(hung_server, transport), prefix, {},
                   on_backend_error=on_backend_error)
     try:
-        first, second = await stack.get(), await stack.get()
+        results = await _opening(stack, "hung")
+        results.append(await stack.get())  # the breaker is open
         calls = stack.calls
     finally:
         await stack.close()
-    for result in (first, second):
+    first = results[0]
+    for result in results:
         _assert_failure_policy(result, on_backend_error)
     assert first.seconds < BOUND
-    assert calls == 1
+    assert calls == TIMEOUTS
     figures.record(f"outage.hung_cold.wsgi.from_url.{transport}.first_request_ms",
                    ms(first.seconds))
