@@ -48,6 +48,7 @@ local n = argv[5] + 0
 -- Tier i's seven values are argv[7 * i - 1] .. argv[7 * i + 5].
 
 local fw_check, sw_check, gc_check, sl_check, sl_commit, cc_check, cc_take, cc_reset, _  -- on use
+local sl_longest  -- per sliding-log key, the longest period of this call's tiers reading it
 local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
 
 -- The common shape first: a hit on one tier without a penalty, admitted, decided without the
@@ -71,12 +72,14 @@ if n == 1 and op == 'H' and argv[10] == '0' and argv[6] ~= 'cc' then
     local seen, later
     --@inline sliding_log.sliding_log_count(key, period, now) -> seen, later
     if later == 0 and seen < limit then
-      --@inline sliding_log.sliding_log_record(key, now, 1, token, period, now, now)
+      -- An empty window: whatever the log held leaves with this write, costs and all.
+      if seen == 0 then redis.call('DEL', sliding_log_costs(key)) end
+      --@inline sliding_log.sliding_log_record(key, now, token, period, now, now)
       return {1, 1, limit - seen - 1, 0, period, 0}
     end
   elseif algo == 'sl' then
     sl_check, sl_commit = sliding_log()
-    ok, before, retry, _, reset_hit = sl_check(key, limit, period, cost, now, now, true)
+    ok, before, retry, _, reset_hit = sl_check(key, limit, period, cost, now, now, true, period)
     if ok then
       sl_commit(key, now, cost, token, now)
       return {1, 1, before - cost, retry, reset_hit, 0}
@@ -164,6 +167,9 @@ end
 
 if op == 'X' then
   for i = 1, #keys do redis.call('DEL', keys[i]) end
+  for i = 1, n do
+    if argv[7 * i - 1] == 'sl' then redis.call('DEL', sliding_log_costs(keys[i])) end
+  end
   return {1}
 end
 
@@ -275,8 +281,19 @@ for i = 1, n do
   end
   if algo == 'sl' then
     if sl_check == nil then sl_check, sl_commit = sliding_log() end
+    if sl_longest == nil then
+      -- The longest period reading each log: what no window of this call sees is trimmed.
+      sl_longest = {}
+      for t = 1, n do
+        local p = argv[7 * t + 1] + 0
+        if argv[7 * t - 1] == 'sl' and (sl_longest[keys[t]] or 0) < p then
+          sl_longest[keys[t]] = p
+        end
+      end
+    end
     local ahead
-    ok, before, retry, reset_now, reset_hit, ahead = sl_check(keys[i], limit, period, cost, at, now)
+    ok, before, retry, reset_now, reset_hit, ahead =
+      sl_check(keys[i], limit, period, cost, at, now, false, sl_longest[keys[i]])
     if ahead then tied = true end
     value = false
   elseif algo == 'cc' then

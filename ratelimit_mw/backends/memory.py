@@ -90,32 +90,59 @@ def _sl_spans(tiers: list[_Tier]) -> dict[str, int]:
 
 class _Log:
     """A sorted set scored by time: parallel lists of scores and member names, kept in Redis's
-    order (by score, then by member), and the members indexed by name.
+    order (by score, then by member), and the members indexed by name; one member per hit,
+    its cost in `weights` when above one, and `extra` what those costs add above one apiece
+    (lua/sliding_log.lua's hash of costs and its running total).
 
     Two flat lists rather than (score, member) pairs: the window counts bisect the scores, and
     bisecting plain ints is twice as fast. Within one score the names are sorted, so a
     block of one score is found by bisecting the scores."""
 
-    __slots__ = ("members", "names", "scores")
+    __slots__ = ("extra", "members", "names", "scores", "weights")
 
     def __init__(self) -> None:
         self.scores: list[int] = []
         self.names: list[str] = []
         self.members: dict[str, int] = {}
+        self.weights: dict[str, int] = {}
+        self.extra = 0
 
     @property
     def entries(self) -> list[tuple[int, str]]:
         """ZRANGE key 0 -1 WITHSCORES, as (score, member) pairs (for inspection)."""
         return list(zip(self.scores, self.names, strict=True))
 
-    def times_above(self, floor: int) -> list[int]:
-        return self.scores[bisect.bisect_right(self.scores, floor) :]
+    def times_above(self, floor: int) -> tuple[list[int], list[int]]:
+        """The times after `floor` and their entries' costs."""
+        first = bisect.bisect_right(self.scores, floor)
+        weights = self.weights
+        names = self.names[first:]
+        return (self.scores[first:],
+                [weights.get(name, 1) for name in names] if weights else [1] * len(names))
 
-    def add(self, score: int, members: list[str]) -> None:
-        """ZADD of `members` at one score: appended after everything logged (the usual hit),
-        else sorted and merged into that score's block, in O(k log k + n) rather than k
-        inserts (Redis orders one score's members by name: a refund without a token takes
-        the last ones)."""
+    def units(self, first: int) -> int:
+        """The units of the entries from index `first` on: each weighs its cost, read from
+        whichever side of `first` holds fewer entries (the running total covers both)."""
+        inside = len(self.names) - first
+        weights = self.weights
+        if not weights or not self.extra:
+            return inside
+        if first < inside:
+            return inside + self.extra - sum(weights.get(name, 1) - 1
+                                             for name in self.names[:first])
+        return inside + sum(weights.get(name, 1) - 1 for name in self.names[first:])
+
+    def weigh(self, member: str, cost: int) -> None:
+        """Set `member`'s cost (HSET / HDEL in the hash of costs)."""
+        self.extra += cost - self.weights.pop(member, 1)
+        if cost > 1:
+            self.weights[member] = cost
+
+    def add(self, score: int, members: list[str], cost: int = 1) -> None:
+        """ZADD of `members` at one score (a hit's one member, of `cost`): appended after
+        everything logged (the usual hit), else sorted and merged into that score's block,
+        in O(k log k + n) rather than k inserts (Redis orders one score's members by name: a
+        refund without a token takes the last ones)."""
         known = self.members
         scores, names = self.scores, self.names
         if len(members) == 1:
@@ -123,6 +150,8 @@ class _Log:
             if member in known:  # a token used twice: ZADD moves it
                 self.remove(members)
             known[member] = score
+            if cost != 1:
+                self.weigh(member, cost)
             if not scores or scores[-1] < score or (scores[-1] == score and names[-1] < member):
                 scores.append(score)
                 names.append(member)
@@ -145,6 +174,9 @@ class _Log:
         gone = {member: known.pop(member) for member in members if member in known}
         if not gone:
             return
+        if self.weights:
+            for member in gone:
+                self.weigh(member, 1)
         scores, names = self.scores, self.names
         lo = bisect.bisect_left(scores, min(gone.values()))
         hi = bisect.bisect_right(scores, max(gone.values()), lo)
@@ -154,30 +186,55 @@ class _Log:
 
     def remove_entries(self, start: int, stop: int) -> None:
         members = self.members
+        weights = self.weights
         for member in self.names[start:stop]:
             del members[member]
+            if weights and member in weights:
+                self.extra -= weights.pop(member) - 1
         del self.names[start:stop]
         del self.scores[start:stop]
 
+    def take(self, indices: Sequence[int], amount: int) -> None:
+        """Give back up to `amount` units from the entries at `indices`, in order: an entry
+        given back whole leaves, one given back in part keeps the rest of its cost."""
+        gone: list[str] = []
+        names, weights = self.names, self.weights
+        for i in indices:
+            if amount <= 0:
+                break
+            name = names[i]
+            cost = weights.get(name, 1)
+            if amount >= cost:
+                gone.append(name)
+                amount -= cost
+            else:
+                self.weigh(name, cost - amount)
+                amount = 0
+        self.remove(gone)
 
-def _sl_peak(ts: Sequence[int], period: int, at: int) -> int:
-    """As sl_peak: the windows ending at `at` and at each entry in (at, at + period)."""
+
+def _sl_peak(ts: Sequence[int], ws: Sequence[int], period: int, at: int) -> int:
+    """As sl_peak: the windows ending at `at` and at each entry in (at, at + period), each
+    entry weighing its cost."""
     n = len(ts)
-    best, lo, hi = 0, 0, -1
+    best, lo, hi, units = 0, 0, -1, 0
     stop = at
     while True:
         while hi < n - 1 and ts[hi + 1] <= stop:
             hi += 1
+            units += ws[hi]
         while lo <= hi and ts[lo] <= stop - period:
+            units -= ws[lo]
             lo += 1
-        best = max(best, hi - lo + 1)
+        best = max(best, units)
         if hi >= n - 1 or ts[hi + 1] >= at + period:
             return best
         stop = ts[hi + 1]
 
 
 def _sl_blocked(
-    ts: Sequence[int], limit: int, period: int, cost: int, out: list[tuple[int, int]]
+    ts: Sequence[int], ws: Sequence[int], limit: int, period: int, cost: int,
+    out: list[tuple[int, int]],
 ) -> list[tuple[int, int]]:
     """As sl_blocked: the booking times at which `cost` more would not fit this tier."""
     full = limit - cost + 1
@@ -189,10 +246,10 @@ def _sl_blocked(
         if i < n and ts[i] - period + 1 < x:
             x = ts[i] - period + 1
         while i < n and ts[i] - period + 1 == x:
-            count += 1
+            count += ws[i]
             i += 1
         while j < n and ts[j] + 1 == x:
-            count -= 1
+            count -= ws[j]
             j += 1
         if start is None and count >= full:
             start = x
@@ -521,7 +578,7 @@ class MemoryBackend:
             done.add((key, token))
             if op == "C":
                 if algo == "sl":
-                    self._sl_refund(key, _members(token, cost), cost, spans[key], now)
+                    self._sl_refund(key, token, cost, spans[key], now)
             elif algo == "cc":
                 self._cc_upkeep(op, key, period, cost, token, now)
             elif op == "N":  # leases are in-flight tiers' only
@@ -533,8 +590,7 @@ class MemoryBackend:
             elif algo == "gc":
                 self._gc_refund(key, limit, period, cost, now, now_us)
             else:
-                self._sl_refund(key, _members(token, cost) if token else None, cost,
-                                spans[key], now)
+                self._sl_refund(key, token, cost, spans[key], now)
 
     # -- concurrency (lua/concurrency.lua): the value is {member: lease end ms} -------------
     def _cc_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,
@@ -703,29 +759,41 @@ class MemoryBackend:
         if newest <= at:  # nothing ahead of `at`: the window ending there is the fullest
             # (mostly the whole log: it is trimmed to its longest window)
             first = 0 if scores[0] > floor else bisect.bisect_right(scores, floor)
-            peak = len(scores) - first
+            peak = log.units(first)
             ok = peak + cost <= limit
-            # Else the (peak + cost - limit)-th oldest hit in the window must leave it.
+            # Else the (peak + cost - limit)-th oldest unit in the window must leave it.
             retry = 0 if ok or cost > limit else (
-                scores[first + peak + cost - limit - 1] + period - at)
+                self._sl_leaving(log, first, peak + cost - limit) + period - at)
             reset_hit = at + period - now
         else:  # bookings ahead: the fullest window holding `at`, the first time all fit
-            ts = log.times_above(floor)
-            peak = _sl_peak(ts, period, at)
+            ts, ws = log.times_above(floor)
+            peak = _sl_peak(ts, ws, period, at)
             ok = peak + cost <= limit
             retry = 0 if ok or cost > limit else (
-                _sl_first_free(_sl_blocked(ts, limit, period, cost, []), at) - at)
+                _sl_first_free(_sl_blocked(ts, ws, limit, period, cost, []), at) - at)
             reset_hit = newest + period - now
         return (ok, limit - peak if peak < limit else 0, -1 if cost > limit else retry,
                 newest + period - now, reset_hit, log, 0)
 
+    @staticmethod
+    def _sl_leaving(log: _Log, first: int, need: int) -> int:
+        """The time of the entry holding the `need`-th oldest unit from index `first`."""
+        weights = log.weights
+        if not weights:
+            return log.scores[first + need - 1]
+        for i in range(first, len(log.names)):
+            need -= weights.get(log.names[i], 1)
+            if need <= 0:
+                break
+        return log.scores[i]
+
     def _sl_commit(self, key: str, log: _Log | None, at: int, cost: int, token: str,
                    longest: int, now: int) -> None:
-        """Log `cost` entries at `at`, trim what the longest window no longer sees, and keep
-        the log until its newest entry has left that window (_set, inline)."""
+        """Log the hit, one entry of `cost` at `at`, trim what the longest window no longer
+        sees, and keep the log until its newest entry has left that window (_set, inline)."""
         if log is None:
             log = _Log()
-        log.add(at, [token + ":1"] if cost == 1 else _members(token, cost))
+        log.add(at, [token], cost)
         scores = log.scores
         if scores[0] <= now - longest:  # ZREMRANGEBYSCORE -inf (now - longest)
             log.remove_entries(0, bisect.bisect_right(scores, now - longest))
@@ -749,19 +817,28 @@ class MemoryBackend:
         else:
             self._delete(key)  # Redis drops an empty sorted set
 
-    def _sl_refund(self, key: str, members: list[str] | None, cost: int, longest: int,
-                   now: int) -> None:
-        """Remove `members` (a hit whose token is known, a booking), or with None the newest
-        `cost` entries already in the past (never a booking ahead)."""
+    def _sl_refund(self, key: str, token: str, cost: int, longest: int, now: int) -> None:
+        """Give back `cost` units: of the hit (or booking) named `token`, from its own entry
+        (a log written before costs were kept: its members "<token>:1" ..), or without a
+        token from the newest entries already in the past (never a booking ahead)."""
         log: _Log | None = self._get(key, now)
         if log is None:
             return
-        if members is not None:
-            log.remove(members)
-        else:
+        if not token:
             upto = bisect.bisect_right(log.scores, now)
-            log.remove_entries(max(0, upto - cost), upto)
+            log.take(range(upto - 1, -1, -1), cost)
+        elif token in log.members:
+            log.take([bisect.bisect_left(log.names, token,
+                                         *self._block(log, log.members[token]))], cost)
+        else:
+            log.remove(_members(token, min(cost, len(log.names))))
         self._sl_expire(key, log, longest, now)
+
+    @staticmethod
+    def _block(log: _Log, score: int) -> tuple[int, int]:
+        """The index span of the entries at `score` (names sorted within it)."""
+        lo = bisect.bisect_left(log.scores, score)
+        return lo, bisect.bisect_right(log.scores, score, lo)
 
     def _sl_joint_retry(self, tiers: list[_Tier], results: list[_Result],
                         starts: list[int], at: int, now: int) -> None:
@@ -778,11 +855,11 @@ class MemoryBackend:
             log: _Log | None = self._get(key, now)
             if log is None or log.scores[-1] <= at:
                 continue
-            ts = log.times_above(at - max(tiers[i][2] for i in group))
+            ts, ws = log.times_above(at - max(tiers[i][2] for i in group))
             blocked: list[tuple[int, int]] = []
             for i in group:
                 _, limit, period, cost, *_ = tiers[i]
-                _sl_blocked(ts, limit, period, cost, blocked)
+                _sl_blocked(ts, ws, limit, period, cost, blocked)
             for i in group:
                 ok, before, _, reset_now, reset_hit, value, px = results[i]
                 if not ok:
