@@ -36,10 +36,14 @@ local function gcra()
       retry = math.ceil((new_ahead - tolerance) / 1000)
     end
     local reset_hit = math.ceil(new_ahead / 1000)
+    -- Charged far ahead (settles in debt), the TAT runs at most 2^52 µs (142 years) ahead,
+    -- so that it stays exact in a double (core/rates.py).
+    local stored = new_ahead
+    if stored > 4503599627370496 then stored = 4503599627370496 end
     -- PX: one ms more than the TAT needs: Redis expires at ms granularity, and the key must
     -- never vanish while its TAT is still (sub-millisecond) ahead of the clock.
     return ok, before, retry, math.ceil(ahead / 1000), reset_hit,
-      string.format('%d', now_us + new_ahead), reset_hit + 1
+      string.format('%d', now_us + stored), math.ceil(stored / 1000) + 1
   end
 
   local function refund(key, limit, period, cost, now_us)

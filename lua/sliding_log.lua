@@ -476,6 +476,9 @@ local function sliding_log()
     end
     redis.call('ZADD', key, string.format('%d', at), token)
     local extra = log.extra
+    -- A log charged deep in debt (settles) holds at most 2^52 above one unit per hit, so that
+    -- its count stays exact in a double: the hit records what fits.
+    if extra + cost - 1 > 4503599627370496 then cost = 4503599627370496 - extra + 1 end
     if cost > 1 then
       redis.call('HSET', costs, token, string.format('%d', cost))
       extra = extra + cost - 1

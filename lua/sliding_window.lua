@@ -63,8 +63,16 @@ local function sliding_window()
     -- clock: see fixed_window.lua).
     local px = 2 * period - elapsed
     if current and own_clock then px = false end
+    -- A window charged deep in debt (settles) holds at most 2^52 / period (and never less
+    -- than the limit), so that count x period stays exact in a double: it refuses until it
+    -- has decayed either way. (The quotient is made exact: a double may round it up.)
+    local total = curr + cost
+    local most = math.floor(4503599627370496 / period)
+    if most * period > 4503599627370496 then most = most - 1 end
+    if most < limit then most = limit end
+    if total > most then total = most end
     return ok, before, retry, reset_now, 2 * period - elapsed,
-      string.format('%d:%d:%d', start, curr + cost, prev), px
+      string.format('%d:%d:%d', start, total, prev), px
   end
 
   local function refund(key, period, cost, now)

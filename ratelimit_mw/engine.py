@@ -104,8 +104,9 @@ def _check(policy: Policy | str, identity: str, cost: int) -> Check:
             f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
         )
     plans.validate_cost(cost)
-    return Check(policy if isinstance(policy, Policy) else _policy_from_text(policy), identity,
-                 cost)
+    parsed = policy if isinstance(policy, Policy) else _policy_from_text(policy)
+    plans.validate_cost(cost, parsed)
+    return Check(parsed, identity, cost)
 
 
 @functools.lru_cache(maxsize=256)
@@ -267,7 +268,7 @@ class _Shared:
         """One check's compiled calls, its arguments checked as `_check` does: a Check is
         built only to raise, or to parse a policy given as text."""
         if (type(policy) is not Policy or type(identity) is not str or type(cost) is not int
-                or cost < 1):
+                or cost < 1 or cost > policy.max_cost):
             policy = _check(policy, identity, cost).policy
         return self._compile(((policy, cost),))
 

@@ -47,6 +47,17 @@ PERIODS = [1_000, 2_000, 5_000, 10_000, 60_000]
 IDENTITIES = ["a", "b", "c"]
 
 
+LARGEST = -1  # a pick's cost: the largest its policy accepts (Policy.max_cost)
+
+
+def _cost(policy: rl.Policy, cost: int) -> int:
+    """A drawn cost for `policy`: at most the largest it accepts (in-flight limits take
+    small costs as drawn, above their slots too: one member per slot)."""
+    if policy.algorithm == "concurrency":
+        return 25 if cost == LARGEST else min(cost, 25)
+    return policy.max_cost if cost == LARGEST else min(cost, policy.max_cost)
+
+
 @dataclass(frozen=True)
 class Op:
     advance_ms: int
@@ -88,8 +99,11 @@ ops = st.builds(
                                 3_600_000, 43_200_000]),
     kind=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund", "uncheck", "reset",
                           "book", "cancel", "renew", "charge", "release"]),
+    # Costs up to the largest each policy accepts (`_cost`): the sliding log's one member per
+    # hit carrying its cost, the saturation of a window charged deep in debt.
     picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
-                             st.sampled_from([1, 1, 1, 2, 3, 6, 12, 25])),
+                             st.sampled_from([1, 1, 1, 2, 3, 6, 12, 25, 1_000, 10**6,
+                                              2**40, LARGEST])),
                    min_size=1, max_size=3).map(tuple),
     offset_ms=st.sampled_from([-5_000, 0, 1, 500, 4_000, 30_000, 120_000]),
 )
@@ -98,10 +112,15 @@ ops = st.builds(
 # Runs in the same MULTI as each call, so Redis's clock cannot move between the two: every
 # key the call left with a TTL keeps it (the test's clock is fake, Redis's TTLs are real).
 # PTTL answers 0 for a key with less than a millisecond left: that key is extended too.
+# A sliding log's hash of costs ("<segment>:cost", beside "<segment>:log") is extended with it.
 EXTEND = """
 for i = 1, #KEYS do
-  local ttl = redis.call('PTTL', KEYS[i])
-  if ttl >= 0 then redis.call('PEXPIRE', KEYS[i], ttl + 600000) end
+  local names = {KEYS[i]}
+  if string.sub(KEYS[i], -4) == ':log' then names[2] = string.sub(KEYS[i], 1, -4) .. 'cost' end
+  for _, key in ipairs(names) do
+    local ttl = redis.call('PTTL', key)
+    if ttl >= 0 then redis.call('PEXPIRE', key, ttl + 600000) end
+  end
 end
 return 1
 """
@@ -184,7 +203,8 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
     try:
         for op in sequence:
             twin.now_ms += op.advance_ms
-            checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i], cost)
+            checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i],
+                                  _cost(pool[p % len(pool)], cost))
                       for p, i, cost in op.picks]
             single = checks[:1]
             if op.kind == "hit":

@@ -189,6 +189,7 @@ class Limiter(_Shared):
 
     def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing."""
+        checks = [_check(*check) for check in checks]
         return self._decide(*self._compiled_checks(checks))
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
@@ -260,7 +261,7 @@ class Limiter(_Shared):
         """`acquire`'s loop for any compiled hit (every try under the same `token`). A
         refusal for a slot in flight is asked about again soon, 10 ms then twice as late up
         to 200 ms: a holder may give its slot back at any moment."""
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+        if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
             raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
         started = self._monotonic()
         failures = 0
@@ -412,19 +413,26 @@ class Ticket:
         if isinstance(actual, bool) or not isinstance(actual, int) or actual < 0:
             raise ConfigurationError(f"a ticket settles at a whole cost >= 0, got {actual!r}; "
                                      "e.g. ticket.settle(usage.total_tokens)")
+        policy, identity, estimate = self.check
+        if actual > policy.max_cost:  # refused before any I/O: the ticket stays unsettled
+            raise ConfigurationError(plans.cost_bound_message(actual, policy, "settle"))
         if self.settled is not None:
             raise ConfigurationError(f"this ticket was settled at {self.settled} already")
         self.settled = actual
-        policy, identity, estimate = self.check
         limiter = self.limiter
         held, self.held = self.held, ()
-        if actual < estimate:  # one call gives back the difference and the slot
-            limiter._give_back((Check(policy, identity, estimate - actual), *held), None,
-                                     self.token)
-            return
-        if actual > estimate:
-            limiter._backend.run(
-                limiter._single(plans.CHARGE, policy, identity, actual - estimate))
+        try:
+            if actual < estimate:  # one call gives back the difference and the slot
+                limiter._give_back((Check(policy, identity, estimate - actual), *held),
+                                         None, self.token)
+                return
+            if actual > estimate:
+                limiter._backend.run(
+                    limiter._single(plans.CHARGE, policy, identity, actual - estimate))
+        except BaseException:
+            # Nothing was settled: the ticket may be settled again.
+            self.settled, self.held = None, held
+            raise
         if held:
             limiter._give_back(held, None, self.token)
 

@@ -37,11 +37,17 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.rates import COUNT_CAP, GCRA_SPAN_US, MAX_COST
 from ratelimit_mw.core.wire import calendar_window
 
 _SWEEP_PER_CALL = 64
 _SWEEP_PER_MS = 16
 _SWEEP_MAX_MS = 4_096  # at most ~65k entries in one call, however long the backend idled
+
+# As the scripts saturate what a settle in debt leaves (core/rates.py): how far a GCRA TAT runs
+# ahead, in µs, and what a sliding log's costs add above one unit per hit.
+_GCRA_AHEAD_MAX = 2 * GCRA_SPAN_US
+_SL_EXTRA_MAX = MAX_COST
 
 # Reset, refund (an in-flight tier: give its slots back), cancel a booking, renew leases: the
 # operations that decide nothing.
@@ -643,7 +649,7 @@ class MemoryBackend:
         left = stop - now
         return (ok, limit - count if count < limit else 0,
                 -1 if cost > limit else 0 if ok else left, left if count else 0, left,
-                (start, count + cost), left)
+                (start, min(count + cost, COUNT_CAP)), left)
 
     def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int) -> None:
         start, _ = _fw_window(period, cal, now)
@@ -685,7 +691,8 @@ class MemoryBackend:
         reset = 2 * period - elapsed
         return (ok, before if before > 0 else 0, retry,
                 reset if curr else period - elapsed if prev else 0, reset,
-                (start, curr + cost, prev), reset)
+                (start, min(curr + cost, max(limit, MAX_COST // period)), prev),
+                reset)
 
     def _sw_stable(self, key: str, period: int, now: int) -> int:
         """As sw stable: ms until the window ends or the previous window's weight drops."""
@@ -717,7 +724,8 @@ class MemoryBackend:
         before = (tolerance - ahead) // interval
         return (ok, before if before > 0 else 0,
                 -1 if cost > limit else 0 if ok else -(-(after - tolerance) // 1000),
-                -(-ahead // 1000), reset_hit, now_us + after, reset_hit + 1)
+                -(-ahead // 1000), reset_hit, now_us + min(after, _GCRA_AHEAD_MAX),
+                -(-min(after, _GCRA_AHEAD_MAX) // 1000) + 1)
 
     def _gc_ahead(self, key: str, now: int, now_us: int) -> int:
         tat = self._get(key, now)
@@ -793,7 +801,7 @@ class MemoryBackend:
         sees, and keep the log until its newest entry has left that window (_set, inline)."""
         if log is None:
             log = _Log()
-        log.add(at, [token], cost)
+        log.add(at, [token], min(cost, _SL_EXTRA_MAX - log.extra + 1))
         scores = log.scores
         if scores[0] <= now - longest:  # ZREMRANGEBYSCORE -inf (now - longest)
             log.remove_entries(0, bisect.bisect_right(scores, now - longest))

@@ -93,9 +93,23 @@ def new_token() -> str:
     return _tokens.next()
 
 
-def validate_cost(cost: int) -> None:
+def validate_cost(cost: int, policy: Policy | None = None, what: str = "cost") -> None:
+    """A cost (an estimate, a settle) is a whole number >= 1, and, for `policy`, no larger
+    than what its store counts exactly (`Policy.max_cost`): raised before any I/O."""
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
-        raise ConfigurationError(f"cost must be a whole number >= 1, got {cost!r}; e.g. cost=2")
+        raise ConfigurationError(f"{what} must be a whole number >= 1, got {cost!r}; "
+                                 "e.g. cost=2")
+    if policy is not None and cost > policy.max_cost:
+        raise ConfigurationError(cost_bound_message(cost, policy, what))
+
+
+def cost_bound_message(cost: int, policy: Policy, what: str = "cost") -> str:
+    """Why `cost` is refused for `policy`: more than it can count (see `Policy.max_cost`)."""
+    if policy.algorithm == "concurrency":
+        return (f"{what}={cost} takes more slots than {policy.name!r} has "
+                f"({policy.max_cost}): it could never be admitted")
+    return (f"{what}={cost:,} is more than {policy.name!r} ({policy.algorithm}) counts "
+            f"exactly: at most {policy.max_cost:,}; see docs/guarantees.md (numeric bounds)")
 
 
 # NamedTuples built once per request skip their generated Python __new__ (a third of their
