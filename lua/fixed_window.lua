@@ -89,8 +89,11 @@ local function fixed_window()
     return ok, before, retry, reset_now, stop - now, string.format('%d:%d', start, total), px
   end
 
-  local function refund(key, period, cost, cal, now)
+  -- charged_us: when the hit given back was charged (a settle), else nil. A give-back belongs
+  -- to the window it was charged in: once that window has ended there is nothing to give.
+  local function refund(key, period, cost, cal, now, charged_us)
     local start = window(period, cal, now)
+    if charged_us and window(period, cal, math.floor(charged_us / 1000)) ~= start then return end
     local v = redis.call('GET', key)
     if not v then return end
     local s, c = string.match(v, '^(%-?%d+):(%d+)$')

@@ -1,15 +1,15 @@
 -- sliding-log: the exact sliding window. A sorted set of admitted hits and bookings, scored by
--- their time in ms, one member per hit named by the call's unique token, and beside it, once
--- the log holds a hit of a cost above one, a hash ("<log key minus :log>:cost") of those hits'
--- costs (token -> cost) and the running total "" of what they add above one apiece. A member
--- without a cost there weighs one: the usual hit, and every member "<token>:<n>" of a log
--- written before costs were kept (one member per unit of cost then), which is read as it is.
--- So a hit is O(log n) whatever its cost, and memory O(hits). All tiers of one policy share
--- one log; it is trimmed to the longest tier's period.
+-- their time in ms, one member per hit named by the call's unique token: "<token>" for a cost
+-- of one, "<token>#<cost>" above, and, while it holds any of those, the member "+" scored
+-- minus their running total above one apiece (below every time: no window sees it). So a hit
+-- is O(log n) whatever its cost, and memory O(hits). A log written before costs were kept
+-- (members "<token>:<n>", one per unit of cost) has no "+": each of its members weighs one,
+-- as they did, and it is read as it is. All tiers of one policy share one log; it is trimmed
+-- to the longest tier's period.
 -- A hit at `now` (or a booking at `at`) is admitted when EVERY window [s, s + period) that
 -- contains it holds at most limit - cost units. With no entries after `at` that is simply
 -- the units in (at - period, at]; bookings in the future make the later windows matter too.
--- KEYS: the policy's log (its hash of costs is named from it, in the same cluster slot).
+-- KEYS: the policy's log.
 -- ARGV (per tier, read by main.lua): limit, period ms, cost.
 -- Reply (to main.lua): sliding_log() builds check and commit. check's reply is as in
 --       fixed_window.lua up to the reset after the hit, then whether entries lie ahead of
@@ -17,94 +17,77 @@
 --       What only bookings ahead need, and refund and cancel, are built apart, on demand:
 --       a script run pays for every closure it creates.
 
--- The hash of a log's costs.
-local function sliding_log_costs(key)
-  if string.sub(key, -4) == ':log' then return string.sub(key, 1, -4) .. 'cost' end
-  return key .. ':cost'
-end
-
 -- The two steps of the request's usual hit, top-level so that main.lua's one-tier path writes
 -- them out in place (`--@inline`) and sliding_log()'s check and commit call them: one source.
 
 -- The count of the window (at - period, at] and how many entries lie after `at` (bookings),
--- for a log of one-unit members; `later` is -1 for a log with costs (counted by the general
--- path). One ZCOUNT of everything after the window's start answers an empty window alone; a
--- second counts what lies ahead: cheaper than a ZREVRANGE WITHSCORES and a ZCOUNT.
+-- for a log whose members weigh one each; `later` is -1 for a log with costs (counted by the
+-- general path). One ZCOUNT of everything after the window's start answers an empty window
+-- alone; a second counts what lies ahead: cheaper than a ZREVRANGE WITHSCORES and a ZCOUNT.
 local function sliding_log_count(key, period, at)
   local seen = redis.call('ZCOUNT', key, string.format('(%d', at - period), '+inf')
   local later = 0
   if seen > 0 then
     later = redis.call('ZCOUNT', key, string.format('(%d', at), '+inf')
-    if later == 0 and redis.call('EXISTS', sliding_log_costs(key)) == 1 then later = -1 end
+    if later == 0 and redis.call('ZSCORE', key, '+') then later = -1 end
   end
   return seen, later
 end
 
--- Record one hit of cost one at `at` in a log without costs, trim what the longest window can
--- no longer see, and keep the log alive until its newest entry (`newest`: this one, or a
--- booking further ahead) has left that window. Numbers are formatted with "%d": Redis would
--- format them with the slower "%.17g".
+-- Record one hit of cost one at `at` in a log without costs (or one whose window is empty:
+-- the trim then takes "+" too), trim what the longest window can no longer see, and keep the
+-- log alive until its newest entry (`newest`: this one, or a booking further ahead) has left
+-- that window. Numbers are formatted with "%d": Redis would format them with the slower
+-- "%.17g".
 local function sliding_log_record(key, at, token, longest, newest, now)
   redis.call('ZADD', key, string.format('%d', at), token)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - longest))
   redis.call('PEXPIRE', key, string.format('%d', newest + longest - now))
 end
 
--- The costs (nil: one) of `members`, from the hash `costs`, 200 at a time (Lua's unpack fails
--- past about 8000 values).
-local function sliding_log_weights(costs, members)
-  local ws = {}
-  for first = 1, #members, 200 do
-    local got = redis.call('HMGET', costs, unpack(members, first, math.min(first + 199, #members)))
-    for k = 1, #got do
-      if got[k] then ws[first + k - 1] = tonumber(got[k]) end
-    end
-  end
-  return ws
+-- What a member weighs: the cost in its name, else one.
+local function sliding_log_weight(member)
+  local cost = string.match(member, '#(%d+)$')
+  if cost then return tonumber(cost) end
+  return 1
 end
 
--- Store the running total above one of a log's costs: none left, no hash.
-local function sliding_log_extra(costs, extra)
+-- A hit's member: its token, and its cost above one.
+local function sliding_log_member(token, cost)
+  if cost == 1 then return token end
+  return token .. '#' .. string.format('%d', cost)
+end
+
+-- Store a log's running total above one ("+", scored minus it; none left: no "+").
+local function sliding_log_extra(key, extra)
   if extra > 0 then
-    redis.call('HSET', costs, '', string.format('%d', extra))
+    redis.call('ZADD', key, string.format('%d', -extra), '+')
   else
-    redis.call('DEL', costs)
+    redis.call('ZREM', key, '+')
   end
 end
 
 -- Drop the entries at or before `upto` (no window of this call can see them) from a log with
 -- costs, and their costs from the running total `extra`; returns the total left.
-local function sliding_log_trim(key, costs, upto, extra)
-  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', string.format('%d', upto))
+local function sliding_log_trim(key, upto, extra)
+  local bound = string.format('%d', upto)
+  local gone = redis.call('ZRANGEBYSCORE', key, 0, bound)
   if #gone == 0 then return extra end
-  local ws = sliding_log_weights(costs, gone)
-  local fields = {}
-  for k = 1, #gone do
-    if ws[k] then
-      extra = extra - ws[k] + 1
-      fields[#fields + 1] = gone[k]
-    end
-  end
-  for first = 1, #fields, 200 do
-    redis.call('HDEL', costs, unpack(fields, first, math.min(first + 199, #fields)))
-  end
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', upto))
-  if redis.call('EXISTS', key) == 0 then extra = 0 end
-  sliding_log_extra(costs, extra)
+  for k = 1, #gone do extra = extra - sliding_log_weight(gone[k]) + 1 end
+  redis.call('ZREMRANGEBYSCORE', key, 0, bound)
+  sliding_log_extra(key, extra)
   return extra
 end
 
--- The members after `from` (ascending), their times and their costs (1 unless the hash says).
-local function sliding_log_entries(key, costs, from, weighted)
+-- The entries after `from` (ascending): their members, times and costs.
+local function sliding_log_entries(key, from)
   local raw = redis.call('ZRANGEBYSCORE', key, string.format('(%d', from), '+inf', 'WITHSCORES')
   local members, ts, ws = {}, {}, {}
   for i = 1, #raw, 2 do
     members[#members + 1] = raw[i]
     ts[#ts + 1] = tonumber(raw[i + 1])
+    ws[#ws + 1] = sliding_log_weight(raw[i])
   end
-  local found = {}
-  if weighted then found = sliding_log_weights(costs, members) end
-  for k = 1, #members do ws[k] = found[k] or 1 end
   return members, ts, ws
 end
 
@@ -200,9 +183,7 @@ local function sliding_log_ahead()
       end
       if refused and not never and (#g > 1 or late)
           and redis.call('ZCOUNT', key, '(' .. at, '+inf') > 0 then
-        local costs = sliding_log_costs(key)
-        local _, ts, ws = sliding_log_entries(key, costs, at - longest,
-          redis.call('EXISTS', costs) == 1)
+        local _, ts, ws = sliding_log_entries(key, at - longest)
         local spans = {}
         for _, t in ipairs(g) do blocked(ts, ws, t.limit, t.period, t.cost, spans) end
         for _, t in ipairs(g) do
@@ -217,37 +198,30 @@ end
 
 -- Refund, cancel and the deny cache's stability: built only for those operations.
 local function sliding_log_upkeep()
-  -- After entries leave the log, keep it (and its costs) only as long as its newest entry
-  -- needs (an empty sorted set is already gone).
-  local function expire(key, costs, extra, longest, now)
+  -- After entries leave the log, keep it only as long as its newest entry needs (an empty
+  -- sorted set is already gone; "+" goes with the last member of a cost above one).
+  local function expire(key, longest, now)
     local newest = redis.call('ZREVRANGE', key, 0, 0, 'WITHSCORES')
-    if not newest[2] then extra = 0 end
-    sliding_log_extra(costs, extra)
-    if newest[2] then
-      local px = string.format('%d', tonumber(newest[2]) + longest - now)
-      redis.call('PEXPIRE', key, px)
-      if extra > 0 then redis.call('PEXPIRE', costs, px) end
-    end
+    if newest[2] then redis.call('PEXPIRE', key, tonumber(newest[2]) + longest - now) end
   end
 
-  -- Take up to `amount` units off the members `members` (their costs `ws`), in order: a
-  -- member given back whole leaves the log, one given back in part keeps the rest of its cost.
-  -- Returns the running total left.
-  local function take(key, costs, members, ws, amount, extra)
-    local gone, whole = {}, {}
+  -- Take up to `amount` units off the members `members` (scored `ts`), in order: a member
+  -- given back whole leaves the log, one given back in part stays with the rest of its cost
+  -- (renamed: its name carries its cost). Returns the running total left.
+  local function take(key, members, ts, amount, extra)
+    local gone = {}
     for k = 1, #members do
       if amount <= 0 then break end
-      local w = ws[k]
+      local w = sliding_log_weight(members[k])
       if amount >= w then
         gone[#gone + 1] = members[k]
-        if w > 1 then whole[#whole + 1] = members[k]; extra = extra - w + 1 end
+        extra = extra - w + 1
         amount = amount - w
       else
-        if w - amount > 1 then
-          redis.call('HSET', costs, members[k], string.format('%d', w - amount))
-        else
-          redis.call('HDEL', costs, members[k])
-        end
+        redis.call('ZREM', key, members[k])
+        local token = string.match(members[k], '^(.*)#%d+$')
+        redis.call('ZADD', key, string.format('%d', ts[k]),
+          sliding_log_member(token, w - amount))
         extra = extra - amount
         amount = 0
       end
@@ -255,22 +229,17 @@ local function sliding_log_upkeep()
     for first = 1, #gone, 200 do
       redis.call('ZREM', key, unpack(gone, first, math.min(first + 199, #gone)))
     end
-    for first = 1, #whole, 200 do
-      redis.call('HDEL', costs, unpack(whole, first, math.min(first + 199, #whole)))
-    end
     return extra
   end
 
-  -- Give back `amount` of the hit (or booking) named `token`: from its own member, which
-  -- leaves once given back whole; a member no longer in the log has left every window, and
-  -- there is nothing to give back. A log written before costs were kept holds the hit as
-  -- members "<token>:1" .. "<token>:<cost>": the first `amount` of them leave.
-  local function give_back(key, costs, extra, token, amount)
-    if redis.call('ZSCORE', key, token) then
-      local w = 1
-      if extra > 0 then w = tonumber(redis.call('HGET', costs, token)) or 1 end
-      return take(key, costs, {token}, {w}, amount, extra)
-    end
+  -- Give back `amount` of the hit (or booking) named `token`, which recorded `cost`: from its
+  -- own member, which leaves once given back whole; a member no longer in the log has left
+  -- every window, and there is nothing to give back. A log written before costs were kept
+  -- holds the hit as members "<token>:1" .. "<token>:<cost>": the first `amount` leave.
+  local function give_back(key, extra, token, cost, amount)
+    local member = sliding_log_member(token, cost)
+    local score = redis.call('ZSCORE', key, member)
+    if score then return take(key, {member}, {tonumber(score)}, amount, extra) end
     local n = redis.call('ZCARD', key)
     if amount < n then n = amount end
     local old = {}
@@ -281,32 +250,35 @@ local function sliding_log_upkeep()
     return extra
   end
 
-  -- Give back a hit: from its own member when its token is known (a settle below the
-  -- estimate, the core compensating a refused multi-slot request), else `cost` units from the
-  -- newest entries already in the past (never a future booking).
-  local function refund(key, cost, token, longest, now)
-    local costs = sliding_log_costs(key)
-    local extra = tonumber(redis.call('HGET', costs, '')) or 0
+  -- Give back a hit: from its own member when its token is known (`cost`: what it recorded,
+  -- e.g. a settle's estimate; the core compensating a refused multi-slot request), else
+  -- `amount` units from the newest entries already in the past (never a future booking).
+  local function refund(key, amount, token, longest, now, cost)
+    local extra = -(tonumber(redis.call('ZSCORE', key, '+')) or 0)
+    local before = extra
     if token ~= '' then
-      extra = give_back(key, costs, extra, token, cost)
+      extra = give_back(key, extra, token, cost or amount, amount)
     else
-      -- Each member weighs one at least: `cost` members are enough.
-      local members = redis.call('ZREVRANGEBYSCORE', key, now, '-inf', 'LIMIT', 0,
-        string.format('%d', cost))
-      local ws, found = {}, {}
-      if extra > 0 then found = sliding_log_weights(costs, members) end
-      for k = 1, #members do ws[k] = found[k] or 1 end
-      extra = take(key, costs, members, ws, cost, extra)
+      -- Each member weighs one at least: `amount` members are enough.
+      local raw = redis.call('ZREVRANGEBYSCORE', key, now, 0, 'WITHSCORES', 'LIMIT', 0,
+        string.format('%d', amount))
+      local members, ts = {}, {}
+      for i = 1, #raw, 2 do
+        members[#members + 1] = raw[i]
+        ts[#ts + 1] = tonumber(raw[i + 1])
+      end
+      extra = take(key, members, ts, amount, extra)
     end
-    expire(key, costs, extra, longest, now)
+    if extra ~= before then sliding_log_extra(key, extra) end
+    expire(key, longest, now)
   end
 
   -- Cancel one booking (its token and cost come from the Booking the client kept).
   local function cancel(key, token, cost, longest, now)
-    local costs = sliding_log_costs(key)
-    local extra = tonumber(redis.call('HGET', costs, '')) or 0
-    extra = give_back(key, costs, extra, token, cost)
-    expire(key, costs, extra, longest, now)
+    local extra = -(tonumber(redis.call('ZSCORE', key, '+')) or 0)
+    local left = give_back(key, extra, token, cost, cost)
+    if left ~= extra then sliding_log_extra(key, left) end
+    expire(key, longest, now)
   end
 
   -- For the client's deny cache (main.lua), when no entry lies ahead of now: ms from now until
@@ -326,8 +298,8 @@ end
 local function sliding_log()
   -- Per log key, what every tier reading it shares, read once per call: how many entries lie
   -- after `at` (bookings ahead), the newest entry's time (nil: empty log), the longest period
-  -- of its tiers (the commit trims to it), whether this call's entry is in yet, and for a log
-  -- with costs (`extra`: their running total above one apiece, 0: none) its hash.
+  -- of its tiers (the commit trims to it), whether this call's entry is in yet, and `extra`,
+  -- the running total above one apiece of its costs (0: none).
   local logs = {}
   local ahead  -- sliding_log_ahead(), built on first need
 
@@ -343,19 +315,16 @@ local function sliding_log()
   local function units(key, log, floor)
     local inside = redis.call('ZCOUNT', key, string.format('(%d', floor), '+inf')
     if floor <= log.trimmed then return inside + log.extra end
-    local outside = redis.call('ZCOUNT', key, '-inf', string.format('%d', floor))
+    local outside = redis.call('ZCOUNT', key, 0, string.format('%d', floor))
     if outside == 0 then return inside + log.extra end
     local members
     if outside < inside then
-      members = redis.call('ZRANGEBYSCORE', key, '-inf', string.format('%d', floor))
+      members = redis.call('ZRANGEBYSCORE', key, 0, string.format('%d', floor))
     else
       members = redis.call('ZRANGEBYSCORE', key, string.format('(%d', floor), '+inf')
     end
-    local ws = sliding_log_weights(log.costs, members)
     local add = 0
-    for k = 1, #members do
-      if ws[k] then add = add + ws[k] - 1 end
-    end
+    for k = 1, #members do add = add + sliding_log_weight(members[k]) - 1 end
     if outside < inside then return inside + log.extra - add end
     return inside + add
   end
@@ -370,12 +339,9 @@ local function sliding_log()
     while true do
       local raw = redis.call('ZRANGEBYSCORE', key, string.format('(%d', floor), '+inf',
         'WITHSCORES', 'LIMIT', offset, 200)
-      local members = {}
-      for i = 1, #raw, 2 do members[#members + 1] = raw[i] end
-      local ws = sliding_log_weights(log.costs, members)
-      for k = 1, #members do
-        need = need - (ws[k] or 1)
-        if need <= 0 then return tonumber(raw[2 * k]) end
+      for i = 1, #raw, 2 do
+        need = need - sliding_log_weight(raw[i])
+        if need <= 0 then return tonumber(raw[i + 1]) end
       end
       offset = offset + 200
     end
@@ -389,9 +355,8 @@ local function sliding_log()
     local floor = at - period
     local log = logs[key]
     if log == nil then
-      local costs = sliding_log_costs(key)
-      local extra = tonumber(redis.call('HGET', costs, '')) or 0
-      if extra > 0 then extra = sliding_log_trim(key, costs, now - longest, extra) end
+      local extra = -(tonumber(redis.call('ZSCORE', key, '+')) or 0)
+      if extra > 0 then extra = sliding_log_trim(key, now - longest, extra) end
       -- known: whether `newest` is read (false only for a lazy call with nothing ahead; then
       -- `seen` is the window's count).
       local newest, later, known, seen = nil, 0, true, 0
@@ -406,7 +371,7 @@ local function sliding_log()
         end
       end
       log = {later = later, newest = newest, known = known, seen = seen, longest = longest,
-        done = false, costs = costs, extra = extra, trimmed = now - longest}
+        done = false, extra = extra, trimmed = now - longest}
       logs[key] = log
     end
     local later = log.later
@@ -414,7 +379,7 @@ local function sliding_log()
     if later > 0 then
       if ahead == nil then ahead = sliding_log_ahead() end
       local _m
-      _m, ts, ws = sliding_log_entries(key, log.costs, floor, log.extra > 0)
+      _m, ts, ws = sliding_log_entries(key, floor)
       peak = ahead.peak(ts, ws, period, at)
     elseif not log.known then
       peak = log.seen
@@ -462,35 +427,28 @@ local function sliding_log()
   end
 
   -- Record this call's hit once per log (its other tiers call too): one member, named by the
-  -- call's token, its cost in the log's hash when above one.
+  -- call's token and its cost.
   local function commit(key, at, cost, token, now)
     local log = logs[key]
     if log.done then return end
     log.done = true
     local newest = at
     if log.newest and log.newest > at then newest = log.newest end
-    local costs = log.costs
     if cost == 1 and log.extra == 0 then
       sliding_log_record(key, at, token, log.longest, newest, now)
       return
     end
-    redis.call('ZADD', key, string.format('%d', at), token)
     local extra = log.extra
-    -- A log charged deep in debt (settles) holds at most 2^52 above one unit per hit, so that
-    -- its count stays exact in a double: the hit records what fits.
-    if extra + cost - 1 > 4503599627370496 then cost = 4503599627370496 - extra + 1 end
-    if cost > 1 then
-      redis.call('HSET', costs, token, string.format('%d', cost))
-      extra = extra + cost - 1
-    end
-    if extra > 0 and log.extra == 0 then
+    if extra == 0 then
       -- The first cost above one: what the trim drops weighs one apiece.
       redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', now - log.longest))
     end
-    sliding_log_extra(costs, extra)
-    local px = string.format('%d', newest + log.longest - now)
-    redis.call('PEXPIRE', key, px)
-    redis.call('PEXPIRE', costs, px)
+    -- A log charged deep in debt (settles) holds at most 2^52 above one unit per hit, so that
+    -- its count stays exact in a double: the hit records what fits.
+    if extra + cost - 1 > 4503599627370496 then cost = 4503599627370496 - extra + 1 end
+    redis.call('ZADD', key, string.format('%d', at), sliding_log_member(token, cost))
+    if cost > 1 then sliding_log_extra(key, extra + cost - 1) end
+    redis.call('PEXPIRE', key, string.format('%d', newest + log.longest - now))
   end
 
   return check, commit

@@ -98,7 +98,7 @@ ops = st.builds(
     advance_ms=st.sampled_from([0, 0, 1, 7, 250, 999, 1_000, 1_001, 2_500, 9_999, 61_000,
                                 3_600_000, 43_200_000]),
     kind=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund", "uncheck", "reset",
-                          "book", "cancel", "renew", "charge", "release"]),
+                          "book", "cancel", "renew", "charge", "release", "settle"]),
     # Costs up to the largest each policy accepts (`_cost`): the sliding log's one member per
     # hit carrying its cost, the saturation of a window charged deep in debt.
     picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
@@ -112,15 +112,10 @@ ops = st.builds(
 # Runs in the same MULTI as each call, so Redis's clock cannot move between the two: every
 # key the call left with a TTL keeps it (the test's clock is fake, Redis's TTLs are real).
 # PTTL answers 0 for a key with less than a millisecond left: that key is extended too.
-# A sliding log's hash of costs ("<segment>:cost", beside "<segment>:log") is extended with it.
 EXTEND = """
 for i = 1, #KEYS do
-  local names = {KEYS[i]}
-  if string.sub(KEYS[i], -4) == ':log' then names[2] = string.sub(KEYS[i], 1, -4) .. 'cost' end
-  for _, key in ipairs(names) do
-    local ttl = redis.call('PTTL', key)
-    if ttl >= 0 then redis.call('PEXPIRE', key, ttl + 600000) end
-  end
+  local ttl = redis.call('PTTL', KEYS[i])
+  if ttl >= 0 then redis.call('PEXPIRE', KEYS[i], ttl + 600000) end
 end
 return 1
 """
@@ -229,6 +224,14 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
                                     [check for hit in tokened for check in _checks(hit)],
                                     tokens=[hit.args[2] for hit in tokened
                                             for _ in _checks(hit)]))
+            elif op.kind == "settle" and admitted:
+                # A settle below the estimate: the give-back names its charge (the store's
+                # clock when it was admitted, its cost), as a Ticket's does.
+                hit = admitted.pop()
+                first = _checks(hit)[0]
+                back = plans.Check(first.policy, first.identity, max(1, first.cost // 2))
+                twin.run(twin.build(plans.REFUND, [back], token=hit.args[2],
+                                    at_ms=f"{hit.args[1]}:{first.cost}"))
             elif op.kind == "renew" and admitted:
                 hit = admitted[-1]
                 twin.run(twin.build(plans.RENEW, _checks(hit), token=hit.args[2]))

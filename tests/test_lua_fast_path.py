@@ -62,18 +62,12 @@ def wall_clock(now_ms: int) -> AbstractContextManager[object]:
 
 
 def state(client: redis.Redis) -> dict[bytes, tuple[bytes, object, int]]:
-    """Every key's type, value (a sorted set's entries with their scores, a sliding log's
-    hash of costs) and TTL."""
+    """Every key's type, value (a sorted set's entries with their scores) and TTL."""
     held: dict[bytes, tuple[bytes, object, int]] = {}
     for key in client.scan_iter():
         kind = client.type(key)
-        value: object
-        if kind == b"string":
-            value = client.get(key)
-        elif kind == b"hash":
-            value = client.hgetall(key)
-        else:
-            value = client.zrange(key, 0, -1, withscores=True)
+        value = client.get(key) if kind == b"string" else client.zrange(key, 0, -1,
+                                                                       withscores=True)
         held[key] = (kind, value, client.pttl(key))
     return held
 

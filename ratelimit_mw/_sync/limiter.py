@@ -205,19 +205,19 @@ class Limiter(_Shared):
                         "conn:" + secrets.token_hex(8))
 
     def _give_back(self, checks: Sequence[Check], timeout: float | None = None,
-                   token: str | None = None) -> None:
+                   token: str | None = None, charge: str | None = None) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when, the
         slots a response held), each call within `timeout`; by the hit's `token`, exactly
-        what it recorded."""
-        self._give_back_all(((checks, token),), timeout)
+        what it recorded; `charge` (a settle's): only within the window it was charged in."""
+        self._give_back_all(((checks, token),), timeout, charge)
 
     def _give_back_all(self, hits: Sequence[tuple[Sequence[Check], str | None]],
-                       timeout: float | None = None) -> None:
+                       timeout: float | None = None, charge: str | None = None) -> None:
         """`_give_back` of several admitted hits (the responses that ended in one turn of
         the event loop) in one call, or on a cluster one per identity's slot: every call is
         sent, a node that fails one does not keep the others; then the first error."""
         failed: Exception | None = None
-        for call in self._release_calls(hits):
+        for call in self._release_calls(hits, charge):
             try:
                 self._backend.run(call, timeout)
             except Exception as exc:  # noqa: PERF203 (each call is tried; 3.11's try is free)
@@ -423,8 +423,12 @@ class Ticket:
         held, self.held = self.held, ()
         try:
             if actual < estimate:  # one call gives back the difference and the slot
+                # In the window it was charged in, by the store's clock (none known: as a
+                # refund, from what the window holds now).
+                at_us = self.decision.at_us
                 limiter._give_back((Check(policy, identity, estimate - actual), *held),
-                                         None, self.token)
+                                         None, self.token,
+                                         f"{at_us}:{estimate}" if at_us else None)
                 return
             if actual > estimate:
                 limiter._backend.run(

@@ -85,6 +85,11 @@ def _members(token: str, cost: int) -> list[str]:
     return [f"{token}:{j}" for j in range(1, cost + 1)]
 
 
+def _sl_member(token: str, cost: int) -> str:
+    """A hit's member in a sliding log: its token, and its cost above one."""
+    return token if cost == 1 else f"{token}#{cost}"
+
+
 def _sl_spans(tiers: list[_Tier]) -> dict[str, int]:
     """The longest period of the tiers reading each log: what keeps the log alive."""
     spans: dict[str, int] = {}
@@ -202,9 +207,11 @@ class _Log:
 
     def take(self, indices: Sequence[int], amount: int) -> None:
         """Give back up to `amount` units from the entries at `indices`, in order: an entry
-        given back whole leaves, one given back in part keeps the rest of its cost."""
+        given back whole leaves, one given back in part keeps the rest of its cost (renamed:
+        its name carries its cost)."""
         gone: list[str] = []
         names, weights = self.names, self.weights
+        renamed: tuple[int, str, int] | None = None
         for i in indices:
             if amount <= 0:
                 break
@@ -214,9 +221,14 @@ class _Log:
                 gone.append(name)
                 amount -= cost
             else:
-                self.weigh(name, cost - amount)
+                renamed = (self.scores[i], name, cost - amount)
                 amount = 0
+        if renamed is not None:
+            score, name, cost = renamed
+            gone.append(name)
         self.remove(gone)
+        if renamed is not None:
+            self.add(score, [_sl_member(name.partition("#")[0], cost)], cost)
 
 
 def _sl_peak(ts: Sequence[int], ws: Sequence[int], period: int, at: int) -> int:
@@ -340,7 +352,8 @@ class MemoryBackend:
             self._called_at = now
             n = argv[4]
             if op in _UPKEEP:
-                self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now, now_us)
+                self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now, now_us,
+                             argv[3])
                 return [1]
             # Anything else decides, as main.lua. A booking in the past is a booking now.
             at = max(int(argv[3]), now) if op == "B" else now
@@ -379,6 +392,7 @@ class MemoryBackend:
             if not admitted and op != "F":  # F: charged whether or not admitted
                 return self._refused(op, keys, _read_tiers(keys, argv, n), results, bans, at,
                                      now, now_us)
+            reply.append(now_us)  # admitted: the store's clock, as main.lua
             if not record:
                 return reply
             data, expires, scheduled = self._data, self._expires, self._scheduled
@@ -566,13 +580,19 @@ class MemoryBackend:
         reply += extra
 
     def _upkeep(self, op: str, keys: Sequence[str], tiers: list[_Tier], token: str,
-                now: int, now_us: int) -> None:
+                now: int, now_us: int, charge: Any = "") -> None:
         """Reset (X), refund (R), renew (N) or cancel a booking (C): once per key and hit,
-        as main.lua (a batch of R or N names each tier's token, separated by spaces)."""
+        as main.lua (a batch of R or N names each tier's token, separated by spaces). A
+        settle's give-back (R) names its charge, "<µs>:<estimate>" (`charge`): each tier gives
+        back only within the window it was charged in."""
         if op == "X":
             for key in keys:
                 self._delete(key)
             return
+        charged_us = estimate = None
+        if op == "R" and charge != "":
+            when, _, cost_text = str(charge).partition(":")
+            charged_us, estimate = int(when), int(cost_text)
         spans = _sl_spans(tiers)
         tokens = (token.split() if op != "C" and " " in token
                   else itertools.repeat(token, len(tiers)))
@@ -590,13 +610,13 @@ class MemoryBackend:
             elif op == "N":  # leases are in-flight tiers' only
                 continue
             elif algo == "fw":
-                self._fw_refund(key, period, cost, cal, now)
+                self._fw_refund(key, period, cost, cal, now, charged_us)
             elif algo == "sw":
-                self._sw_refund(key, period, cost, now)
+                self._sw_refund(key, period, cost, now, charged_us)
             elif algo == "gc":
-                self._gc_refund(key, limit, period, cost, now, now_us)
+                self._gc_refund(key, limit, period, cost, now, now_us, charged_us, estimate)
             else:
-                self._sl_refund(key, token, cost, spans[key], now)
+                self._sl_refund(key, token, cost, spans[key], now, estimate)
 
     # -- concurrency (lua/concurrency.lua): the value is {member: lease end ms} -------------
     def _cc_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,
@@ -651,8 +671,11 @@ class MemoryBackend:
                 -1 if cost > limit else 0 if ok else left, left if count else 0, left,
                 (start, min(count + cost, COUNT_CAP)), left)
 
-    def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int) -> None:
+    def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int,
+                   charged_us: int | None = None) -> None:
         start, _ = _fw_window(period, cal, now)
+        if charged_us is not None and _fw_window(period, cal, charged_us // 1000)[0] != start:
+            return  # charged in a window that has ended: nothing to give back
         v = self._get(key, now)
         if v is not None and v[0] == start:
             self._data[key] = (start, max(0, v[1] - cost))  # KEEPTTL, as the script
@@ -702,10 +725,21 @@ class MemoryBackend:
             return period - elapsed
         return period - (weight - 1) * period // prev - elapsed
 
-    def _sw_refund(self, key: str, period: int, cost: int, now: int) -> None:
+    def _sw_refund(self, key: str, period: int, cost: int, now: int,
+                   charged_us: int | None = None) -> None:
         start, elapsed, curr, prev = self._sw_state(key, period, now)
         if curr == 0 and prev == 0:
             return
+        if charged_us is not None:  # out of the count of the window it was charged in
+            charged = charged_us // 1000
+            origin = charged - charged % period
+            if origin == start:
+                curr = max(0, curr - cost)
+            elif origin == start - period:
+                prev = max(0, prev - cost)
+            else:
+                return
+            cost = 0
         back = max(0, cost - curr)
         curr = max(0, curr - cost)
         self._set(key, (start, curr, max(0, prev - back)), now, 2 * period - elapsed)
@@ -748,8 +782,16 @@ class MemoryBackend:
         return ahead - tolerance + step * interval, retry, ahead
 
     def _gc_refund(self, key: str, limit: int, period: int, cost: int, now: int,
-                   now_us: int) -> None:
-        ahead = self._gc_ahead(key, now, now_us) - cost * -(-period * 1000 // limit)
+                   now_us: int, charged_us: int | None = None,
+                   estimate: int | None = None) -> None:
+        interval = -(-period * 1000 // limit)
+        back = cost * interval
+        if charged_us is not None and estimate is not None:
+            # No more than what of the charge's own emission is still ahead (gcra.lua).
+            back = min(back, charged_us + estimate * interval - now_us)
+            if back <= 0:
+                return
+        ahead = self._gc_ahead(key, now, now_us) - back
         if ahead <= 0:
             self._delete(key)
         else:
@@ -801,7 +843,8 @@ class MemoryBackend:
         sees, and keep the log until its newest entry has left that window (_set, inline)."""
         if log is None:
             log = _Log()
-        log.add(at, [token], min(cost, _SL_EXTRA_MAX - log.extra + 1))
+        cost = min(cost, _SL_EXTRA_MAX - log.extra + 1)
+        log.add(at, [_sl_member(token, cost)], cost)
         scores = log.scores
         if scores[0] <= now - longest:  # ZREMRANGEBYSCORE -inf (now - longest)
             log.remove_entries(0, bisect.bisect_right(scores, now - longest))
@@ -825,21 +868,24 @@ class MemoryBackend:
         else:
             self._delete(key)  # Redis drops an empty sorted set
 
-    def _sl_refund(self, key: str, token: str, cost: int, longest: int, now: int) -> None:
-        """Give back `cost` units: of the hit (or booking) named `token`, from its own entry
-        (a log written before costs were kept: its members "<token>:1" ..), or without a
-        token from the newest entries already in the past (never a booking ahead)."""
+    def _sl_refund(self, key: str, token: str, amount: int, longest: int, now: int,
+                   recorded: int | None = None) -> None:
+        """Give back `amount` units: of the hit (or booking) named `token`, which recorded
+        `recorded` (default `amount`), from its own entry (a log written before costs were
+        kept: its members "<token>:1" ..), or without a token from the newest entries already
+        in the past (never a booking ahead)."""
         log: _Log | None = self._get(key, now)
         if log is None:
             return
+        member = _sl_member(token, amount if recorded is None else recorded)
         if not token:
             upto = bisect.bisect_right(log.scores, now)
-            log.take(range(upto - 1, -1, -1), cost)
-        elif token in log.members:
-            log.take([bisect.bisect_left(log.names, token,
-                                         *self._block(log, log.members[token]))], cost)
-        else:
-            log.remove(_members(token, min(cost, len(log.names))))
+            log.take(range(upto - 1, -1, -1), amount)
+        elif member in log.members:
+            log.take([bisect.bisect_left(log.names, member,
+                                         *self._block(log, log.members[member]))], amount)
+        else:  # ZCARD bounds it in the script, "+" included while the log has costs
+            log.remove(_members(token, min(amount, len(log.names) + (1 if log.extra else 0))))
         self._sl_expire(key, log, longest, now)
 
     @staticmethod

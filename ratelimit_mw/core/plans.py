@@ -123,7 +123,7 @@ def build(
     prefix: str,
     *,
     now_us: int | None = None,
-    at_ms: int | None = None,
+    at_ms: int | str | None = None,
     token: str | None = None,
     clock_ms: int | Callable[[], int] = 0,
     tokens: Sequence[str] | None = None,
@@ -209,7 +209,7 @@ def build(
     ]
     args += tier_args
     booking = None
-    if op == BOOK and at_ms is not None and len(checks) == 1:
+    if op == BOOK and isinstance(at_ms, int) and len(checks) == 1:
         check = checks[0]
         booking = Booking(check.policy, check.identity, token, check.cost, at_ms)
     return ScriptCall(keys, args, tuple(layout), op, booking)
@@ -240,7 +240,8 @@ def decide(call: ScriptCall, reply: Sequence[int]) -> Decision:
                                      banned))
             return _new(Decision, (allowed, rate.limit, remaining, 0.0 if allowed else retry,
                                    reset, policy, rate, identity, banned, (state,),
-                                   call.booking if allowed else None))
+                                   call.booking if allowed else None,
+                                   reply[6] if allowed and len(reply) > 6 else 0))
     return decode_generic(layout, reply, call.booking)
 
 
@@ -278,10 +279,12 @@ def decode_generic(
                 governing, best_remaining, best_reset = state, remaining, reset
     if governing is None:  # refused with every tier admitting: cannot happen, but never crash
         governing = tiers[0]
+    # An admitted reply ends with the store's clock (lua/main.lua).
+    at_us = reply[base] if allowed and len(reply) > base else 0
     return _new(Decision, (allowed, governing.rate.limit, governing.remaining,
                            0.0 if allowed else governing.retry_after, governing.reset_after,
                            governing.policy, governing.rate, governing.identity,
-                           governing.banned, tuple(tiers), booking if allowed else None))
+                           governing.banned, tuple(tiers), booking if allowed else None, at_us))
 
 
 # A refused hit's reply carries, after the five values of each of its n tiers, three more per
@@ -386,6 +389,7 @@ def merge(decisions: Sequence[Decision]) -> Decision:
         identity=chosen.identity,
         banned=chosen.banned,
         tiers=tiers,
+        at_us=chosen.at_us,
     )
 
 
