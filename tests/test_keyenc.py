@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 import ratelimit_mw as rl
-from ratelimit_mw.core.rates import GCRA_SPAN_US
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.identity import encode_identity, encode_segment, identity_head
+from ratelimit_mw.core.rates import GCRA_SPAN_US
 
 MAX_KEY_BYTES = 200
 
