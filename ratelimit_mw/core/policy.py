@@ -30,6 +30,9 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 # The longest penalty: a ban's end (now + penalty, in ms) stays exact in the scripts' doubles.
 MAX_PENALTY_MS = 2**52
+# The longest in-flight lease, in seconds (31 years): a holder renews every third of it, and a
+# thread waits at most threading.TIMEOUT_MAX (292 years) at once.
+MAX_LEASE = 10**9
 
 
 def _max_cost(algorithm: str, rates: Sequence[Rate]) -> int:
@@ -168,9 +171,10 @@ class Policy:
                 f"an in-flight limit is a whole number of slots (at least 1), got {slots!r}; "
                 "e.g. concurrency=4")
         if (isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease < 0.01
-                or not math.isfinite(lease)):
+                or not lease <= MAX_LEASE):
             raise ConfigurationError(
-                f"an in-flight lease is seconds (at least 0.01), got {lease!r}; e.g. lease=60")
+                f"an in-flight lease is seconds (at least 0.01, at most {MAX_LEASE:,}), got "
+                f"{lease!r}; e.g. lease=60")
         return cls([Rate(slots, int(lease * 1000))], algorithm="concurrency",
                    name=name or f"{slots} in flight")
 
