@@ -67,10 +67,12 @@ local function sliding_window()
     -- than the limit), so that count x period stays exact in a double: it refuses until it
     -- has decayed either way. (The quotient is made exact: a double may round it up.)
     local total = curr + cost
-    local most = math.floor(4503599627370496 / period)
-    if most * period > 4503599627370496 then most = most - 1 end
-    if most < limit then most = limit end
-    if total > most then total = most end
+    if total > limit then
+      local most = math.floor(4503599627370496 / period)
+      if most * period > 4503599627370496 then most = most - 1 end
+      if most < limit then most = limit end
+      if total > most then total = most end
+    end
     return ok, before, retry, reset_now, 2 * period - elapsed,
       string.format('%d:%d:%d', start, total, prev), px
   end

@@ -669,7 +669,7 @@ class MemoryBackend:
         left = stop - now
         return (ok, limit - count if count < limit else 0,
                 -1 if cost > limit else 0 if ok else left, left if count else 0, left,
-                (start, min(count + cost, COUNT_CAP)), left)
+                (start, count + cost if count + cost <= COUNT_CAP else COUNT_CAP), left)
 
     def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int,
                    charged_us: int | None = None) -> None:
@@ -712,10 +712,12 @@ class MemoryBackend:
         else:  # this window is full: wait for the next one, where its count is the weight
             retry = period - elapsed + max(0, period - (limit - cost) * period // curr)
         reset = 2 * period - elapsed
+        total = curr + cost
+        if total > limit:  # saturates as sliding_window.lua
+            total = min(total, max(limit, MAX_COST // period))
         return (ok, before if before > 0 else 0, retry,
                 reset if curr else period - elapsed if prev else 0, reset,
-                (start, min(curr + cost, max(limit, MAX_COST // period)), prev),
-                reset)
+                (start, total, prev), reset)
 
     def _sw_stable(self, key: str, period: int, now: int) -> int:
         """As sw stable: ms until the window ends or the previous window's weight drops."""
@@ -758,8 +760,9 @@ class MemoryBackend:
         before = (tolerance - ahead) // interval
         return (ok, before if before > 0 else 0,
                 -1 if cost > limit else 0 if ok else -(-(after - tolerance) // 1000),
-                -(-ahead // 1000), reset_hit, now_us + min(after, _GCRA_AHEAD_MAX),
-                -(-min(after, _GCRA_AHEAD_MAX) // 1000) + 1)
+                -(-ahead // 1000), reset_hit,
+                *((now_us + after, reset_hit + 1) if after <= _GCRA_AHEAD_MAX
+                  else (now_us + _GCRA_AHEAD_MAX, -(-_GCRA_AHEAD_MAX // 1000) + 1)))
 
     def _gc_ahead(self, key: str, now: int, now_us: int) -> int:
         tat = self._get(key, now)
@@ -843,7 +846,8 @@ class MemoryBackend:
         sees, and keep the log until its newest entry has left that window (_set, inline)."""
         if log is None:
             log = _Log()
-        cost = min(cost, _SL_EXTRA_MAX - log.extra + 1)
+        if cost > 1 and log.extra + cost - 1 > _SL_EXTRA_MAX:  # saturates as the script
+            cost = _SL_EXTRA_MAX - log.extra + 1
         log.add(at, [_sl_member(token, cost)], cost)
         scores = log.scores
         if scores[0] <= now - longest:  # ZREMRANGEBYSCORE -inf (now - longest)
