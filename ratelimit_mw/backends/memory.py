@@ -567,11 +567,12 @@ class MemoryBackend:
         ok = after <= tolerance
         reset_hit = -(-after // 1000)
         before = (tolerance - ahead) // interval
+        # What is stored runs at most _GCRA_AHEAD_MAX ahead (a settle in debt), as gcra.lua.
+        kept = after if after <= _GCRA_AHEAD_MAX else _GCRA_AHEAD_MAX
         return (ok, before if before > 0 else 0,
                 -1 if cost > limit else 0 if ok else -(-(after - tolerance) // 1000),
-                -(-ahead // 1000), reset_hit,
-                *((now_us + after, reset_hit + 1) if after <= _GCRA_AHEAD_MAX
-                  else (now_us + _GCRA_AHEAD_MAX, -(-_GCRA_AHEAD_MAX // 1000) + 1)))
+                -(-ahead // 1000), reset_hit, now_us + kept,
+                reset_hit + 1 if kept == after else -(-kept // 1000) + 1)
 
     def _gc_ahead(self, key: str, now: int, now_us: int) -> int:
         tat = self._get(key, now)
@@ -621,7 +622,7 @@ class MemoryBackend:
         if newest <= at:  # nothing ahead of `at`: the window ending there is the fullest
             # (mostly the whole log: it is trimmed to its longest window)
             first = 0 if scores[0] > floor else bisect.bisect_right(scores, floor)
-            peak = log.units(first)
+            peak = log.units(first) if log.extra else len(scores) - first
             ok = peak + cost <= limit
             # Else the (peak + cost - limit)-th oldest unit in the window must leave it.
             retry = 0 if ok or cost > limit else (
@@ -657,7 +658,7 @@ class MemoryBackend:
             log = _Log()
         if cost > 1 and log.extra + cost - 1 > _SL_EXTRA_MAX:  # saturates as the script
             cost = _SL_EXTRA_MAX - log.extra + 1
-        log.add(at, [_sl_member(token, cost)], cost)
+        log.add(at, [token if cost == 1 else f"{token}#{cost}"], cost)  # _sl_member, inline
         scores = log.scores
         if scores[0] <= now - longest:  # ZREMRANGEBYSCORE -inf (now - longest)
             log.remove_entries(0, bisect.bisect_right(scores, now - longest))
