@@ -417,25 +417,21 @@ class Ticket:
             raise ConfigurationError(plans.cost_bound_message(actual, policy, "settle"))
         if self.settled is not None:
             raise ConfigurationError(f"this ticket was settled at {self.settled} already")
+        # Counted as settled from here: a store error after this may or may not have been
+        # applied, and settling again could charge twice.
         self.settled = actual
         limiter = self.limiter
         held, self.held = self.held, ()
-        try:
-            if actual < estimate:  # one call gives back the difference and the slot
-                # In the window it was charged in, by the store's clock (none known: as a
-                # refund, from what the window holds now).
-                at_us = self.decision.at_us
-                await limiter._give_back((Check(policy, identity, estimate - actual), *held),
-                                         None, self.token,
-                                         f"{at_us}:{estimate}" if at_us else None)
-                return
-            if actual > estimate:
-                await limiter._backend.arun(
-                    limiter._single(plans.CHARGE, policy, identity, actual - estimate))
-        except BaseException:
-            # Nothing was settled: the ticket may be settled again.
-            self.settled, self.held = None, held
-            raise
+        if actual < estimate:  # one call gives back the difference and the slot
+            # In the window it was charged in, by the store's clock (none known: as a refund,
+            # from what the window holds now).
+            at_us = self.decision.at_us
+            await limiter._give_back((Check(policy, identity, estimate - actual), *held), None,
+                                     self.token, f"{at_us}:{estimate}" if at_us else None)
+            return
+        if actual > estimate:
+            await limiter._backend.arun(
+                limiter._single(plans.CHARGE, policy, identity, actual - estimate))
         if held:
             await limiter._give_back(held, None, self.token)
 
