@@ -478,7 +478,7 @@ class MemoryBackend:
         left = stop - now
         return (ok, limit - count if count < limit else 0,
                 -1 if cost > limit else 0 if ok else left, left if count else 0, left,
-                (start, count + cost if count + cost <= COUNT_CAP else COUNT_CAP), left)
+                (start, count + cost if ok or count + cost <= COUNT_CAP else COUNT_CAP), left)
 
     def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int,
                    charged_us: int | None = None) -> None:
