@@ -78,15 +78,22 @@ local function fixed_window()
     if before < 0 then before = 0 end
     local reset_now = 0
     if count > 0 then reset_now = stop - now end
-    local ok = count + cost <= limit
+    local total = count + cost
+    local ok = total <= limit
+    -- A window charged past 2^53 - 1 (settles in debt) holds that many: doubles count exactly
+    -- up to there, and it refuses until it ends either way.
+    if total > 9007199254740991 then total = 9007199254740991 end
     local retry = 0
     if cost > limit then retry = -1 elseif not ok then retry = stop - now end
     -- %d formats integers faster than `..` (which goes through %.14g).
-    return ok, before, retry, reset_now, stop - now, string.format('%d:%d', start, count + cost), px
+    return ok, before, retry, reset_now, stop - now, string.format('%d:%d', start, total), px
   end
 
-  local function refund(key, period, cost, cal, now)
+  -- charged_us: when the hit given back was charged (a settle), else nil. A give-back belongs
+  -- to the window it was charged in: once that window has ended there is nothing to give.
+  local function refund(key, period, cost, cal, now, charged_us)
     local start = window(period, cal, now)
+    if charged_us and window(period, cal, math.floor(charged_us / 1000)) ~= start then return end
     local v = redis.call('GET', key)
     if not v then return end
     local s, c = string.match(v, '^(%-?%d+):(%d+)$')

@@ -36,13 +36,22 @@ local function gcra()
       retry = math.ceil((new_ahead - tolerance) / 1000)
     end
     local reset_hit = math.ceil(new_ahead / 1000)
+    -- Charged far ahead (settles in debt), the TAT runs at most 2^52 µs (142 years) ahead,
+    -- so that it stays exact in a double (core/rates.py).
+    local stored = new_ahead
+    if stored > 4503599627370496 then stored = 4503599627370496 end
     -- PX: one ms more than the TAT needs: Redis expires at ms granularity, and the key must
     -- never vanish while its TAT is still (sub-millisecond) ahead of the clock.
     return ok, before, retry, math.ceil(ahead / 1000), reset_hit,
-      string.format('%d', now_us + new_ahead), reset_hit + 1
+      string.format('%d', now_us + stored), math.ceil(stored / 1000) + 1
   end
 
-  local function refund(key, limit, period, cost, now_us)
+  -- charged_us, estimate: when the hit given back was charged and its cost (a settle), else
+  -- nil. Then the TAT moves back by no more than what of that charge's own emission still lies
+  -- ahead of now, taking the charge to have started when it was made: [charged_us,
+  -- charged_us + estimate x interval). What has already run out was spent, and a give-back
+  -- never takes from hits made since (docs/settle.md).
+  local function refund(key, limit, period, cost, now_us, charged_us, estimate)
     local interval = math.ceil(period * 1000 / limit)
     local tat = now_us
     local v = redis.call('GET', key)
@@ -50,7 +59,13 @@ local function gcra()
       local stored = tonumber(v)
       if stored and stored > now_us then tat = stored end
     end
-    tat = tat - cost * interval
+    local back = cost * interval
+    if charged_us then
+      local left = charged_us + estimate * interval - now_us
+      if left < back then back = left end
+      if back <= 0 then return end
+    end
+    tat = tat - back
     if tat <= now_us then
       redis.call('DEL', key)
     else

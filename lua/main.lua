@@ -2,7 +2,8 @@
 -- tier of every policy that applies to a request is decided in one atomic call.
 --
 -- KEYS: one per tier (tiers of one sliding-log policy share their log key), then the ban keys
---       of the policies that have a penalty.
+--       of the policies that have a penalty, then each sliding log's hash of costs (read by
+--       the name sliding_log.lua gives it; declared so that a cluster routes the call).
 -- ARGV: [1] op: H hit, P peek, R refund (for an in-flight tier: give its slots back), X reset,
 --           B book (reserve), C cancel a booking, N renew in-flight leases, F charge
 --           (a hit recorded whether or not it is admitted: a settled cost's overshoot)
@@ -11,7 +12,9 @@
 --           for R, the refunded hit's token, or "" for the newest entries); for a batch of
 --           give-backs or renewals (R, N) of several hits, each tier's token, separated by
 --           spaces
---       [4] the booking time in ms for B, else ""
+--       [4] the booking time in ms for B; for R, a settle's give-back: "<us>:<estimate>",
+--           when the charge was decided (the store's clock) and what it charged (each tier
+--           then gives back only within the window it was charged in); else ""
 --       [5] the number of tiers n
 --       then 7 values per tier: algorithm (fw, sl, sw, gc, cc), limit, period ms, cost,
 --       ban key index in KEYS (0: no penalty), ban end ("" none, "d<ms>" a duration from the
@@ -21,7 +24,9 @@
 --       taken again where there was room), {0} when one has gone to someone else.
 -- Reply: integers only (Redis truncates Lua floats and stops a table at a nil):
 --       { all admitted 0/1, then per tier: admitted 0/1, remaining, retry ms (-1: never),
---         reset ms, banned 0/1 }; a refused hit (H) appends three values per tier for the
+--         reset ms, banned 0/1 }; an admitted call (H, P, B) appends the store's now in
+--         microseconds (a Ticket gives back in the window it was charged in, by the store's
+--         clock); a refused hit (H) appends three values per tier for the
 --         client's deny cache, in microseconds from now: how long every number of the reply
 --         stays as it is or counts down with the clock (0: do not reuse the reply; -1: until
 --         something writes), then the exact retry (-1: never) and reset that it rounds to ms.
@@ -50,6 +55,7 @@ local n = argv[5] + 0
 -- Tier i's seven values are argv[7 * i - 1] .. argv[7 * i + 5].
 
 local fw_check, sw_check, gc_check, sl_check, sl_commit, cc_check, cc_take, cc_reset, _  -- on use
+local sl_longest  -- per sliding-log key, the longest period of this call's tiers reading it
 local values  -- MGET of every key (false where none): fw/sw/gc state and bans, read once
 
 -- The common shape first: a hit on one tier without a penalty, admitted, decided without the
@@ -73,15 +79,15 @@ if n == 1 and op == 'H' and argv[10] == '0' and argv[6] ~= 'cc' then
     local seen, later
     --@inline sliding_log.sliding_log_count(key, period, now) -> seen, later
     if later == 0 and seen < limit then
-      --@inline sliding_log.sliding_log_record(key, now, 1, token, period, now, now)
-      return {1, 1, limit - seen - 1, 0, period, 0}
+      --@inline sliding_log.sliding_log_record(key, now, token, period, now, now)
+      return {1, 1, limit - seen - 1, 0, period, 0, now_us}
     end
   elseif algo == 'sl' then
     sl_check, sl_commit = sliding_log()
-    ok, before, retry, _, reset_hit = sl_check(key, limit, period, cost, now, now, true)
+    ok, before, retry, _, reset_hit = sl_check(key, limit, period, cost, now, now, true, period)
     if ok then
       sl_commit(key, now, cost, token, now)
-      return {1, 1, before - cost, retry, reset_hit, 0}
+      return {1, 1, before - cost, retry, reset_hit, 0, now_us}
     end
   else
     local v = redis.call('GET', key)
@@ -104,7 +110,7 @@ if n == 1 and op == 'H' and argv[10] == '0' and argv[6] ~= 'cc' then
       else
         redis.call('SET', key, value, 'KEEPTTL')
       end
-      return {1, 1, before - cost, retry, reset_hit, 0}
+      return {1, 1, before - cost, retry, reset_hit, 0, now_us}
     end
   end
 end
@@ -159,6 +165,7 @@ if op == 'H' and (n > 1 or argv[6] == 'cc') then
           redis.call('SET', keys[i], writes[j], 'KEEPTTL')
         end
       end
+      reply[5 * n + 2] = now_us
       return reply
     end
   end
@@ -183,6 +190,12 @@ if op == 'R' or op == 'C' or op == 'N' then
     local b = 7 * i - 2
     local key, period = keys[i], tonumber(argv[b + 3])
     if argv[b + 1] == 'sl' and (longest[key] or 0) < period then longest[key] = period end
+  end
+  -- A settle's give-back: when its charge was decided and what it charged (see ARGV[4]).
+  local charged_us, estimate
+  if op == 'R' and argv[4] ~= '' then
+    local t, e = string.match(argv[4], '^(%d+):(%d+)$')
+    charged_us, estimate = tonumber(t), tonumber(e)
   end
   local done = {}
   local held = 1  -- N: every slot still the hit's
@@ -212,16 +225,16 @@ if op == 'R' or op == 'C' or op == 'N' then
       elseif op == 'N' then  -- leases are in-flight tiers' only
       elseif algo == 'fw' then
         local _, refund = fixed_window()
-        refund(key, period, cost, argv[b + 7], now)
+        refund(key, period, cost, argv[b + 7], now, charged_us)
       elseif algo == 'sw' then
         local _, refund = sliding_window()
-        refund(key, period, cost, now)
+        refund(key, period, cost, now, charged_us)
       elseif algo == 'gc' then
         local _, refund = gcra()
-        refund(key, limit, period, cost, now_us)
+        refund(key, limit, period, cost, now_us, charged_us, estimate)
       else
         local refund = sliding_log_upkeep()
-        refund(key, cost, token, longest[key], now)
+        refund(key, cost, token, longest[key], now, estimate)
       end
     end
   end
@@ -278,8 +291,19 @@ for i = 1, n do
   end
   if algo == 'sl' then
     if sl_check == nil then sl_check, sl_commit = sliding_log() end
+    if sl_longest == nil then
+      -- The longest period reading each log: what no window of this call sees is trimmed.
+      sl_longest = {}
+      for t = 1, n do
+        local p = argv[7 * t + 1] + 0
+        if argv[7 * t - 1] == 'sl' and (sl_longest[keys[t]] or 0) < p then
+          sl_longest[keys[t]] = p
+        end
+      end
+    end
     local ahead
-    ok, before, retry, reset_now, reset_hit, ahead = sl_check(keys[i], limit, period, cost, at, now)
+    ok, before, retry, reset_now, reset_hit, ahead =
+      sl_check(keys[i], limit, period, cost, at, now, false, sl_longest[keys[i]])
     if ahead then tied = true end
     value = false
   elseif algo == 'cc' then
@@ -352,6 +376,7 @@ if all_ok or op == 'F' then
     if op == 'F' then return {1} end  -- charged: nothing to decide
   end
   reply[1] = 1
+  reply[5 * n + 2] = now_us
   return reply
 end
 

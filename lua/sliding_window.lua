@@ -63,14 +63,39 @@ local function sliding_window()
     -- clock: see fixed_window.lua).
     local px = 2 * period - elapsed
     if current and own_clock then px = false end
+    -- A window charged deep in debt (settles) holds at most 2^52 / period (and never less
+    -- than the limit), so that count x period stays exact in a double: it refuses until it
+    -- has decayed either way. (The quotient is made exact: a double may round it up.)
+    local total = curr + cost
+    if total > limit then
+      local most = math.floor(4503599627370496 / period)
+      if most * period > 4503599627370496 then most = most - 1 end
+      if most < limit then most = limit end
+      if total > most then total = most end
+    end
     return ok, before, retry, reset_now, 2 * period - elapsed,
-      string.format('%d:%d:%d', start, curr + cost, prev), px
+      string.format('%d:%d:%d', start, total, prev), px
   end
 
-  local function refund(key, period, cost, now)
+  -- charged_us: when the hit given back was charged (a settle), else nil: then the give-back
+  -- comes out of the count of the window it was charged in (the previous one still weighs on
+  -- this one), and out of nothing once that window no longer weighs.
+  local function refund(key, period, cost, now, charged_us)
     local start, elapsed, curr, prev = sliding_window_state(redis.call('GET', key), period, now)
     if curr == 0 and prev == 0 then return end
     local back = cost
+    if charged_us then
+      local charged = math.floor(charged_us / 1000)
+      local from = charged - (charged % period)
+      if from == start then
+        if curr >= back then curr = curr - back else curr = 0 end
+      elseif from == start - period then
+        if prev >= back then prev = prev - back else prev = 0 end
+      else
+        return
+      end
+      back = 0
+    end
     if curr >= back then curr = curr - back; back = 0 else back = back - curr; curr = 0 end
     if back > 0 then prev = prev - back; if prev < 0 then prev = 0 end end
     redis.call('SET', key, string.format('%d:%d:%d', start, curr, prev), 'PX',

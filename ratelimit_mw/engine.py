@@ -104,8 +104,9 @@ def _check(policy: Policy | str, identity: str, cost: int) -> Check:
             f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
         )
     plans.validate_cost(cost)
-    return Check(policy if isinstance(policy, Policy) else _policy_from_text(policy), identity,
-                 cost)
+    parsed = policy if isinstance(policy, Policy) else _policy_from_text(policy)
+    plans.validate_cost(cost, parsed)
+    return Check(parsed, identity, cost)
 
 
 @functools.lru_cache(maxsize=256)
@@ -267,7 +268,7 @@ class _Shared:
         """One check's compiled calls, its arguments checked as `_check` does: a Check is
         built only to raise, or to parse a policy given as text."""
         if (type(policy) is not Policy or type(identity) is not str or type(cost) is not int
-                or cost < 1):
+                or cost < 1 or cost > policy.max_cost):
             policy = _check(policy, identity, cost).policy
         return self._compile(((policy, cost),))
 
@@ -277,27 +278,28 @@ class _Shared:
                 tuple(check.identity for check in checks))
 
     def _call(self, compiled: Compiled, identities: Sequence[str], op: str = plans.HIT,
-              at_ms: int | None = None, token: str | None = None) -> ScriptCall:
+              at_ms: int | str | None = None, token: str | None = None) -> ScriptCall:
         """`compiled`'s call of `op` for these identities, on this limiter's clock."""
         return compiled.call(identities, self._now_us(), token,
                              0 if compiled.static else self._clock_ms(), op, at_ms)
 
-    def _slot_calls(self, op: str, checks: Sequence[Check],
-                    token: str | None = None) -> list[ScriptCall]:
+    def _slot_calls(self, op: str, checks: Sequence[Check], token: str | None = None,
+                    at: str | None = None) -> list[ScriptCall]:
         """The calls of `op` for `checks`: one, or on a cluster one per identity's slot."""
         groups: Sequence[Sequence[Check]] = (plans.group_by_slot(checks)
                                              if self._backend.is_cluster else [checks])
-        return [self._call(*self._compiled_checks(group), op, token=token) for group in groups]
+        return [self._call(*self._compiled_checks(group), op, at, token) for group in groups]
 
-    def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]]
-                       ) -> list[ScriptCall]:
+    def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]],
+                       charge: str | None = None) -> list[ScriptCall]:
         """The calls giving back these hits: those with a token batched in one call (one per
         identity's slot on a cluster), a lone hit its own (memoised) call. The deny cache
-        forgets every check, since the store changes under it."""
+        forgets every check, since the store changes under it. `charge`: a settle's
+        give-back of one hit, "<µs>:<estimate>" (lua/main.lua's ARGV[4])."""
         if len(hits) == 1:
             checks, token = hits[0]
             self._forget(checks)
-            return self._slot_calls(plans.REFUND, checks, token)
+            return self._slot_calls(plans.REFUND, checks, token, charge)
         calls: list[ScriptCall] = []
         batches: dict[str, tuple[list[Check], list[str]]] = {}
         cluster = self._backend.is_cluster

@@ -47,6 +47,17 @@ PERIODS = [1_000, 2_000, 5_000, 10_000, 60_000]
 IDENTITIES = ["a", "b", "c"]
 
 
+LARGEST = -1  # a pick's cost: the largest its policy accepts (Policy.max_cost)
+
+
+def _cost(policy: rl.Policy, cost: int) -> int:
+    """A drawn cost for `policy`: at most the largest it accepts (in-flight limits take
+    small costs as drawn, above their slots too: one member per slot)."""
+    if policy.algorithm == "concurrency":
+        return 25 if cost == LARGEST else min(cost, 25)
+    return policy.max_cost if cost == LARGEST else min(cost, policy.max_cost)
+
+
 @dataclass(frozen=True)
 class Op:
     advance_ms: int
@@ -87,9 +98,12 @@ ops = st.builds(
     advance_ms=st.sampled_from([0, 0, 1, 7, 250, 999, 1_000, 1_001, 2_500, 9_999, 61_000,
                                 3_600_000, 43_200_000]),
     kind=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund", "uncheck", "reset",
-                          "book", "cancel", "renew", "charge", "release"]),
+                          "book", "cancel", "renew", "charge", "release", "settle"]),
+    # Costs up to the largest each policy accepts (`_cost`): the sliding log's one member per
+    # hit carrying its cost, the saturation of a window charged deep in debt.
     picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
-                             st.sampled_from([1, 1, 1, 2, 3, 6, 12, 25])),
+                             st.sampled_from([1, 1, 1, 2, 3, 6, 12, 25, 1_000, 10**6,
+                                              2**40, LARGEST])),
                    min_size=1, max_size=3).map(tuple),
     offset_ms=st.sampled_from([-5_000, 0, 1, 500, 4_000, 30_000, 120_000]),
 )
@@ -184,7 +198,8 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
     try:
         for op in sequence:
             twin.now_ms += op.advance_ms
-            checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i], cost)
+            checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i],
+                                  _cost(pool[p % len(pool)], cost))
                       for p, i, cost in op.picks]
             single = checks[:1]
             if op.kind == "hit":
@@ -209,6 +224,14 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
                                     [check for hit in tokened for check in _checks(hit)],
                                     tokens=[hit.args[2] for hit in tokened
                                             for _ in _checks(hit)]))
+            elif op.kind == "settle" and admitted:
+                # A settle below the estimate: the give-back names its charge (the store's
+                # clock when it was admitted, its cost), as a Ticket's does.
+                hit = admitted.pop()
+                first = _checks(hit)[0]
+                back = plans.Check(first.policy, first.identity, max(1, first.cost // 2))
+                twin.run(twin.build(plans.REFUND, [back], token=hit.args[2],
+                                    at_ms=f"{hit.args[1]}:{first.cost}"))
             elif op.kind == "renew" and admitted:
                 hit = admitted[-1]
                 twin.run(twin.build(plans.RENEW, _checks(hit), token=hit.args[2]))

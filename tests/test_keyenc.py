@@ -11,6 +11,7 @@ from redis.crc import key_slot
 import ratelimit_mw as rl
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.identity import encode_identity, encode_segment, identity_head
+from ratelimit_mw.core.rates import GCRA_SPAN_US
 
 MAX_KEY_BYTES = 200
 
@@ -82,7 +83,9 @@ def test_the_hash_tag_depends_only_on_the_identity(
 @given(identity=identities, prefix=prefixes, name=names, algorithm=algorithms)
 def test_every_key_fits_in_200_bytes(identity: str, prefix: str, name: str,
                                      algorithm: str) -> None:
-    policy = rl.Policy([rl.Rate(1, 1), rl.Rate(1, 10**15 // 2)], algorithm=algorithm, name=name,
+    # The longest period each algorithm takes (GCRA's counts µs: core/rates.GCRA_SPAN_US).
+    longest = GCRA_SPAN_US // 1000 if algorithm == "gcra" else 10**15 // 2
+    policy = rl.Policy([rl.Rate(1, 1), rl.Rate(1, longest)], algorithm=algorithm, name=name,
                        penalty=1)
     call = plans.build(plans.HIT, [plans.Check(policy, identity)], prefix)
     for key in call.keys:

@@ -44,11 +44,11 @@ def test_main_lua_holds_no_copy_of_an_algorithm_its_checks_are_written_out_from_
 ) -> None:
     entry = (ROOT / "lua" / "main.lua").read_text(encoding="utf-8")
     source = _scripts.source()
-    for check, line in [("fixed_window", "string.format('%d:%d', start, count + cost), px"),
-                        ("gcra", "string.format('%d', now_us + new_ahead), reset_hit + 1"),
-                        ("sliding_window", "string.format('%d:%d:%d', start, curr + cost, prev)"),
+    for check, line in [("fixed_window", "string.format('%d:%d', start, total), px"),
+                        ("gcra", "string.format('%d', now_us + stored), math.ceil(stored / 1000)"),
+                        ("sliding_window", "string.format('%d:%d:%d', start, total, prev)"),
                         ("sliding_log.sliding_log_count",
-                         "if seen > 0 then later = redis.call('ZCOUNT'"),
+                         "if later == 0 and redis.call('ZSCORE', key, '+') then later = -1"),
                         ("sliding_log.sliding_log_record",
                          "redis.call('ZREMRANGEBYSCORE', key, '-inf'")]:
         assert f"--@inline {check if '.' in check else check + '.check'}(" in entry

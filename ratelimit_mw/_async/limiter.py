@@ -188,6 +188,7 @@ class AsyncLimiter(_Shared):
 
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing."""
+        checks = [_check(*check) for check in checks]
         return await self._decide(*self._compiled_checks(checks))
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
@@ -203,19 +204,19 @@ class AsyncLimiter(_Shared):
                         "conn:" + secrets.token_hex(8))
 
     async def _give_back(self, checks: Sequence[Check], timeout: float | None = None,
-                         token: str | None = None) -> None:
+                         token: str | None = None, charge: str | None = None) -> None:
         """Give back what an admitted `check` recorded (the middleware's count_when, the
         slots a response held), each call within `timeout`; by the hit's `token`, exactly
-        what it recorded."""
-        await self._give_back_all(((checks, token),), timeout)
+        what it recorded; `charge` (a settle's): only within the window it was charged in."""
+        await self._give_back_all(((checks, token),), timeout, charge)
 
     async def _give_back_all(self, hits: Sequence[tuple[Sequence[Check], str | None]],
-                             timeout: float | None = None) -> None:
+                             timeout: float | None = None, charge: str | None = None) -> None:
         """`_give_back` of several admitted hits (the responses that ended in one turn of
         the event loop) in one call, or on a cluster one per identity's slot: every call is
         sent, a node that fails one does not keep the others; then the first error."""
         failed: Exception | None = None
-        for call in self._release_calls(hits):
+        for call in self._release_calls(hits, charge):
             try:
                 await self._backend.arun(call, timeout)
             except Exception as exc:  # noqa: PERF203 (each call is tried; 3.11's try is free)
@@ -264,7 +265,7 @@ class AsyncLimiter(_Shared):
         """`acquire`'s loop for any compiled hit (every try under the same `token`). A
         refusal for a slot in flight is asked about again soon, 10 ms then twice as late up
         to 200 ms: a holder may give its slot back at any moment."""
-        if timeout is not None and (isinstance(timeout, bool) or timeout < 0):
+        if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
             raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
         started = self._monotonic()
         failures = 0
@@ -416,15 +417,22 @@ class Ticket:
         if isinstance(actual, bool) or not isinstance(actual, int) or actual < 0:
             raise ConfigurationError(f"a ticket settles at a whole cost >= 0, got {actual!r}; "
                                      "e.g. ticket.settle(usage.total_tokens)")
+        policy, identity, estimate = self.check
+        if actual > policy.max_cost:  # refused before any I/O: the ticket stays unsettled
+            raise ConfigurationError(plans.cost_bound_message(actual, policy, "settle"))
         if self.settled is not None:
             raise ConfigurationError(f"this ticket was settled at {self.settled} already")
+        # Counted as settled from here: a store error after this may or may not have been
+        # applied, and settling again could charge twice.
         self.settled = actual
-        policy, identity, estimate = self.check
         limiter = self.limiter
         held, self.held = self.held, ()
         if actual < estimate:  # one call gives back the difference and the slot
+            # In the window it was charged in, by the store's clock (none known: as a refund,
+            # from what the window holds now).
+            at_us = self.decision.at_us
             await limiter._give_back((Check(policy, identity, estimate - actual), *held), None,
-                                     self.token)
+                                     self.token, f"{at_us}:{estimate}" if at_us else None)
             return
         if actual > estimate:
             await limiter._backend.arun(

@@ -36,12 +36,19 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ratelimit_mw.backends._log import _Log, _sl_blocked, _sl_first_free, _sl_member, _sl_peak
 from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.rates import COUNT_CAP, GCRA_SPAN_US, MAX_COST
 from ratelimit_mw.core.wire import calendar_window
 
 _SWEEP_PER_CALL = 64
 _SWEEP_PER_MS = 16
 _SWEEP_MAX_MS = 4_096  # at most ~65k entries in one call, however long the backend idled
+
+# As the scripts saturate what a settle in debt leaves (core/rates.py): how far a GCRA TAT runs
+# ahead, in µs, and what a sliding log's costs add above one unit per hit.
+_GCRA_AHEAD_MAX = 2 * GCRA_SPAN_US
+_SL_EXTRA_MAX = MAX_COST
 
 # Reset, refund (an in-flight tier: give its slots back), cancel a booking, renew leases: the
 # operations that decide nothing.
@@ -75,7 +82,8 @@ def _from_text(argv: Sequence[Any]) -> list[Any]:
 
 
 def _members(token: str, cost: int) -> list[str]:
-    """The log's members for one call: "<token>:1" .. "<token>:<cost>"."""
+    """A holder's in-flight slots, or a hit in a log written before costs were kept (one
+    member per unit): "<token>:1" .. "<token>:<cost>"."""
     return [f"{token}:{j}" for j in range(1, cost + 1)]
 
 
@@ -86,130 +94,6 @@ def _sl_spans(tiers: list[_Tier]) -> dict[str, int]:
         if algo == "sl" and spans.get(key, 0) < period:
             spans[key] = period
     return spans
-
-
-class _Log:
-    """A sorted set scored by time: parallel lists of scores and member names, kept in Redis's
-    order (by score, then by member), and the members indexed by name.
-
-    Two flat lists rather than (score, member) pairs: the window counts bisect the scores, and
-    bisecting plain ints is twice as fast. Within one score the names are sorted, so a
-    block of one score is found by bisecting the scores."""
-
-    __slots__ = ("members", "names", "scores")
-
-    def __init__(self) -> None:
-        self.scores: list[int] = []
-        self.names: list[str] = []
-        self.members: dict[str, int] = {}
-
-    @property
-    def entries(self) -> list[tuple[int, str]]:
-        """ZRANGE key 0 -1 WITHSCORES, as (score, member) pairs (for inspection)."""
-        return list(zip(self.scores, self.names, strict=True))
-
-    def times_above(self, floor: int) -> list[int]:
-        return self.scores[bisect.bisect_right(self.scores, floor) :]
-
-    def add(self, score: int, members: list[str]) -> None:
-        """ZADD of `members` at one score: appended after everything logged (the usual hit),
-        else sorted and merged into that score's block, in O(k log k + n) rather than k
-        inserts (Redis orders one score's members by name: a refund without a token takes
-        the last ones)."""
-        known = self.members
-        scores, names = self.scores, self.names
-        if len(members) == 1:
-            member = members[0]
-            if member in known:  # a token used twice: ZADD moves it
-                self.remove(members)
-            known[member] = score
-            if not scores or scores[-1] < score or (scores[-1] == score and names[-1] < member):
-                scores.append(score)
-                names.append(member)
-                return
-        else:
-            members = sorted(members)
-            if not known.keys().isdisjoint(members):
-                self.remove(members)
-            known.update(dict.fromkeys(members, score))
-        lo = bisect.bisect_left(scores, score)
-        hi = bisect.bisect_right(scores, score, lo)
-        block = names[lo:hi] + members
-        block.sort()  # two sorted runs: one linear merge
-        names[lo:hi] = block
-        scores[lo:hi] = [score] * len(block)
-
-    def remove(self, members: list[str]) -> None:
-        """ZREM of `members` in one pass over the span of their scores."""
-        known = self.members
-        gone = {member: known.pop(member) for member in members if member in known}
-        if not gone:
-            return
-        scores, names = self.scores, self.names
-        lo = bisect.bisect_left(scores, min(gone.values()))
-        hi = bisect.bisect_right(scores, max(gone.values()), lo)
-        kept = [i for i in range(lo, hi) if names[i] not in gone]
-        names[lo:hi] = [names[i] for i in kept]
-        scores[lo:hi] = [scores[i] for i in kept]
-
-    def remove_entries(self, start: int, stop: int) -> None:
-        members = self.members
-        for member in self.names[start:stop]:
-            del members[member]
-        del self.names[start:stop]
-        del self.scores[start:stop]
-
-
-def _sl_peak(ts: Sequence[int], period: int, at: int) -> int:
-    """As sl_peak: the windows ending at `at` and at each entry in (at, at + period)."""
-    n = len(ts)
-    best, lo, hi = 0, 0, -1
-    stop = at
-    while True:
-        while hi < n - 1 and ts[hi + 1] <= stop:
-            hi += 1
-        while lo <= hi and ts[lo] <= stop - period:
-            lo += 1
-        best = max(best, hi - lo + 1)
-        if hi >= n - 1 or ts[hi + 1] >= at + period:
-            return best
-        stop = ts[hi + 1]
-
-
-def _sl_blocked(
-    ts: Sequence[int], limit: int, period: int, cost: int, out: list[tuple[int, int]]
-) -> list[tuple[int, int]]:
-    """As sl_blocked: the booking times at which `cost` more would not fit this tier."""
-    full = limit - cost + 1
-    n = len(ts)
-    i = j = count = 0
-    start: int | None = None
-    while j < n:
-        x = ts[j] + 1
-        if i < n and ts[i] - period + 1 < x:
-            x = ts[i] - period + 1
-        while i < n and ts[i] - period + 1 == x:
-            count += 1
-            i += 1
-        while j < n and ts[j] + 1 == x:
-            count -= 1
-            j += 1
-        if start is None and count >= full:
-            start = x
-        elif start is not None and count < full:
-            out.append((start, x + period - 2))
-            start = None
-    return out
-
-
-def _sl_first_free(blocked: list[tuple[int, int]], at: int) -> int:
-    """As sl_first_free: the earliest time from `at` on that no blocked interval covers."""
-    for first, last in sorted(blocked, key=lambda b: b[0]):
-        if first > at:
-            break
-        if last >= at:
-            at = last + 1
-    return at
 
 
 def _fw_window(period: int, cal: str, now: int) -> tuple[int, int]:
@@ -278,7 +162,7 @@ class MemoryBackend:
             n = argv[4]
             if op in _UPKEEP:
                 return [self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now,
-                                     now_us)]
+                                     now_us, argv[3])]
             # Anything else decides, as main.lua. A booking in the past is a booking now.
             at = max(int(argv[3]), now) if op == "B" else now
             checks = self._checks
@@ -316,6 +200,7 @@ class MemoryBackend:
             if not admitted and op != "F":  # F: charged whether or not admitted
                 return self._refused(op, keys, _read_tiers(keys, argv, n), results, bans, at,
                                      now, now_us)
+            reply.append(now_us)  # admitted: the store's clock, as main.lua
             if not record:
                 return reply
             data, expires, scheduled = self._data, self._expires, self._scheduled
@@ -503,15 +388,21 @@ class MemoryBackend:
         reply += extra
 
     def _upkeep(self, op: str, keys: Sequence[str], tiers: list[_Tier], token: str,
-                now: int, now_us: int) -> int:
+                now: int, now_us: int, charge: Any = "") -> int:
         """Reset (X), refund (R), renew (N) or cancel a booking (C): once per key and hit,
-        as main.lua (a batch of R or N names each tier's token, separated by spaces). The
-        reply's one value: 1, or 0 for a renewal that found a slot gone to someone else."""
+        as main.lua (a batch of R or N names each tier's token, separated by spaces). A
+        settle's give-back (R) names its charge, "<µs>:<estimate>" (`charge`): each tier gives
+        back only within the window it was charged in. The reply's one value: 1, or 0 for a
+        renewal that found a slot gone to someone else."""
         if op == "X":
             for key in keys:
                 self._delete(key)
             return 1
         held = 1
+        charged_us = estimate = None
+        if op == "R" and charge != "":
+            when, _, cost_text = str(charge).partition(":")
+            charged_us, estimate = int(when), int(cost_text)
         spans = _sl_spans(tiers)
         tokens = (token.split() if op != "C" and " " in token
                   else itertools.repeat(token, len(tiers)))
@@ -523,21 +414,20 @@ class MemoryBackend:
             done.add((key, token))
             if op == "C":
                 if algo == "sl":
-                    self._sl_refund(key, _members(token, cost), cost, spans[key], now)
+                    self._sl_refund(key, token, cost, spans[key], now)
             elif algo == "cc":
                 if not self._cc_upkeep(op, key, limit, period, cost, token, now):
                     held = 0
             elif op == "N":  # leases are in-flight tiers' only
                 continue
             elif algo == "fw":
-                self._fw_refund(key, period, cost, cal, now)
+                self._fw_refund(key, period, cost, cal, now, charged_us)
             elif algo == "sw":
-                self._sw_refund(key, period, cost, now)
+                self._sw_refund(key, period, cost, now, charged_us)
             elif algo == "gc":
-                self._gc_refund(key, limit, period, cost, now, now_us)
+                self._gc_refund(key, limit, period, cost, now, now_us, charged_us, estimate)
             else:
-                self._sl_refund(key, _members(token, cost) if token else None, cost,
-                                spans[key], now)
+                self._sl_refund(key, token, cost, spans[key], now, estimate)
         return held
 
     # -- concurrency (lua/concurrency.lua): the value is {member: lease end ms} -------------
@@ -606,10 +496,13 @@ class MemoryBackend:
         left = stop - now
         return (ok, limit - count if count < limit else 0,
                 -1 if cost > limit else 0 if ok else left, left if count else 0, left,
-                (start, count + cost), left)
+                (start, count + cost if ok or count + cost <= COUNT_CAP else COUNT_CAP), left)
 
-    def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int) -> None:
+    def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int,
+                   charged_us: int | None = None) -> None:
         start, _ = _fw_window(period, cal, now)
+        if charged_us is not None and _fw_window(period, cal, charged_us // 1000)[0] != start:
+            return  # charged in a window that has ended: nothing to give back
         v = self._get(key, now)
         if v is not None and v[0] == start:
             self._data[key] = (start, max(0, v[1] - cost))  # KEEPTTL, as the script
@@ -646,9 +539,12 @@ class MemoryBackend:
         else:  # this window is full: wait for the next one, where its count is the weight
             retry = period - elapsed + max(0, period - (limit - cost) * period // curr)
         reset = 2 * period - elapsed
+        total = curr + cost
+        if total > limit:  # saturates as sliding_window.lua
+            total = min(total, max(limit, MAX_COST // period))
         return (ok, before if before > 0 else 0, retry,
                 reset if curr else period - elapsed if prev else 0, reset,
-                (start, curr + cost, prev), reset)
+                (start, total, prev), reset)
 
     def _sw_stable(self, key: str, period: int, now: int) -> int:
         """As sw stable: ms until the window ends or the previous window's weight drops."""
@@ -658,10 +554,21 @@ class MemoryBackend:
             return period - elapsed
         return period - (weight - 1) * period // prev - elapsed
 
-    def _sw_refund(self, key: str, period: int, cost: int, now: int) -> None:
+    def _sw_refund(self, key: str, period: int, cost: int, now: int,
+                   charged_us: int | None = None) -> None:
         start, elapsed, curr, prev = self._sw_state(key, period, now)
         if curr == 0 and prev == 0:
             return
+        if charged_us is not None:  # out of the count of the window it was charged in
+            charged = charged_us // 1000
+            origin = charged - charged % period
+            if origin == start:
+                curr = max(0, curr - cost)
+            elif origin == start - period:
+                prev = max(0, prev - cost)
+            else:
+                return
+            cost = 0
         back = max(0, cost - curr)
         curr = max(0, curr - cost)
         self._set(key, (start, curr, max(0, prev - back)), now, 2 * period - elapsed)
@@ -678,9 +585,12 @@ class MemoryBackend:
         ok = after <= tolerance
         reset_hit = -(-after // 1000)
         before = (tolerance - ahead) // interval
+        # What is stored runs at most _GCRA_AHEAD_MAX ahead (a settle in debt), as gcra.lua.
+        kept = after if after <= _GCRA_AHEAD_MAX else _GCRA_AHEAD_MAX
         return (ok, before if before > 0 else 0,
                 -1 if cost > limit else 0 if ok else -(-(after - tolerance) // 1000),
-                -(-ahead // 1000), reset_hit, now_us + after, reset_hit + 1)
+                -(-ahead // 1000), reset_hit, now_us + kept,
+                reset_hit + 1 if kept == after else -(-kept // 1000) + 1)
 
     def _gc_ahead(self, key: str, now: int, now_us: int) -> int:
         tat = self._get(key, now)
@@ -703,8 +613,16 @@ class MemoryBackend:
         return ahead - tolerance + step * interval, retry, ahead
 
     def _gc_refund(self, key: str, limit: int, period: int, cost: int, now: int,
-                   now_us: int) -> None:
-        ahead = self._gc_ahead(key, now, now_us) - cost * -(-period * 1000 // limit)
+                   now_us: int, charged_us: int | None = None,
+                   estimate: int | None = None) -> None:
+        interval = -(-period * 1000 // limit)
+        back = cost * interval
+        if charged_us is not None and estimate is not None:
+            # No more than what of the charge's own emission is still ahead (gcra.lua).
+            back = min(back, charged_us + estimate * interval - now_us)
+            if back <= 0:
+                return
+        ahead = self._gc_ahead(key, now, now_us) - back
         if ahead <= 0:
             self._delete(key)
         else:
@@ -722,29 +640,43 @@ class MemoryBackend:
         if newest <= at:  # nothing ahead of `at`: the window ending there is the fullest
             # (mostly the whole log: it is trimmed to its longest window)
             first = 0 if scores[0] > floor else bisect.bisect_right(scores, floor)
-            peak = len(scores) - first
+            peak = log.units(first) if log.extra else len(scores) - first
             ok = peak + cost <= limit
-            # Else the (peak + cost - limit)-th oldest hit in the window must leave it.
+            # Else the (peak + cost - limit)-th oldest unit in the window must leave it.
             retry = 0 if ok or cost > limit else (
-                scores[first + peak + cost - limit - 1] + period - at)
+                self._sl_leaving(log, first, peak + cost - limit) + period - at)
             reset_hit = at + period - now
         else:  # bookings ahead: the fullest window holding `at`, the first time all fit
-            ts = log.times_above(floor)
-            peak = _sl_peak(ts, period, at)
+            ts, ws = log.times_above(floor)
+            peak = _sl_peak(ts, ws, period, at)
             ok = peak + cost <= limit
             retry = 0 if ok or cost > limit else (
-                _sl_first_free(_sl_blocked(ts, limit, period, cost, []), at) - at)
+                _sl_first_free(_sl_blocked(ts, ws, limit, period, cost, []), at) - at)
             reset_hit = newest + period - now
         return (ok, limit - peak if peak < limit else 0, -1 if cost > limit else retry,
                 newest + period - now, reset_hit, log, 0)
 
+    @staticmethod
+    def _sl_leaving(log: _Log, first: int, need: int) -> int:
+        """The time of the entry holding the `need`-th oldest unit from index `first`."""
+        weights = log.weights
+        if not weights:
+            return log.scores[first + need - 1]
+        for i in range(first, len(log.names)):
+            need -= weights.get(log.names[i], 1)
+            if need <= 0:
+                break
+        return log.scores[i]
+
     def _sl_commit(self, key: str, log: _Log | None, at: int, cost: int, token: str,
                    longest: int, now: int) -> None:
-        """Log `cost` entries at `at`, trim what the longest window no longer sees, and keep
-        the log until its newest entry has left that window (_set, inline)."""
+        """Log the hit, one entry of `cost` at `at`, trim what the longest window no longer
+        sees, and keep the log until its newest entry has left that window (_set, inline)."""
         if log is None:
             log = _Log()
-        log.add(at, [token + ":1"] if cost == 1 else _members(token, cost))
+        if cost > 1 and log.extra + cost - 1 > _SL_EXTRA_MAX:  # saturates as the script
+            cost = _SL_EXTRA_MAX - log.extra + 1
+        log.add(at, [token if cost == 1 else f"{token}#{cost}"], cost)  # _sl_member, inline
         scores = log.scores
         if scores[0] <= now - longest:  # ZREMRANGEBYSCORE -inf (now - longest)
             log.remove_entries(0, bisect.bisect_right(scores, now - longest))
@@ -768,19 +700,31 @@ class MemoryBackend:
         else:
             self._delete(key)  # Redis drops an empty sorted set
 
-    def _sl_refund(self, key: str, members: list[str] | None, cost: int, longest: int,
-                   now: int) -> None:
-        """Remove `members` (a hit whose token is known, a booking), or with None the newest
-        `cost` entries already in the past (never a booking ahead)."""
+    def _sl_refund(self, key: str, token: str, amount: int, longest: int, now: int,
+                   recorded: int | None = None) -> None:
+        """Give back `amount` units: of the hit (or booking) named `token`, which recorded
+        `recorded` (default `amount`), from its own entry (a log written before costs were
+        kept: its members "<token>:1" ..), or without a token from the newest entries already
+        in the past (never a booking ahead)."""
         log: _Log | None = self._get(key, now)
         if log is None:
             return
-        if members is not None:
-            log.remove(members)
-        else:
+        member = _sl_member(token, amount if recorded is None else recorded)
+        if not token:
             upto = bisect.bisect_right(log.scores, now)
-            log.remove_entries(max(0, upto - cost), upto)
+            log.take(range(upto - 1, -1, -1), amount)
+        elif member in log.members:
+            log.take([bisect.bisect_left(log.names, member,
+                                         *self._block(log, log.members[member]))], amount)
+        else:  # ZCARD bounds it in the script, "+" included while the log has costs
+            log.remove(_members(token, min(amount, len(log.names) + (1 if log.extra else 0))))
         self._sl_expire(key, log, longest, now)
+
+    @staticmethod
+    def _block(log: _Log, score: int) -> tuple[int, int]:
+        """The index span of the entries at `score` (names sorted within it)."""
+        lo = bisect.bisect_left(log.scores, score)
+        return lo, bisect.bisect_right(log.scores, score, lo)
 
     def _sl_joint_retry(self, tiers: list[_Tier], results: list[_Result],
                         starts: list[int], at: int, now: int) -> None:
@@ -797,11 +741,11 @@ class MemoryBackend:
             log: _Log | None = self._get(key, now)
             if log is None or log.scores[-1] <= at:
                 continue
-            ts = log.times_above(at - max(tiers[i][2] for i in group))
+            ts, ws = log.times_above(at - max(tiers[i][2] for i in group))
             blocked: list[tuple[int, int]] = []
             for i in group:
                 _, limit, period, cost, *_ = tiers[i]
-                _sl_blocked(ts, limit, period, cost, blocked)
+                _sl_blocked(ts, ws, limit, period, cost, blocked)
             for i in group:
                 ok, before, _, reset_now, reset_hit, value, px = results[i]
                 if not ok:

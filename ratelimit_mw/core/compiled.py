@@ -116,14 +116,16 @@ class Compiled:
 
     def call(self, identities: Sequence[str], now_us: int | None = None,
              token: str | None = None, clock_ms: int = 0, op: str = HIT,
-             at_ms: int | None = None) -> ScriptCall:
+             at_ms: int | str | None = None) -> ScriptCall:
         """The script call of `op` (a hit by default) for these identities, one per check;
         `now_us` overrides Redis's clock (tests), `clock_ms` is the app's clock for a
         calendar's schedule, `token` names a sliding log's members (default: a fresh one for
-        a hit), `at_ms` is a booking's time."""
+        a hit), `at_ms` is a booking's time (for a settle's give-back, its charge: see
+        lua/main.lua's ARGV[4])."""
         # A give-back or a renewal by its hit's token is the hit's call but for its op: the
         # slots of a response are given back once per request.
-        if (op != HIT and (op not in _BY_TOKEN or not token)) or not self.static:
+        if ((op != HIT and (op not in _BY_TOKEN or not token or at_ms is not None))
+                or not self.static):
             if self.log and token is None and op == HIT:
                 token = new_token()
             return build(op, self.checks(identities), self.prefix, now_us=now_us,

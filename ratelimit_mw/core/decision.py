@@ -43,6 +43,8 @@ class Decision(NamedTuple):
     limit and can never be admitted), ``reset_after`` the seconds until the quota is whole
     again. ``policy`` and ``rate`` name the governing tier: the refusing one with the longest
     wait, otherwise the one with the least remaining. ``tiers`` holds every tier's answer.
+    ``at_us`` is the store's clock (µs since the epoch) when it admitted the call, 0 when not
+    known (a refusal): a `Ticket` gives back only within the window it was charged in.
 
     A NamedTuple because one is built for every request: it builds in a third of the time of
     a frozen dataclass. ``bool(decision)`` is ``decision.allowed``.
@@ -59,6 +61,7 @@ class Decision(NamedTuple):
     banned: bool = False
     tiers: tuple[TierState, ...] = ()
     booking: Booking | None = None
+    at_us: int = 0
 
     def __bool__(self) -> bool:
         return self.allowed

@@ -93,9 +93,23 @@ def new_token() -> str:
     return _tokens.next()
 
 
-def validate_cost(cost: int) -> None:
+def validate_cost(cost: int, policy: Policy | None = None, what: str = "cost") -> None:
+    """A cost (an estimate, a settle) is a whole number >= 1, and, for `policy`, no larger
+    than what its store counts exactly (`Policy.max_cost`): raised before any I/O."""
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 1:
-        raise ConfigurationError(f"cost must be a whole number >= 1, got {cost!r}; e.g. cost=2")
+        raise ConfigurationError(f"{what} must be a whole number >= 1, got {cost!r}; "
+                                 "e.g. cost=2")
+    if policy is not None and cost > policy.max_cost:
+        raise ConfigurationError(cost_bound_message(cost, policy, what))
+
+
+def cost_bound_message(cost: int, policy: Policy, what: str = "cost") -> str:
+    """Why `cost` is refused for `policy`: more than it can count (see `Policy.max_cost`)."""
+    if policy.algorithm == "concurrency":
+        return (f"{what}={cost} takes more slots than {policy.name!r} has "
+                f"({policy.max_cost}): it could never be admitted")
+    return (f"{what}={cost:,} is more than {policy.name!r} ({policy.algorithm}) counts "
+            f"exactly: at most {policy.max_cost:,}; see docs/guarantees.md (numeric bounds)")
 
 
 # NamedTuples built once per request skip their generated Python __new__ (a third of their
@@ -109,7 +123,7 @@ def build(
     prefix: str,
     *,
     now_us: int | None = None,
-    at_ms: int | None = None,
+    at_ms: int | str | None = None,
     token: str | None = None,
     clock_ms: int | Callable[[], int] = 0,
     tokens: Sequence[str] | None = None,
@@ -195,7 +209,7 @@ def build(
     ]
     args += tier_args
     booking = None
-    if op == BOOK and at_ms is not None and len(checks) == 1:
+    if op == BOOK and isinstance(at_ms, int) and len(checks) == 1:
         check = checks[0]
         booking = Booking(check.policy, check.identity, token, check.cost, at_ms)
     return ScriptCall(keys, args, tuple(layout), op, booking)
@@ -226,7 +240,8 @@ def decide(call: ScriptCall, reply: Sequence[int]) -> Decision:
                                      banned))
             return _new(Decision, (allowed, rate.limit, remaining, 0.0 if allowed else retry,
                                    reset, policy, rate, identity, banned, (state,),
-                                   call.booking if allowed else None))
+                                   call.booking if allowed else None,
+                                   reply[6] if allowed and len(reply) > 6 else 0))
     return decode_generic(layout, reply, call.booking)
 
 
@@ -264,10 +279,12 @@ def decode_generic(
                 governing, best_remaining, best_reset = state, remaining, reset
     if governing is None:  # refused with every tier admitting: cannot happen, but never crash
         governing = tiers[0]
+    # An admitted reply ends with the store's clock (lua/main.lua).
+    at_us = reply[base] if allowed and len(reply) > base else 0
     return _new(Decision, (allowed, governing.rate.limit, governing.remaining,
                            0.0 if allowed else governing.retry_after, governing.reset_after,
                            governing.policy, governing.rate, governing.identity,
-                           governing.banned, tuple(tiers), booking if allowed else None))
+                           governing.banned, tuple(tiers), booking if allowed else None, at_us))
 
 
 # A refused hit's reply carries, after the five values of each of its n tiers, three more per
@@ -372,6 +389,7 @@ def merge(decisions: Sequence[Decision]) -> Decision:
         identity=chosen.identity,
         banned=chosen.banned,
         tiers=tiers,
+        at_us=chosen.at_us,
     )
 
 

@@ -7,13 +7,14 @@ script arguments, ban and calendar arguments) is the core's business (`core.wire
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Literal, TypeAlias, get_args
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.rates import Rate, parse_rates, unit_ms
+from ratelimit_mw.core.rates import GCRA_SPAN_US, MAX_COST, Rate, emission_us, parse_rates, unit_ms
 
 Algorithm: TypeAlias = Literal["fixed-window", "sliding-log", "sliding-window", "gcra",
                                "concurrency"]
@@ -27,20 +28,50 @@ Penalty: TypeAlias = int | float | str | _dt.timedelta | Callable[[], _dt.dateti
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
 
+# The longest penalty: a ban's end (now + penalty, in ms) stays exact in the scripts' doubles.
+MAX_PENALTY_MS = 2**52
+# The longest in-flight lease, in seconds (31 years): a holder renews every third of it, and a
+# thread waits at most threading.TIMEOUT_MAX (292 years) at once.
+MAX_LEASE = 10**9
+
+
+def _max_cost(algorithm: str, rates: Sequence[Rate]) -> int:
+    """The largest cost a hit, an estimate or a settle of this policy may carry (`MAX_COST`;
+    GCRA: what keeps cost x emission interval within `GCRA_SPAN_US`; in-flight: the slots,
+    one member each)."""
+    if algorithm == "gcra":
+        for rate in rates:
+            if rate.limit * emission_us(rate) > GCRA_SPAN_US:
+                raise ConfigurationError(
+                    f"gcra counts {rate} in microseconds: a period of at most "
+                    f"{GCRA_SPAN_US // 1000 // 86_400_000:,} days fits; use a shorter period or "
+                    f'another algorithm, e.g. Policy("{rate}", algorithm="sliding-window")')
+        return min(GCRA_SPAN_US // emission_us(rate) for rate in rates)
+    if algorithm == "concurrency":
+        return rates[0].limit
+    return MAX_COST
+
+
 def _penalty_ms(penalty: int | float | str | _dt.timedelta) -> int:
     example = 'write penalty=3600, penalty="1 hour" or penalty=timedelta(hours=1)'
     match = _DURATION_RE.match(penalty) if isinstance(penalty, str) else None
     unit = (unit_ms(match[2]) if match[2] else 1_000) if match else None
     if isinstance(penalty, _dt.timedelta):
-        ms = int(penalty.total_seconds() * 1000)
+        amount: float = penalty.total_seconds() * 1000
     elif isinstance(penalty, (int, float)) and not isinstance(penalty, bool):
-        ms = int(penalty * 1000)
+        amount = penalty * 1000
     elif match is not None and unit is not None:
-        ms = int(float(match[1]) * unit)
+        amount = float(match[1]) * unit
     else:
         raise ConfigurationError(f"cannot read the penalty {penalty!r}; {example}")
+    if isinstance(amount, float) and not math.isfinite(amount):
+        raise ConfigurationError(f"penalty must be a finite duration, got {penalty!r}; {example}")
+    ms = int(amount)
     if ms < 1:
         raise ConfigurationError(f"penalty must be positive, got {penalty!r}; {example}")
+    if ms > MAX_PENALTY_MS:
+        raise ConfigurationError(f"penalty must be at most {MAX_PENALTY_MS:,} ms (about 142,000 "
+                                 f"years), got {penalty!r}; {example}")
     return ms
 
 
@@ -59,8 +90,8 @@ class Policy:
     - ``tz``: fixed-window only; tiers of whole days run from local midnight in this IANA zone.
     """
 
-    __slots__ = ("_wire", "algorithm", "name", "penalty", "penalty_ms", "rates", "smallest_limit",
-                 "tz")
+    __slots__ = ("_wire", "algorithm", "max_cost", "name", "penalty", "penalty_ms", "rates",
+                 "smallest_limit", "tz")
 
     def __init__(
         self,
@@ -120,6 +151,7 @@ class Policy:
                 ) from exc
         self.rates: tuple[Rate, ...] = parsed
         self.smallest_limit: int = min(rate.limit for rate in parsed)
+        self.max_cost: int = _max_cost(algorithm, parsed)
         self.algorithm: Algorithm = algorithm
         self.name: str = name
         self.tz: ZoneInfo | None = zone
@@ -138,9 +170,11 @@ class Policy:
             raise ConfigurationError(
                 f"an in-flight limit is a whole number of slots (at least 1), got {slots!r}; "
                 "e.g. concurrency=4")
-        if isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease < 0.01:
+        if (isinstance(lease, bool) or not isinstance(lease, (int, float)) or lease < 0.01
+                or not lease <= MAX_LEASE):
             raise ConfigurationError(
-                f"an in-flight lease is seconds (at least 0.01), got {lease!r}; e.g. lease=60")
+                f"an in-flight lease is seconds (at least 0.01, at most {MAX_LEASE:,}), got "
+                f"{lease!r}; e.g. lease=60")
         return cls([Rate(slots, int(lease * 1000))], algorithm="concurrency",
                    name=name or f"{slots} in flight")
 

@@ -42,6 +42,14 @@ _EXAMPLE = (
 # Lua numbers are doubles: integers above 2**53 stop being exact, and the scripts multiply
 # limits by periods, so we refuse rates whose product could leave the exact range.
 _MAX_EXACT = 2**53
+# The largest cost, estimate or settle of a hit: counts stay exact sums of two such values, and
+# what a window holds saturates at COUNT_CAP (a window that deep in debt refuses until it
+# ends). GCRA adds cost x emission interval (µs) to its TAT: at most GCRA_SPAN_US (71 years)
+# apiece, and how far a TAT runs ahead saturates at 2 x GCRA_SPAN_US, so the TAT (now + that,
+# in µs) stays below 2**53 until the year 2112. docs/guarantees.md lists them.
+MAX_COST = 2**52
+COUNT_CAP = 2**53 - 1
+GCRA_SPAN_US = 2**51
 # The RateLimit headers carry the limit as an RFC 9651 integer: at most 15 digits.
 MAX_LIMIT = 999_999_999_999_999
 # Tiers are joined by ";" (ours), "," or "|" (the spellings of `limits` and Flask-Limiter).
@@ -142,3 +150,8 @@ def parse_rates(text: str) -> tuple[Rate, ...]:
     if not parts:
         raise ConfigurationError(f"empty rate {text!r}; {_EXAMPLE}")
     return tuple(_parse_one(part, text) for part in parts)
+
+
+def emission_us(rate: Rate) -> int:
+    """GCRA's emission interval of `rate` in µs, as lua/gcra.lua computes it (rounded up)."""
+    return -(-rate.period_ms * 1000 // rate.limit)

@@ -63,7 +63,10 @@ def test_the_script_replies_with_integers_only(
             # A nil would have cut it short; a refused hit adds three values per tier for the
             # deny cache.
             per_tier = 8 if op == plans.HIT and reply[0] == 0 else 5
-            assert len(reply) == 1 + per_tier * int(call.args[4])
+            # An admitted call ends with the store's clock (µs).
+            assert len(reply) == 1 + per_tier * int(call.args[4]) + reply[0]
+            if reply[0]:
+                assert reply[-1] == 1_800_000_000_123_456
 
 
 def test_gcra_keeps_every_microsecond_of_its_timestamp(
@@ -286,11 +289,15 @@ def test_a_script_error_is_a_backend_error(redis_client: redis.Redis, prefix: st
         rl.Limiter(backend, prefix=prefix).hit(rl.Policy("1/minute", name="p"), "u")
 
 
-def test_a_large_cost_is_logged_in_chunks(redis_client: redis.Redis, prefix: str) -> None:
+def test_a_large_cost_is_one_member(redis_client: redis.Redis, prefix: str) -> None:
+    """A hit of cost 950 is one member carrying its cost, beside the running total "+"."""
     limiter = rl.Limiter(rl.RedisBackend(redis_client), prefix=prefix, deny_cache=0)
     policy = rl.Policy("1000/minute")
     assert limiter.hit(policy, "u", cost=950).remaining == 50
-    assert redis_client.zcard(keys_of(redis_client, prefix)[0]) == 950
+    log = keys_of(redis_client, prefix)[0]
+    (total, at_total), (hit, _) = redis_client.zrange(log, 0, -1, withscores=True)
+    assert (total, at_total) == (b"+", -949.0)
+    assert hit.decode().partition("#")[2] == "950"
     assert not limiter.hit(policy, "u", cost=51).allowed
     assert limiter.hit(policy, "u", cost=50).remaining == 0
 
@@ -375,7 +382,7 @@ def test_fakeredis_survives_a_script_flush(fake_backend: rl.RedisBackend) -> Non
 
 
 # -- the sliding log's members --------------------------------------------------------------
-def test_log_members_are_unique_per_unit_of_cost_and_trimmed_to_the_longest_tier(
+def test_log_members_are_one_per_hit_and_trimmed_to_the_longest_tier(
     redis_client: redis.Redis, prefix: str, step_clock: StepClock
 ) -> None:
     limiter = rl.Limiter(rl.RedisBackend(redis_client), prefix=prefix, clock=step_clock,
@@ -384,13 +391,15 @@ def test_log_members_are_unique_per_unit_of_cost_and_trimmed_to_the_longest_tier
     key = f"{prefix}:{{u}}:p.sl:log"
     limiter.hit(policy, "u", cost=2)
     limiter.hit(policy, "u")  # the same millisecond: still distinct members
-    members = [m.decode() for m in redis_client.zrange(key, 0, -1)]
-    assert len(members) == len(set(members)) == 3
-    tokens = {m.rsplit(":", 1)[0] for m in members}
-    assert len(tokens) == 2 and sorted(m.rsplit(":", 1)[1] for m in members) == ["1", "1", "2"]
+    entries = [(m.decode(), s) for m, s in redis_client.zrange(key, 0, -1, withscores=True)]
+    # "+" scored minus what costs add above one apiece, then one member per hit.
+    assert entries[0] == ("+", -1.0)
+    members = [m for m, _ in entries[1:]]
+    assert len(members) == len(set(members)) == 2
+    assert sorted(m.partition("#")[2] for m in members) == ["", "2"]
     for _ in range(40):
         step_clock.advance(0.5)
         limiter.hit(policy, "u")
-        scores = [s for _, s in redis_client.zrange(key, 0, -1, withscores=True)]
+        scores = [s for m, s in redis_client.zrange(key, 0, -1, withscores=True) if m != b"+"]
         assert all(s > step_clock.ms - 5_000 for s in scores)  # the longest tier sees them all
         assert len(scores) <= 8

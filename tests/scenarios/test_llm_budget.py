@@ -57,6 +57,14 @@ class FakeLLM(BaseHTTPRequestHandler):
         pass
 
 
+def units_at(client: redis.Redis, log: bytes) -> list[float]:
+    """The time (s) of every unit a sliding log holds: a member "<token>#<cost>" is `cost`
+    units, any other one unit; "+" (the running total of costs) is no entry."""
+    return sorted(score / 1000 for member, score in client.zrange(log, 0, -1, withscores=True)
+                  if member != b"+"
+                  for _ in range(int(member.partition(b"#")[2] or 1)))
+
+
 @pytest.fixture
 def api() -> Iterator[str]:
     FakeLLM.used = []
@@ -80,10 +88,8 @@ def test_four_processes_stay_within_the_token_and_request_budgets(
     logs = {key.decode().split(":")[2].split(".")[0]: key
             for key in redis_client.scan_iter(match=f"{prefix}:*")}
     try:
-        tokens_at = sorted(score / 1000 for _, score in
-                           redis_client.zrange(logs["tokens"], 0, -1, withscores=True))
-        calls_at = sorted(score / 1000 for _, score in
-                          redis_client.zrange(logs["calls"], 0, -1, withscores=True))
+        tokens_at = units_at(redis_client, logs["tokens"])
+        calls_at = units_at(redis_client, logs["calls"])
     finally:
         redis_client.delete(*logs.values())
     used = [tokens for process in per_process for tokens in process]
