@@ -5,13 +5,15 @@
 --       of the policies that have a penalty.
 -- ARGV: [1] op: H hit, P peek, R refund (for an in-flight tier: give its slots back), X reset,
 --           B book (reserve), C cancel a booking, N renew in-flight leases, F charge
---           (a hit recorded whether or not it is admitted: a settled cost's overshoot)
+--           (a hit recorded whether or not it is admitted: a settled cost's overshoot),
+--           Z pause (start each policy's ban for [4] ms from now without a refusal: an
+--           upstream's 429; a ban that ends later stays)
 --       [2] now in microseconds, or "" to read Redis TIME (the normal case)
 --       [3] a token unique to this call (sliding-log members; for C, the booking's token;
 --           for R, the refunded hit's token, or "" for the newest entries); for a batch of
 --           give-backs or renewals (R, N) of several hits, each tier's token, separated by
 --           spaces
---       [4] the booking time in ms for B, else ""
+--       [4] the booking time in ms for B, the pause in ms for Z, else ""
 --       [5] the number of tiers n
 --       then 7 values per tier: algorithm (fw, sl, sw, gc, cc), limit, period ms, cost,
 --       ban key index in KEYS (0: no penalty), ban end ("" none, "d<ms>" a duration from the
@@ -164,6 +166,18 @@ end
 
 if op == 'X' then
   for i = 1, #keys do redis.call('DEL', keys[i]) end
+  return {1}
+end
+
+if op == 'Z' then
+  -- The ban keys follow the n tier keys; each holds its ban's end in ms, as a penalty's.
+  local stop = now + tonumber(argv[4])
+  for i = n + 1, #keys do
+    local current = tonumber(redis.call('GET', keys[i]) or '0')
+    if stop > now and stop > current then
+      redis.call('SET', keys[i], stop, 'PX', stop - now)
+    end
+  end
   return {1}
 end
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, Generic, TypeAlias, TypeVar
 
-from ratelimit_mw._async.limiter import Ticket as AsyncTicket
+from ratelimit_mw._async.limiter import AsyncTicket
 from ratelimit_mw._sync.limiter import Ticket
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.errors import BackendError, ConfigurationError

@@ -279,6 +279,9 @@ class MemoryBackend:
             if op in _UPKEEP:
                 self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now, now_us)
                 return [1]
+            if op == "Z":
+                self._pause(keys[n:], now + int(argv[3]), now)
+                return [1]
             # Anything else decides, as main.lua. A booking in the past is a booking now.
             at = max(int(argv[3]), now) if op == "B" else now
             checks = self._checks
@@ -421,6 +424,13 @@ class MemoryBackend:
             end = self._get(keys[ban - 1], now)
             left = bans[ban] = end - now if end is not None and end > now else 0
         return left
+
+    def _pause(self, ban_keys: Sequence[str], stop: int, now: int) -> None:
+        """Start each ban until `stop` (ms), unless it ends later already (main.lua's Z)."""
+        for key in ban_keys:
+            current = self._get(key, now)
+            if stop > now and stop > int(current or 0):
+                self._set(key, stop, now, stop - now)
 
     def _refused(self, op: str, keys: Sequence[str], tiers: list[_Tier],
                  results: list[_Result], bans: dict[int, int] | None, at: int, now: int,
