@@ -61,7 +61,8 @@ class TransportCore(Throttled[Limiter]):
         if ticket is not None:
             try:
                 meter = self._meter(response)
-                if meter is not None and meter.stream and not raising:
+                if meter is not None and meter.stream and not raising \
+                        and not response.is_closed:  # (a body made in memory is read)
                     # Read as the caller reads it; settled (and the slot given back) on close.
                     response.stream = self._stream(self, response.stream, ticket, meter,
                                                    response.status_code)

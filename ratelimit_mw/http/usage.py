@@ -140,8 +140,8 @@ class Meter:
             return
         kind = parsed.get("type")
         if kind in ("message_start", "message_delta"):  # Anthropic's stream
-            usage = (parsed.get("message") or {}).get("usage") if kind == "message_start" \
-                else parsed.get("usage")
+            holder = parsed.get("message") if kind == "message_start" else parsed
+            usage = holder.get("usage") if isinstance(holder, dict) else None
             if isinstance(usage, dict):
                 self._input = _whole(usage.get("input_tokens")) or self._input
                 self._output = _whole(usage.get("output_tokens")) or self._output

@@ -365,3 +365,20 @@ async def test_the_async_transport_holds_and_gives_back_alike(
 def test_concurrency_must_be_slots_or_an_in_flight_policy(limiter: rl.Limiter) -> None:
     with pytest.raises(rl.ConfigurationError, match="in_flight"):
         RateLimitTransport(limiter, "10/minute", concurrency=rl.Policy("5/minute"))
+
+
+def test_settle_usage_reads_a_stream_through_httpx_as_well(limiter: rl.Limiter) -> None:
+    pytest.importorskip("httpx2")  # the fake provider's module builds httpx2 streams
+    from ._fake_llm import openai_stream
+
+    body = b"".join(openai_stream(70, 30, include_usage=True))
+    tokens = rl.Policy("1000/minute", name="tokens")
+    transport = RateLimitTransport(limiter, tokens, key="llm", cost=200, settle="usage",
+                                   wrapped=httpx.MockTransport(lambda request: httpx.Response(
+                                       200, headers={"content-type": "text/event-stream"},
+                                       stream=httpx.ByteStream(body))))
+    with httpx.Client(transport=transport) as http, \
+            http.stream("POST", "https://llm.example.com/v1/chat") as response:
+        assert limiter.peek(tokens, "llm").remaining == 800  # the estimate, until it ends
+        assert b"[DONE]" in response.read()
+    assert limiter.peek(tokens, "llm").remaining == 900
