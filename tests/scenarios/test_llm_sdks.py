@@ -268,3 +268,27 @@ def test_the_documented_types_pass_mypy_strict(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stdout
     errors = [line for line in result.stdout.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "snippet.py:12: error" in errors[0], result.stdout
+
+
+def test_the_httpx2_module_needs_no_httpx() -> None:
+    """With httpx2 installed and httpx absent (what the SDKs install), the transport imports
+    and serves. (Checked once in a fresh venv too: pip install 'ratelimit_mw[httpx2]'.)"""
+    code = (
+        "import sys, importlib.abc\n"
+        "class NoHttpx(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'httpx' or name.startswith('httpx.'):\n"
+        "            raise ImportError('no httpx here')\n"
+        "sys.meta_path.insert(0, NoHttpx())\n"
+        "import httpx2, ratelimit_mw as rl\n"
+        "from ratelimit_mw.httpx2 import RateLimitTransport\n"
+        "answer = lambda r: httpx2.Response(200, json={'usage': {'total_tokens': 42}})\n"
+        "limiter = rl.Limiter()\n"
+        "t = RateLimitTransport(limiter, '1000/minute', key='k', cost=100, settle='usage',\n"
+        "                       wrapped=httpx2.MockTransport(answer))\n"
+        "httpx2.Client(transport=t).post('https://x.test/')\n"
+        "assert 'httpx' not in sys.modules\n"
+        "print(limiter.peek('1000/minute', 'k').remaining)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip() == "958", result.stderr
