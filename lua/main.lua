@@ -7,7 +7,7 @@
 --           B book (reserve), C cancel a booking, N renew in-flight leases, F charge
 --           (a hit recorded whether or not it is admitted: a settled cost's overshoot),
 --           Z pause (start each policy's ban for [4] ms from now without a refusal: an
---           upstream's 429; a ban that ends later stays)
+--           upstream's 429; a ban that ends later stays; the reply is {1, its end in ms})
 --       [2] now in microseconds, or "" to read Redis TIME (the normal case)
 --       [3] a token unique to this call (sliding-log members; for C, the booking's token;
 --           for R, the refunded hit's token, or "" for the newest entries); for a batch of
@@ -171,14 +171,18 @@ end
 
 if op == 'Z' then
   -- The ban keys follow the n tier keys; each holds its ban's end in ms, as a penalty's.
+  -- Reply: {1, the latest end of them now, in ms}.
   local stop = now + tonumber(argv[4])
+  local latest = stop
   for i = n + 1, #keys do
     local current = tonumber(redis.call('GET', keys[i]) or '0')
-    if stop > now and stop > current then
+    if stop > current then
       redis.call('SET', keys[i], stop, 'PX', stop - now)
+    elseif current > latest then
+      latest = current
     end
   end
-  return {1}
+  return {1, latest}
 end
 
 if op == 'R' or op == 'C' or op == 'N' then

@@ -18,7 +18,7 @@ PLAIN = rl.Policy("100/minute", name="tokens")
 def test_a_pause_refuses_the_policies_that_obey_it_until_it_ends(
         limiter: rl.Limiter, clock: FakeClock) -> None:
     assert limiter.hit(OBEYS, "openai").allowed
-    limiter.pause(PLAIN, "openai", 2)
+    assert limiter.pause(PLAIN, "openai", 2) == clock.now + 2  # its end, on the store's clock
     refused = limiter.hit(OBEYS, "openai")
     assert not refused.allowed and refused.retry_after == 2.0
     assert limiter.hit(OBEYS, "anthropic").allowed  # another identity: not paused
@@ -30,8 +30,8 @@ def test_a_pause_refuses_the_policies_that_obey_it_until_it_ends(
 
 
 def test_a_shorter_pause_never_cuts_a_longer_one(limiter: rl.Limiter, clock: FakeClock) -> None:
-    limiter.pause(OBEYS, "k", 5)
-    limiter.pause(OBEYS, "k", 1)
+    end = limiter.pause(OBEYS, "k", 5)
+    assert limiter.pause(OBEYS, "k", 1) == end  # the longer pause stands
     clock.advance(2)
     assert limiter.hit(OBEYS, "k").retry_after == 3.0
     limiter.pause(OBEYS, "k", 10)  # a longer one lengthens it

@@ -240,20 +240,23 @@ class AsyncLimiter(_Shared):
         """Forget every counter and any ban of this identity under this policy."""
         await self._backend.arun(self._single(plans.RESET, policy, identity))
 
-    async def pause(self, policy: Policy | str, identity: str, seconds: float) -> None:
+    async def pause(self, policy: Policy | str, identity: str, seconds: float) -> float:
         """Refuse this identity under this policy for `seconds` from now, on every limiter
         sharing the store (an upstream's 429 with Retry-After): the ban of a penalty, started
         without a refusal, and ended by itself; a ban that ends later stays. It binds the
         policies of this name and algorithm that have a penalty (``penalty=lambda: None``
-        obeys pauses and starts no ban of its own)."""
+        obeys pauses and starts no ban of its own). Returns when the pause ends, in seconds
+        since the epoch on the store's clock."""
         if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
                 or not 0 < seconds < math.inf):
             raise ConfigurationError(f"a pause lasts a number of seconds > 0, got {seconds!r}; "
                                      "e.g. limiter.pause(policy, identity, 2.5)")
         check = _check(policy, identity, 1)
         self._forget((check,))
-        await self._backend.arun(self._call(self._compile(((check.policy, 1),)), (identity,),
-                                            plans.PAUSE, math.ceil(seconds * 1000)))
+        reply = await self._backend.arun(self._call(
+            self._compile(((check.policy, 1),)), (identity,), plans.PAUSE,
+            math.ceil(seconds * 1000)))
+        return int(reply[1]) / 1000
 
     async def refund(self, policy: Policy | str, identity: str, cost: int = 1) -> None:
         """Give back an admitted hit of `cost` (e.g. a login that turned out to succeed)."""
