@@ -78,6 +78,7 @@ def test_the_pause_a_429_asks_for() -> None:
     assert pause_of(429, {"retry-after": "soon"}, now) is None
     assert pause_of(429, {"retry-after": "-3"}, now) is None
     assert pause_of(503, {"retry-after": "2"}, now) is None  # not a rate limit
+    assert pause_of(429, {"retry-after": "99999999"}, now) == 3600.0  # an hour at most
 
 
 def test_the_pause_a_spent_ratelimit_field_asks_for() -> None:

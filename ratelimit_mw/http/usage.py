@@ -10,7 +10,7 @@
   ``message_delta`` output); `Events` takes the user's own.
 - `pause_of(status, headers)`: the seconds a 429 (or a RateLimit field with nothing left)
   asks every caller to wait: ``Retry-After`` (seconds or an HTTP date), OpenAI's
-  ``retry-after-ms``, the IETF ``RateLimit``/``RateLimit-Reset`` reset.
+  ``retry-after-ms``, the IETF ``RateLimit``/``RateLimit-Reset`` reset; an hour at most.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ __all__ = ["Events", "Meter", "is_event_stream", "pause_of", "usage_of"]
 
 # The fields of the IETF RateLimit header: draft 7's "limit=10, remaining=0, reset=5" and
 # the later drafts' '"default";r=0;t=5'.
+# The longest pause an answer can start: a Retry-After of days is a provider's bug (or a
+# hostile answer), and would stop every process of the fleet for as long.
+MAX_PAUSE = 3600.0
 _FIELD = re.compile(r"\b(remaining|reset|r|t)\s*=\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -170,7 +173,7 @@ def _seconds(text: str | None, now: float) -> float | None:
         if when.tzinfo is None:
             return None
         seconds = when.timestamp() - now
-    return seconds if 0 < seconds < math.inf else None
+    return min(seconds, MAX_PAUSE) if 0 < seconds < math.inf else None
 
 
 def pause_of(status: int, headers: Mapping[str, str], now: float | None = None) -> float | None:
@@ -201,7 +204,7 @@ def pause_of(status: int, headers: Mapping[str, str], now: float | None = None) 
     if remaining != 0:
         return None
     if seconds is None and reset is not None and reset > 0:
-        seconds = reset
+        seconds = min(reset, MAX_PAUSE)
     return seconds
 
 
