@@ -292,3 +292,15 @@ def test_the_httpx2_module_needs_no_httpx() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=120)
     assert result.stdout.strip() == "958", result.stderr
+
+
+def test_wait_out_waits_the_timeout_before_raising(limiter: rl.Limiter, clock: Any) -> None:
+    limiter.pause(TOKENS, "llm", 5)
+    provider = fake()
+    transport = RateLimitTransport(limiter, TOKENS, key="llm", settle="usage", timeout=1,
+                                   wait_out=True, wrapped=httpx2.MockTransport(provider))
+    started = clock.now
+    with httpx2.Client(transport=transport) as http, pytest.raises(rl.RateLimitExceeded) as info:
+        http.post("https://api.openai.test/v1/chat/completions", json={})
+    assert clock.now - started == pytest.approx(1.0)  # waited the timeout, then refused
+    assert info.value.retry_after == pytest.approx(4.0) and provider.answers == []
