@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import redis
-from conftest import FakeClock, keys_under
+from tests.conftest import FakeClock, keys_under
 from support import REDIS_URL
 
 import ratelimit_mw as rl
