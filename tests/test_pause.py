@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 import redis
-from tests.conftest import FakeClock, keys_under
 from support import REDIS_URL
 
 import ratelimit_mw as rl
 from ratelimit_mw.core.errors import ConfigurationError, RateLimitExceeded
+from tests.conftest import FakeClock, keys_under
 
 OBEYS = rl.Policy("100/minute", name="tokens", penalty=lambda: None)
 PLAIN = rl.Policy("100/minute", name="tokens")
