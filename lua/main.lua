@@ -6,15 +6,18 @@
 --       the name sliding_log.lua gives it; declared so that a cluster routes the call).
 -- ARGV: [1] op: H hit, P peek, R refund (for an in-flight tier: give its slots back), X reset,
 --           B book (reserve), C cancel a booking, N renew in-flight leases, F charge
---           (a hit recorded whether or not it is admitted: a settled cost's overshoot)
+--           (a hit recorded whether or not it is admitted: a settled cost's overshoot),
+--           Z pause (start each policy's ban for [4] ms from now without a refusal: an
+--           upstream's 429; a ban that ends later stays; the reply is {1, its end in ms})
 --       [2] now in microseconds, or "" to read Redis TIME (the normal case)
 --       [3] a token unique to this call (sliding-log members; for C, the booking's token;
 --           for R, the refunded hit's token, or "" for the newest entries); for a batch of
 --           give-backs or renewals (R, N) of several hits, each tier's token, separated by
 --           spaces
---       [4] the booking time in ms for B; for R, a settle's give-back: "<us>:<estimate>",
---           when the charge was decided (the store's clock) and what it charged (each tier
---           then gives back only within the window it was charged in); else ""
+--       [4] the booking time in ms for B; the pause in ms for Z; for R, a settle's
+--           give-back: "<us>:<estimate>", when the charge was decided (the store's clock) and
+--           what it charged (each tier then gives back only within the window it was
+--           charged in); else ""
 --       [5] the number of tiers n
 --       then 7 values per tier: algorithm (fw, sl, sw, gc, cc), limit, period ms, cost,
 --       ban key index in KEYS (0: no penalty), ban end ("" none, "d<ms>" a duration from the
@@ -174,6 +177,22 @@ end
 if op == 'X' then
   for i = 1, #keys do redis.call('DEL', keys[i]) end
   return {1}
+end
+
+if op == 'Z' then
+  -- The ban keys follow the n tier keys; each holds its ban's end in ms, as a penalty's.
+  -- Reply: {1, the latest end of them now, in ms}.
+  local stop = now + tonumber(argv[4])
+  local latest = stop
+  for i = n + 1, #keys do
+    local current = tonumber(redis.call('GET', keys[i]) or '0')
+    if stop > current then
+      redis.call('SET', keys[i], stop, 'PX', stop - now)
+    elseif current > latest then
+      latest = current
+    end
+  end
+  return {1, latest}
 end
 
 if op == 'R' or op == 'C' or op == 'N' then

@@ -6,6 +6,8 @@
 """
 
 from ratelimit_mw import keys
+from ratelimit_mw._async.limiter import AsyncTicket
+from ratelimit_mw._sync.limiter import Ticket
 from ratelimit_mw.backends import AsyncRedisBackend, MemoryBackend, RedisBackend
 from ratelimit_mw.core.decision import Booking, Decision, TierState
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
@@ -20,6 +22,7 @@ __all__ = [
     "ALGORITHMS",
     "AsyncLimiter",
     "AsyncRedisBackend",
+    "AsyncTicket",
     "BackendError",
     "Booking",
     "Check",
@@ -31,6 +34,7 @@ __all__ = [
     "Rate",
     "RateLimitExceeded",
     "RedisBackend",
+    "Ticket",
     "TierState",
     "__version__",
     "keys",

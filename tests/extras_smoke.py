@@ -34,6 +34,7 @@ BRINGS: dict[str, frozenset[str]] = {
     "django": frozenset({"django"}),
     "litestar": frozenset({"litestar", "httpx"}),
     "httpx": frozenset({"httpx"}),
+    "httpx2": frozenset({"httpx2"}),
     "prometheus": frozenset({"prometheus_client"}),
     "otel": frozenset({"opentelemetry"}),
 }
@@ -294,6 +295,27 @@ def httpx() -> None:
         raise SystemExit(f"httpx transport: {status}, {calls}")
 
 
+def httpx2() -> None:
+    import httpx2 as httpx2_module
+
+    import ratelimit_mw as rl
+    from ratelimit_mw.httpx2 import RateLimitTransport
+
+    calls: list[str] = []
+
+    def provider(request: httpx2_module.Request) -> httpx2_module.Response:
+        calls.append(str(request.url))
+        return httpx2_module.Response(200, json={"usage": {"total_tokens": 7}})
+
+    transport = RateLimitTransport(rl.Limiter(rl.MemoryBackend()), "100/minute",
+                                   key="llm", settle="usage",
+                                   wrapped=httpx2_module.MockTransport(provider))
+    with httpx2_module.Client(transport=transport) as client:
+        status = client.post("https://api.example.test/v1/chat", json={}).status_code
+    if status != 200 or len(calls) != 1:
+        raise SystemExit(f"httpx2 transport: {status}, {calls}")
+
+
 def prometheus() -> None:
     from prometheus_client import CollectorRegistry
 
@@ -322,7 +344,8 @@ def otel() -> None:
 
 CASES: dict[str, Callable[[], None]] = {
     "none": none, "redis": redis, "starlette": starlette, "fastapi": fastapi, "flask": flask,
-    "django": django, "litestar": litestar, "httpx": httpx, "prometheus": prometheus,
+    "django": django, "litestar": litestar, "httpx": httpx, "httpx2": httpx2,
+    "prometheus": prometheus,
     "otel": otel,
 }
 

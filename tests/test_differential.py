@@ -6,7 +6,9 @@ calendar days and weeks in zones with and without DST, with the app's clock up t
 off the script's; in-flight limits) and a sequence of operations: time advances, hits of
 several policies at once under several identities, peeks, refunds (of a hit by its token:
 in-flight slots given back; several hits' given back in one batched call), lease renewals,
-charges (a hit recorded whether or not admitted), resets, bookings and cancellations, starting
+charges (a hit recorded whether or not admitted), pauses (a ban started without a refusal, as an
+upstream's 429 starts one; obeyed by policies whose penalty starts none of its own), resets,
+bookings and cancellations, starting
 at an ordinary time or hours before a DST change. Each operation is built ONCE (same keys,
 same explicit `now`, same token) and run on both backends; the raw replies must be equal,
 reply for reply. On the real Redis a fresh key prefix per example keeps the shared server
@@ -58,6 +60,10 @@ def _cost(policy: rl.Policy, cost: int) -> int:
     return policy.max_cost if cost == LARGEST else min(cost, policy.max_cost)
 
 
+def _no_ban() -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class Op:
     advance_ms: int
@@ -81,7 +87,8 @@ def policies(draw: st.DrawFn) -> rl.Policy:
     # up, which sort before "<token>:2" in Redis) are admitted and refunded too.
     rates = [rl.Rate(draw(st.sampled_from([1, 2, 3, 4, 5, 40])), period) for period in periods]
     # Penalties shorter than most periods (0.25, 1, 3.5 s) and longer than every one (90 s).
-    penalty = draw(st.sampled_from([None, None, None, 0.25, 1, 3.5, 90]))
+    # `_no_ban`: a penalty that starts no ban of its own, and obeys pauses.
+    penalty = draw(st.sampled_from([None, None, None, 0.25, 1, 3.5, 90, _no_ban]))
     name = f"p{draw(st.integers(0, 10**6))}"
     if algorithm == "concurrency":  # one number of slots, one lease
         return rl.Policy.in_flight(rates[0].limit, lease=periods[0] / 1000, name=name)
@@ -98,7 +105,7 @@ ops = st.builds(
     advance_ms=st.sampled_from([0, 0, 1, 7, 250, 999, 1_000, 1_001, 2_500, 9_999, 61_000,
                                 3_600_000, 43_200_000]),
     kind=st.sampled_from(["hit", "hit", "hit", "hit", "peek", "refund", "uncheck", "reset",
-                          "book", "cancel", "renew", "charge", "release", "settle"]),
+                          "book", "cancel", "renew", "charge", "release", "settle", "pause"]),
     # Costs up to the largest each policy accepts (`_cost`): the sliding log's one member per
     # hit carrying its cost, the saturation of a window charged deep in debt.
     picks=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 2),
@@ -237,6 +244,9 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
                 twin.run(twin.build(plans.RENEW, _checks(hit), token=hit.args[2]))
             elif op.kind == "charge":
                 twin.run(twin.build(plans.CHARGE, checks))
+            elif op.kind == "pause":
+                # For as long as a booking's offset (a non-positive one: a millisecond).
+                twin.run(twin.build(plans.PAUSE, checks, at_ms=max(op.offset_ms, 1)))
             elif op.kind == "reset":
                 twin.run(twin.build(plans.RESET, single))
             elif op.kind == "book" and single[0].policy.algorithm == "sliding-log":

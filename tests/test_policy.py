@@ -129,11 +129,18 @@ def test_a_penalty_callable_gives_an_absolute_end_in_ms() -> None:
     assert wire.ban_end(policy) == f"a{int(end.timestamp() * 1000)}"
 
 
-@pytest.mark.parametrize("end", [dt.datetime(2027, 1, 1), "tomorrow", None])
+@pytest.mark.parametrize("end", [dt.datetime(2027, 1, 1), "tomorrow", 0])
 def test_a_penalty_callable_must_return_an_aware_datetime(end: object) -> None:
     policy = rl.Policy("1/minute", penalty=lambda: end)  # type: ignore[arg-type,return-value]
-    with pytest.raises(rl.ConfigurationError, match="aware datetime"):
+    with pytest.raises(rl.ConfigurationError, match="aware datetime or None"):
         wire.ban_end(policy)
+
+
+def test_a_penalty_callable_returning_none_starts_no_ban() -> None:
+    # It still reads its ban (a pause's), so it is not the static, ban-free form.
+    policy = rl.Policy("1/minute", penalty=lambda: None)
+    assert wire.ban_end(policy) == ""
+    assert not wire.wire(policy).static
 
 
 def _ms(*args: int, zone: str) -> int:

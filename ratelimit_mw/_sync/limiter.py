@@ -11,6 +11,7 @@ from it by ``python scripts/unasync.py``, which the suite checks is current.
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -246,23 +247,45 @@ class Limiter(_Shared):
         """Forget every counter and any ban of this identity under this policy."""
         self._backend.run(self._single(plans.RESET, policy, identity))
 
+    def pause(self, policy: Policy | str, identity: str, seconds: float) -> float:
+        """Refuse this identity under this policy for `seconds` from now, on every limiter
+        sharing the store (an upstream's 429 with Retry-After): the ban of a penalty, started
+        without a refusal, and ended by itself; a ban that ends later stays. It binds the
+        policies of this name and algorithm that have a penalty (``penalty=lambda: None``
+        obeys pauses and starts no ban of its own). Returns when the pause ends, in seconds
+        since the epoch on the store's clock."""
+        if (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                or not 0 < seconds < math.inf):
+            raise ConfigurationError(f"a pause lasts a number of seconds > 0, got {seconds!r}; "
+                                     "e.g. limiter.pause(policy, identity, 2.5)")
+        check = _check(policy, identity, 1)
+        self._forget((check,))
+        reply = self._backend.run(self._call(
+            self._compile(((check.policy, 1),)), (identity,), plans.PAUSE,
+            math.ceil(seconds * 1000)))
+        return int(reply[1]) / 1000
+
     def refund(self, policy: Policy | str, identity: str, cost: int = 1) -> None:
         """Give back an admitted hit of `cost` (e.g. a login that turned out to succeed)."""
         self._backend.run(self._single(plans.REFUND, policy, identity, cost))
 
     def acquire(self, policy: Policy | str, identity: str, cost: int = 1,
-                timeout: float | None = None) -> Decision:
+                timeout: float | None = None, wait_out: bool = False) -> Decision:
         """Wait until a hit is admitted; RateLimitExceeded if it cannot be within `timeout`.
 
-        The wait is each refusal's retry_after with jitter (`plans.acquire_wait`). Backend
+        A refusal whose wait would end past the timeout raises at once (its
+        ``retry_after`` says how long the quota is away), unless `wait_out`: then the rest
+        of the timeout is slept and the hit tried once more before raising. The wait is
+        each refusal's retry_after with jitter (`plans.acquire_wait`). Backend
         errors are retried with backoff while `timeout` leaves time (`plans.backoff_wait`),
         then raised as BackendError; at once when no timeout is given, since waiting for
         quota must not turn into waiting forever for a store that is down."""
         return self._wait(self._compiled_hit(policy, identity, cost), (identity,),
-                                timeout)
+                                timeout, wait_out=wait_out)
 
     def _wait(self, compiled: Compiled, identities: Sequence[str],
-              timeout: float | None, token: str | None = None) -> Decision:
+              timeout: float | None, token: str | None = None, *,
+              wait_out: bool = False) -> Decision:
         """`acquire`'s loop for any compiled hit (every try under the same `token`). A
         refusal for a slot in flight is asked about again soon, 10 ms then twice as late up
         to 200 ms: a holder may give its slot back at any moment."""
@@ -289,7 +312,7 @@ class Limiter(_Shared):
             if decision.policy is not None and decision.policy.algorithm == "concurrency":
                 cap, poll = poll, min(poll * 2, 0.2)
             wait = plans.acquire_wait(decision, self._monotonic() - started, timeout, self._rng,
-                                      cap)
+                                      cap, wait_out)
             if wait is None:
                 raise RateLimitExceeded(decision)
             self._sleep(wait)
@@ -316,12 +339,14 @@ class Limiter(_Shared):
     def charge(self, policy: Policy | str, identity: str, estimate: int, *,
                calls: Policy | str | None = None,
                concurrency: Policy | int | None = None,
-               timeout: float | None = None) -> Ticket:
+               timeout: float | None = None, wait_out: bool = False) -> Ticket:
         """Reserve an `estimate` of a cost known only afterwards (an LLM call's tokens),
         waiting as `acquire` does; settle it with ``ticket.settle(actual)``. In the
         same atomic call, `calls` counts the call itself (e.g. "500/minute" requests beside
         "90000/minute" tokens) and `concurrency` takes a slot of this identity's in-flight
-        limit (N, or `Policy.in_flight`), held until the ticket is settled or released."""
+        limit (N, or `Policy.in_flight`), held until the ticket is settled or released.
+        `timeout` and `wait_out` are `acquire`'s: a wait longer than the timeout raises
+        RateLimitExceeded at once (with its ``retry_after``) unless `wait_out`."""
         check = _check(policy, identity, estimate)
         items = [(check.policy, estimate)]
         if calls is not None:
@@ -337,7 +362,8 @@ class Limiter(_Shared):
             items.append((slots, 1))
         compiled = self._compile(items)
         token = compiled.token() or ""
-        decision = self._wait(compiled, (identity,) * len(items), timeout, token)
+        decision = self._wait(compiled, (identity,) * len(items), timeout, token,
+                                    wait_out=wait_out)
         return Ticket(self, check, token, decision, held)
 
     def ping(self) -> dict[str, Any]:

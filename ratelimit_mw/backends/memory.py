@@ -163,6 +163,8 @@ class MemoryBackend:
             if op in _UPKEEP:
                 return [self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now,
                                      now_us, argv[3])]
+            if op == "Z":
+                return [1, self._pause(keys[n:], now + int(argv[3]), now)]
             # Anything else decides, as main.lua. A booking in the past is a booking now.
             at = max(int(argv[3]), now) if op == "B" else now
             checks = self._checks
@@ -306,6 +308,18 @@ class MemoryBackend:
             end = self._get(keys[ban - 1], now)
             left = bans[ban] = end - now if end is not None and end > now else 0
         return left
+
+    def _pause(self, ban_keys: Sequence[str], stop: int, now: int) -> int:
+        """Start each ban until `stop` (ms), unless it ends later already (main.lua's Z):
+        the latest end of them now."""
+        latest = stop
+        for key in ban_keys:
+            current = int(self._get(key, now) or 0)
+            if stop > current:
+                self._set(key, stop, now, stop - now)
+            elif current > latest:
+                latest = current
+        return latest
 
     def _refused(self, op: str, keys: Sequence[str], tiers: list[_Tier],
                  results: list[_Result], bans: dict[int, int] | None, at: int, now: int,

@@ -21,10 +21,13 @@ class BackendError(Exception):
 
 
 class RateLimitExceeded(Exception):
-    """Raised by `acquire` when the quota will not be granted in time; carries the Decision."""
+    """Raised by `acquire` (and `charge`, the transports) when the quota will not be granted
+    in time; carries the Decision, and its ``retry_after``: how many seconds from the refusal
+    until a retry may be admitted (``inf``: never), to sleep before trying again."""
 
     def __init__(self, decision: Decision) -> None:
         super().__init__(
             f"rate limit exceeded for {decision.policy!r}: retry after {decision.retry_after:.3f}s"
         )
         self.decision = decision
+        self.retry_after: float = decision.retry_after

@@ -32,6 +32,7 @@ BOOK = "B"
 CANCEL = "C"
 RENEW = "N"  # push an in-flight holder's leases on
 CHARGE = "F"  # a hit recorded whether or not admitted: what a settled cost overshot
+PAUSE = "Z"  # start (or lengthen) the ban of each check's policy, without a refusal
 
 # Algorithms whose calls name their members by a token: a sliding log's entries, an in-flight
 # limit's slots (given back, renewed by the same token).
@@ -169,12 +170,12 @@ def build(
         if tokens is not None:
             tier_tokens += [tokens[position]] * len(form.suffixes)
         layout.append((policy, identity))
-        if form.static:
+        if form.static and op != PAUSE:
             tier_args += form.static_args(cost)
             continue
         ban_index = 0
         ban = ""
-        if policy.penalty is not None:
+        if policy.penalty is not None or op == PAUSE:
             # One KEYS entry per ban key: two policies of one name (and algorithm) share
             # their counters and their ban, so a ban one starts must bind the other in the
             # same reply, as it will in every later one (the deny cache replays that reply).
@@ -395,14 +396,16 @@ def merge(decisions: Sequence[Decision]) -> Decision:
 
 def acquire_wait(
     decision: Decision, waited: float, timeout: float | None, rng: random.Random,
-    cap: float | None = None,
+    cap: float | None = None, wait_out: bool = False,
 ) -> float | None:
     """How long `acquire` sleeps before trying again, or None to give up now.
 
     The wait is the decision's retry_after plus up to 10% (at most 50 ms) of jitter, so that a
     fleet refused together does not retry in lockstep; the jitter never carries the wait past
     the timeout (the retry is admitted by then, and the caller was promised an answer).
-    `cap`: the longest wait, for a refusal that may lift sooner than it says.
+    `cap`: the longest wait, for a refusal that may lift sooner than it says. `wait_out`: a
+    wait past the timeout sleeps what is left of it instead (then one more try), so that a
+    caller given a bound waits that long rather than giving up at once.
     """
     retry = decision.retry_after
     if retry == math.inf:
@@ -410,7 +413,8 @@ def acquire_wait(
     if cap is not None and retry > cap:  # asked again sooner than the refusal says
         retry = cap
     if timeout is not None and waited + retry > timeout:
-        return None
+        left = timeout - waited
+        return left if wait_out and left > 0.001 else None
     jitter = rng.uniform(0.0, min(0.05, retry * 0.1 + 0.001))
     if timeout is not None:
         jitter = min(jitter, timeout - waited - retry)

@@ -23,7 +23,8 @@ ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)[:4]
 DEFAULT_ALGORITHM: Algorithm = "sliding-log"
 DEFAULT_LEASE = 60.0  # seconds an in-flight slot is held at most without a renewal
 
-Penalty: TypeAlias = int | float | str | _dt.timedelta | Callable[[], _dt.datetime] | None
+Penalty: TypeAlias = (int | float | str | _dt.timedelta | Callable[[], _dt.datetime | None]
+                      | None)
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 
@@ -86,7 +87,9 @@ class Policy:
     - ``name``: names the counters (two policies with one name and algorithm share them) and
       the headers; defaults to the rate text.
     - ``penalty``: refuse every hit for this long after a refusal: seconds, ``"1 hour"``, a
-      ``timedelta``, or a zero-argument callable returning an aware datetime (the ban's end).
+      ``timedelta``, or a zero-argument callable returning an aware datetime (the ban's end)
+      or None (no ban for this refusal). A policy with a penalty also obeys the pauses that
+      ``limiter.pause`` sets (a provider's 429): ``penalty=lambda: None`` obeys them only.
     - ``tz``: fixed-window only; tiers of whole days run from local midnight in this IANA zone.
     """
 

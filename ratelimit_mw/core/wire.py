@@ -175,15 +175,18 @@ def code(policy: Policy) -> str:
 
 
 def ban_end(policy: Policy) -> str:
-    """The ban argument for a hit: "" (no penalty), "d<ms>" or "a<absolute ms>"."""
+    """The ban argument for a hit: "" (no penalty, or a callable's None: no ban starts),
+    "d<ms>" or "a<absolute ms>"."""
     if policy.penalty is None:
         return ""
     if policy.penalty_ms:
         return f"d{policy.penalty_ms}"
     end = policy.penalty()  # type: ignore[operator]
+    if end is None:
+        return ""
     if not isinstance(end, _dt.datetime) or end.tzinfo is None or end.utcoffset() is None:
         raise ConfigurationError(
-            f"the penalty callable of {policy.name!r} must return an aware datetime, got "
-            f"{end!r}; e.g. lambda: datetime.now(ZoneInfo('Asia/Shanghai')).replace(...)"
+            f"the penalty callable of {policy.name!r} must return an aware datetime or None, "
+            f"got {end!r}; e.g. lambda: datetime.now(ZoneInfo('Asia/Shanghai')).replace(...)"
         )
     return f"a{int(end.timestamp() * 1000)}"

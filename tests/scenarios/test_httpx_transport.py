@@ -230,19 +230,36 @@ def test_the_actual_cost_is_settled_from_the_response(limiter: rl.Limiter) -> No
     assert limiter.peek(calls, "llm").remaining == 7
 
 
-def test_a_response_that_cannot_say_keeps_its_estimate(limiter: rl.Limiter,
-                                                       caplog: Any) -> None:
+def test_a_refusal_that_cannot_say_costs_nothing_unless_told(limiter: rl.Limiter,
+                                                             caplog: Any) -> None:
     tokens = rl.Policy("1000/minute", name="tokens")
     transport = RateLimitTransport(limiter, tokens, key="llm", cost=200, settle=total_tokens,
                                    wrapped=httpx.MockTransport(LLM([])))
     with httpx.Client(transport=transport) as http:
         assert http.post("https://llm.example.com/v1/chat").status_code == 500
+    assert limiter.peek(tokens, "llm").remaining == 1000  # a 500 used no tokens
+    assert "the estimate stays charged" not in caplog.text
+    transport = RateLimitTransport(limiter, tokens, key="llm", cost=200, settle=total_tokens,
+                                   refusals="estimate", wrapped=httpx.MockTransport(LLM([])))
+    with httpx.Client(transport=transport) as http:
+        assert http.post("https://llm.example.com/v1/chat").status_code == 500
+    assert limiter.peek(tokens, "llm").remaining == 800
+
+
+def test_an_answer_that_cannot_say_keeps_its_estimate(limiter: rl.Limiter,
+                                                      caplog: Any) -> None:
+    tokens = rl.Policy("1000/minute", name="tokens")
+    transport = RateLimitTransport(
+        limiter, tokens, key="llm", cost=200, settle=total_tokens,
+        wrapped=httpx.MockTransport(lambda request: httpx.Response(200, json={})))
+    with httpx.Client(transport=transport) as http:
+        assert http.post("https://llm.example.com/v1/chat").status_code == 200
     assert limiter.peek(tokens, "llm").remaining == 800
     assert "the estimate stays charged" in caplog.text
 
 
 def test_settle_must_be_a_function_of_the_response(limiter: rl.Limiter) -> None:
-    with pytest.raises(rl.ConfigurationError, match="settle is a callable"):
+    with pytest.raises(rl.ConfigurationError, match='settle is "usage"'):
         RateLimitTransport(limiter, "10/minute", settle=5)  # type: ignore[arg-type]
 
 
@@ -296,7 +313,7 @@ def test_a_request_that_fails_gives_its_slot_back(limiter: rl.Limiter) -> None:
 def test_a_long_body_renews_the_lease_while_it_is_read(
     limiter: rl.Limiter, clock: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ratelimit_mw.httpx as module
+    import ratelimit_mw._sync.transport as module
 
     ticks = iter(range(0, 10_000, 25))  # the transport's clock: 25 s a look
     monkeypatch.setattr(module.time, "monotonic", lambda: float(next(ticks)))
@@ -348,3 +365,20 @@ async def test_the_async_transport_holds_and_gives_back_alike(
 def test_concurrency_must_be_slots_or_an_in_flight_policy(limiter: rl.Limiter) -> None:
     with pytest.raises(rl.ConfigurationError, match="in_flight"):
         RateLimitTransport(limiter, "10/minute", concurrency=rl.Policy("5/minute"))
+
+
+def test_settle_usage_reads_a_stream_through_httpx_as_well(limiter: rl.Limiter) -> None:
+    pytest.importorskip("httpx2")  # the fake provider's module builds httpx2 streams
+    from ._fake_llm import openai_stream
+
+    body = b"".join(openai_stream(70, 30, include_usage=True))
+    tokens = rl.Policy("1000/minute", name="tokens")
+    transport = RateLimitTransport(limiter, tokens, key="llm", cost=200, settle="usage",
+                                   wrapped=httpx.MockTransport(lambda request: httpx.Response(
+                                       200, headers={"content-type": "text/event-stream"},
+                                       stream=httpx.ByteStream(body))))
+    with httpx.Client(transport=transport) as http, \
+            http.stream("POST", "https://llm.example.com/v1/chat") as response:
+        assert limiter.peek(tokens, "llm").remaining == 800  # the estimate, until it ends
+        assert b"[DONE]" in response.read()
+    assert limiter.peek(tokens, "llm").remaining == 900
