@@ -357,6 +357,18 @@ class _Shared:
                          time.perf_counter() - started)
         return decision
 
+    def _admitted(self, decision: Decision, compiled: Compiled, identities: Sequence[str],
+                  checks: tuple[Check, ...] | None, started: float) -> Decision:
+        """An admitted hit that the store decided as a Decision (its `hitter`): the deny cache
+        drops what it held for its pairs (the hit wrote), the metrics hear of it."""
+        if checks is None:
+            checks = compiled.checks(identities)
+        if self._deny is not None:
+            self._deny.forget(checks)
+        if self.metrics is not None:
+            self._report(checks, ADMITTED, time.perf_counter() - started)
+        return decision
+
     def _failed(self, checks: Sequence[Check], started: float) -> None:
         self._report(checks, BACKEND_ERROR, time.perf_counter() - started)
 

@@ -102,10 +102,21 @@ class Limiter(_Shared):
         sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
                                        else now_us)
         started = time.perf_counter() if metrics is not None else 0.0
+        backend = self._backend
+        hit = compiled.hitter(backend)
+        if hit is not None:  # the store's own hit (in process): its Decision, or a refusal
+            answer = hit(identities, now_us, token)
+            if type(answer) is Decision:
+                if metrics is None and (deny is None or not deny.index):
+                    return answer
+                return self._admitted(answer, compiled, identities, checks, started)
+            call = compiled.call(identities, now_us, token or "")
+            return self._settled(call, compiled, identities, checks, answer, sent, cached,
+                                 started)
         call = compiled.call(identities, now_us, token,
                              0 if compiled.static else self._clock_ms())
         try:
-            reply = self._backend.run(call, timeout)
+            reply = backend.run(call, timeout)
         except BackendError:
             self._failed(checks or compiled.checks(identities), started)
             raise

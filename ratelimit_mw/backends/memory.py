@@ -34,10 +34,17 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ratelimit_mw.core.compiled import Compiled
+    from ratelimit_mw.core.policy import Policy
+    from ratelimit_mw.core.rates import Rate
 
 from ratelimit_mw.backends._log import _Log, _sl_blocked, _sl_first_free, _sl_member, _sl_peak
-from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.decision import Decision, TierState
+from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
+from ratelimit_mw.core.plans import ScriptCall, admitted_decision, new_token
 from ratelimit_mw.core.rates import COUNT_CAP, GCRA_SPAN_US, MAX_COST
 from ratelimit_mw.core.wire import calendar_window
 
@@ -60,6 +67,10 @@ _Tier = tuple[str, int, int, int, int, str, str, str]
 # never), reset ms now, reset ms after the hit, then the value phase 2 stores and its ms to
 # live (a sliding log: the log as read, or None, and 0: `_sl_commit` writes it).
 _Result = tuple[bool, int, int, int, int, Any, int]
+# A compiled hit on this store: (identities, now µs or None, token or None) -> the Decision
+# of an admitted hit, or a refusal's reply (main.lua's).
+Hitter = Callable[[Sequence[str], "int | None", "str | None"], "Decision | list[int]"]
+_new = tuple.__new__
 
 
 def _read_tiers(keys: Sequence[str], argv: Sequence[Any], n: int) -> list[_Tier]:
@@ -165,59 +176,196 @@ class MemoryBackend:
                                      now_us, argv[3])]
             # Anything else decides, as main.lua. A booking in the past is a booking now.
             at = max(int(argv[3]), now) if op == "B" else now
-            checks = self._checks
-            record = op != "P"
-            reply = [1]  # as if admitted: after the hit if it is recorded
-            results: list[_Result] = []
-            logs: dict[str, int] | None = None  # per log: the longest period reading it
-            bans: dict[int, int] | None = None  # per ban index: ms left (0: none)
-            admitted = True
-            b = 5
-            for key in keys[:n]:
-                algo = argv[b]
-                cost = argv[b + 3]
-                ok, before, retry, reset_now, reset_hit, _, _ = result = checks[algo](
-                    key, argv[b + 1], argv[b + 2], cost, argv[b + 6], at, now, now_us)
-                results.append(result)
-                if ban := argv[b + 4]:  # a penalty: under its ban a tier refuses (checked anyway)
-                    if bans is None:
-                        bans = {}
-                    if self._ban_left(bans, keys, ban, now):
-                        ok = False
-                if not ok:
-                    admitted = False
-                elif record:
-                    reply += (1, before - cost, retry, reset_hit, 0)
-                else:
-                    reply += (1, before, retry, reset_now, 0)
-                if algo == "sl":
-                    period = argv[b + 2]
-                    if logs is None:
-                        logs = {key: period}
-                    elif logs.get(key, 0) < period:
-                        logs[key] = period
-                b += 7
+            tiers = _read_tiers(keys, argv, n)
+            admitted, results, logs, bans = self._check_all(keys, tiers, at, now, now_us)
             if not admitted and op != "F":  # F: charged whether or not admitted
-                return self._refused(op, keys, _read_tiers(keys, argv, n), results, bans, at,
-                                     now, now_us)
-            reply.append(now_us)  # admitted: the store's clock, as main.lua
-            if not record:
+                return self._refused(op, keys, tiers, results, bans, at, now, now_us)
+            if op == "P":
+                reply = [1]
+                for ok, before, retry, reset_now, _, _, _ in results:
+                    reply += (1 if ok else 0, before, retry, reset_now, 0)
+                reply.append(now_us)
                 return reply
-            data, expires, scheduled = self._data, self._expires, self._scheduled
-            for i, result in enumerate(results):
-                key = keys[i]
-                if px := result[6]:  # _set, inline: SET value PX px
+            self._commit(keys, tiers, results, logs, argv[2], at, now)
+            if op == "F":
+                return [1]
+            reply = [1]
+            for (_, before, retry, _, reset_hit, _, _), tier in zip(results, tiers, strict=True):
+                reply += (1, before - tier[3], retry, reset_hit, 0)
+            reply.append(now_us)  # admitted: the store's clock, as main.lua
+            return reply
+        finally:
+            lock.release()
+
+    def _check_all(self, keys: Sequence[str], tiers: Sequence[_Tier], at: int, now: int,
+                   now_us: int) -> tuple[bool, list[_Result], dict[str, int] | None,
+                                         dict[int, int] | None]:
+        """Phase 1 of main.lua: every tier's check, writing nothing (a tier under its ban
+        refuses, checked anyway). Whether all admit, the checks' results, the longest
+        period reading each log, and the bans read (ms left per ban index)."""
+        checks = self._checks
+        results: list[_Result] = []
+        logs: dict[str, int] | None = None
+        bans: dict[int, int] | None = None
+        admitted = True
+        for algo, limit, period, cost, ban, _, cal, key in tiers:
+            result = checks[algo](key, limit, period, cost, cal, at, now, now_us)
+            results.append(result)
+            if not result[0]:
+                admitted = False
+            if ban:
+                if bans is None:
+                    bans = {}
+                if self._ban_left(bans, keys, ban, now):
+                    admitted = False
+            if algo == "sl":
+                if logs is None:
+                    logs = {key: period}
+                elif logs.get(key, 0) < period:
+                    logs[key] = period
+        return admitted, results, logs, bans
+
+    def _commit(self, keys: Sequence[str], tiers: Sequence[_Tier], results: list[_Result],
+                logs: dict[str, int] | None, token: str, at: int, now: int) -> None:
+        """Phase 2 of main.lua, every tier having admitted: store what each check computed
+        (a counter or a TAT as main.lua SETs it, slots through `_cc_take`, a log once, by the
+        first of its tiers, for the longest period reading it)."""
+        data, expires, scheduled = self._data, self._expires, self._scheduled
+        for result, tier in zip(results, tiers, strict=True):
+            key = tier[7]
+            if px := result[6]:  # _set, inline: SET value PX px
+                data[key] = result[5]
+                expires[key] = until = now + px
+                if key not in scheduled:
+                    self._schedule(key, until)
+            elif tier[0] == "cc":
+                self._cc_take(key, tier[2], tier[3], token, now)
+            elif logs is not None and (longest := logs.pop(key, 0)):  # a sliding log
+                self._sl_commit(key, result[5], at, tier[3], token, longest, now)
+
+    # -- the typed hit: a Compiled's tiers read once, each hit straight to its Decision ------
+    def hitter(self, compiled: Compiled) -> Hitter | None:
+        """The hit of `compiled` on this store, for the limiter to cache per (Compiled,
+        backend): the same checks and writes as `run` (`_check_all`, `_commit`), its tiers
+        typed once here, its answer the `Decision` of an admitted hit, or a refusal's reply
+        as main.lua's (the deny cache keeps that). None where the arguments vary per
+        request (a penalty's end, a calendar's schedule) or a policy is named twice: then
+        the limiter builds the call and `run` answers it, as it does for a subclass with a
+        `run` or `arun` of its own."""
+        cls = type(self)
+        if (not compiled.static or cls.run is not MemoryBackend.run
+                or cls.arun is not MemoryBackend.arun):  # a subclass watching its calls
+            return None
+        tail = compiled.tail
+        prefix = compiled.prefix
+        suffixes = compiled.key_suffixes
+        n = int(tail[0])
+        tiers: list[tuple[str, int, int, int, int, str, str]] = [
+            tuple(tail[1 + 7 * i: 8 + 7 * i]) for i in range(n)]  # type: ignore[misc]
+        # Per tier: which identity it reads, its policy and rate (the Decision's layout).
+        owners = [(i, policy, rate) for i, policy in enumerate(compiled.policies)
+                  for rate in policy.rates]
+        if n == 1:
+            return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2])
+        lock = self._lock
+        due_times = self._due_times
+        log = compiled.log
+
+        def hit(identities: Sequence[str], now_us: int | None,
+                token: str | None) -> Decision | list[int]:
+            if len(identities) == 1:
+                identity = identities[0]
+                # encode_identity, its cache asked here: the same clients come back.
+                encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
+                           else encode_identity(identity))
+                head = f"{prefix}:{{{encoded}}}:"
+                keys = [head + suffix for suffix in suffixes[0]]
+            else:
+                keys = [f"{prefix}:{{{encode_identity(identity)}}}:{suffix}"
+                        for identity, each in zip(identities, suffixes, strict=True)
+                        for suffix in each]
+            typed = [(*tier, key) for tier, key in zip(tiers, keys, strict=True)]
+            if log and not token:
+                token = new_token()
+            lock.acquire()
+            try:
+                if now_us is None:
+                    now_us = time.time_ns() // 1000
+                now = now_us // 1000
+                if due_times and due_times[0] <= now:
+                    self._sweep(now, now - self._called_at)
+                self._called_at = now
+                admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
+                if not admitted:
+                    return self._refused("H", keys, typed, results, None, now, now, now_us)
+                self._commit(keys, typed, results, logs, token or "", now, now)
+            finally:
+                lock.release()
+            states = []
+            for (_, before, _, _, reset_hit, _, _), tier, (i, policy, rate) in zip(
+                    results, tiers, owners, strict=True):
+                left = before - tier[3]
+                states.append(_new(TierState, (policy, rate, identities[i], True,
+                                               left if left > 0 else 0, 0.0, reset_hit / 1000,
+                                               False)))
+            return admitted_decision(states, now_us)
+
+        return hit
+
+    def _one_tier(self, compiled: Compiled, tier: tuple[str, int, int, int, int, str, str],
+                  policy: Policy, rate: Rate) -> Hitter:
+        """`hitter` for one policy of one rate (most routes): the same check and writes, the
+        loops over tiers unrolled."""
+        prefix = compiled.prefix
+        suffix = compiled.key_suffixes[0][0]
+        algo, limit, period, cost, _, _, cal = tier
+        check = self._checks[algo]
+        lock = self._lock
+        due_times = self._due_times
+        data, expires, scheduled = self._data, self._expires, self._scheduled
+        log = compiled.log
+        rate_limit = rate.limit
+
+        def hit(identities: Sequence[str], now_us: int | None,
+                token: str | None) -> Decision | list[int]:
+            identity = identities[0]
+            key = (f"{prefix}:{{{encode_short(identity)}}}:{suffix}"
+                   if len(identity) <= CACHED_LENGTH
+                   else f"{prefix}:{{{encode_identity(identity)}}}:{suffix}")
+            if log and not token:
+                token = new_token()
+            lock.acquire()
+            try:
+                if now_us is None:
+                    now_us = time.time_ns() // 1000
+                now = now_us // 1000
+                if due_times and due_times[0] <= now:
+                    self._sweep(now, now - self._called_at)
+                self._called_at = now
+                result = check(key, limit, period, cost, cal, now, now, now_us)
+                if not result[0]:
+                    return self._refused("H", [key], [(*tier, key)], [result], None, now, now,
+                                         now_us)
+                if px := result[6]:  # as `_commit`, for a value with a time to live
                     data[key] = result[5]
                     expires[key] = until = now + px
                     if key not in scheduled:
                         self._schedule(key, until)
-                elif argv[5 + 7 * i] == "cc":
-                    self._cc_take(key, argv[7 + 7 * i], argv[8 + 7 * i], argv[2], now)
-                elif logs is not None and (longest := logs.pop(key, 0)):  # a sliding log
-                    self._sl_commit(key, result[5], at, argv[8 + 7 * i], argv[2], longest, now)
-            return [1] if op == "F" else reply
-        finally:
-            lock.release()
+                else:  # a log or slots
+                    self._commit([key], [(*tier, key)], [result],
+                                 {key: period} if algo == "sl" else None, token or "", now, now)
+            finally:
+                lock.release()
+            left = result[1] - cost
+            if left < 0:
+                left = 0
+            reset = result[4] / 1000
+            return _new(Decision, (True, rate_limit, left, 0.0, reset, policy, rate, identity,
+                                   False, (_new(TierState, (policy, rate, identity, True, left,
+                                                            0.0, reset, False)),),
+                                   None, now_us))
+
+        return hit
 
     async def arun(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
         # Pure CPU for a few microseconds under a lock held only by such calls: no await needed.
