@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 # of an admitted hit, or a refusal's reply (main.lua's).
 Hitter = Callable[[Sequence[str], "int | None", "str | None"], "Decision | list[int]"]
 _new = tuple.__new__
+_KEYS_KEPT = 16_384  # per one-tier selection, as encode_short's cache
 
 
 class MemoryBackend(_Script):
@@ -178,12 +179,21 @@ class MemoryBackend(_Script):
         log = compiled.log
         rate_limit = rate.limit
 
+        # Each identity's key, kept as encode_short keeps its encoding: the same clients
+        # come back (bounded likewise, emptied whole when full).
+        keys: dict[str, str] = {}
+
         def hit(identities: Sequence[str], now_us: int | None,
                 token: str | None) -> Decision | list[int]:
             identity = identities[0]
-            key = (f"{prefix}:{{{encode_short(identity)}}}:{suffix}"
-                   if len(identity) <= CACHED_LENGTH
-                   else f"{prefix}:{{{encode_identity(identity)}}}:{suffix}")
+            key = keys.get(identity)
+            if key is None:
+                if len(identity) > CACHED_LENGTH:
+                    key = f"{prefix}:{{{encode_identity(identity)}}}:{suffix}"
+                else:
+                    if len(keys) >= _KEYS_KEPT:
+                        keys.clear()
+                    key = keys[identity] = f"{prefix}:{{{encode_short(identity)}}}:{suffix}"
             if log and not token:
                 token = new_token()
             lock.acquire()

@@ -56,7 +56,7 @@ def bulk(value: Arg) -> bytes:
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
-    __slots__ = ("_hit_args", "_hitter", "after_key", "after_token", "costs", "head",
+    __slots__ = ("_hit_args", "after_key", "after_token", "costs", "head", "hit_of",
                  "in_flight", "items", "key_suffixes", "log", "policies", "prefix", "rate",
                  "renew_every", "static", "tail")
 
@@ -98,8 +98,9 @@ class Compiled:
         self.after_token = bulk("") + b"".join(bulk(arg) for arg in self.tail)
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
         self.after_key = bulk(HIT) + bulk("") + bulk("") + self.after_token
-        # The backend's own hit of this selection (`hitter`), and the backend it is of.
-        self._hitter: tuple[Any, Any] = (None, None)
+        # The backend's own hit of this selection (`hitter`), and the backend it is of: read
+        # by the limiter per hit.
+        self.hit_of: tuple[Any, Any] = (None, None)
 
     def __repr__(self) -> str:
         return f"Compiled({list(self.items)!r}, prefix={self.prefix!r})"
@@ -108,12 +109,12 @@ class Compiled:
         """`backend`'s hit of this selection (its ``hitter(compiled)``: the memory backend's
         typed closure), asked once per backend and kept: a limiter whose store is swapped
         (`ratelimit_mw.testing`) asks the new one. None: the backend runs this call."""
-        found = self._hitter
-        if found[0] is backend:
-            return found[1]
+        kept = self.hit_of
+        if kept[0] is backend:
+            return kept[1]
         make = getattr(backend, "hitter", None)
         hit = make(self) if make is not None else None
-        self._hitter = (backend, hit)
+        self.hit_of = (backend, hit)
         return hit
 
     def token(self) -> str | None:
