@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ratelimit_mw.backends._algorithms import _Tier
 from ratelimit_mw.backends._script import _UPKEEP, _from_text, _read_tiers, _Script
 from ratelimit_mw.core.decision import Decision, TierState
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 # of an admitted hit, or a refusal's reply (main.lua's).
 Hitter = Callable[[Sequence[str], "int | None", "str | None"], "Decision | list[int]"]
 _new = tuple.__new__
-_KEYS_KEPT = 16_384  # per one-tier selection, as encode_short's cache
+_KEYS_KEPT = 16_384  # per selection, as encode_short's cache
 
 
 class MemoryBackend(_Script):
@@ -124,20 +125,30 @@ class MemoryBackend(_Script):
         due_times = self._due_times
         log = compiled.log
 
+        # One identity's keys and typed tiers, kept as `_one_tier` keeps its keys.
+        kept: dict[str, tuple[list[str], list[_Tier]]] = {}
+
         def hit(identities: Sequence[str], now_us: int | None,
                 token: str | None) -> Decision | list[int]:
-            if len(identities) == 1:
-                identity = identities[0]
-                # encode_identity, its cache asked here: the same clients come back.
-                encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
-                           else encode_identity(identity))
-                head = f"{prefix}:{{{encoded}}}:"
-                keys = [head + suffix for suffix in suffixes[0]]
+            if len(identities) == 1 and (found := kept.get(identities[0])) is not None:
+                keys, typed = found
             else:
-                keys = [f"{prefix}:{{{encode_identity(identity)}}}:{suffix}"
-                        for identity, each in zip(identities, suffixes, strict=True)
-                        for suffix in each]
-            typed = [(*tier, key) for tier, key in zip(tiers, keys, strict=True)]
+                if len(identities) == 1:
+                    identity = identities[0]
+                    # encode_identity, its cache asked here: the same clients come back.
+                    encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
+                               else encode_identity(identity))
+                    head = f"{prefix}:{{{encoded}}}:"
+                    keys = [head + suffix for suffix in suffixes[0]]
+                else:
+                    keys = [f"{prefix}:{{{encode_identity(identity)}}}:{suffix}"
+                            for identity, each in zip(identities, suffixes, strict=True)
+                            for suffix in each]
+                typed = [(*tier, key) for tier, key in zip(tiers, keys, strict=True)]
+                if len(identities) == 1 and len(identities[0]) <= CACHED_LENGTH:
+                    if len(kept) >= _KEYS_KEPT:
+                        kept.clear()
+                    kept[identities[0]] = (keys, typed)
             if log and not token:
                 token = new_token()
             lock.acquire()
@@ -213,9 +224,10 @@ class MemoryBackend(_Script):
                     expires[key] = until = now + px
                     if key not in scheduled:
                         self._schedule(key, until)
-                else:  # a log or slots
-                    self._commit([key], [(*tier, key)], [result],
-                                 {key: period} if algo == "sl" else None, token or "", now, now)
+                elif algo == "sl":  # as `_commit`: a log, kept for its one period
+                    self._sl_commit(key, result[5], now, cost, token or "", period, now)
+                else:  # slots
+                    self._cc_take(key, period, cost, token or "", now)
             finally:
                 lock.release()
             left = result[1] - cost
