@@ -270,7 +270,9 @@ class _Shared:
         if (type(policy) is not Policy or type(identity) is not str or type(cost) is not int
                 or cost < 1 or cost > policy.max_cost):
             policy = _check(policy, identity, cost).policy
-        return self._compile(((policy, cost),))
+        items = ((policy, cost),)
+        found = self._compiled.get(items)  # `_compile`, its cache asked here
+        return found if found is not None else self._compile(items)
 
     def _compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
         """`checks` as the compiled calls and their identities."""
@@ -356,6 +358,32 @@ class _Shared:
             self._report(checks, ADMITTED if decision.allowed else REFUSED,
                          time.perf_counter() - started)
         return decision
+
+    def _typed(self, hit: Callable[..., Any], compiled: Compiled, identities: Sequence[str],
+               checks: tuple[Check, ...] | None, cached: bool,
+               token: str | None) -> Decision:
+        """The hit of `compiled` by the store's own `hit` (`Compiled.hitter`: in process, so
+        no I/O and no deadline, the same on both sides): the Decision of an admitted hit, or
+        a refusal's reply, read as the call's (the deny cache keeps it). An admitted hit
+        makes the deny cache drop what it held for its pairs (the hit wrote)."""
+        deny, metrics, clock = self._deny, self.metrics, self.clock
+        now_us = None if clock is None else round(clock() * 1_000_000)
+        sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
+                                       else now_us)
+        started = time.perf_counter() if metrics is not None else 0.0
+        answer = hit(identities, now_us, token)
+        if type(answer) is Decision:
+            if metrics is None and (deny is None or not deny.index):
+                return answer
+            if checks is None:
+                checks = compiled.checks(identities)
+            if deny is not None:
+                deny.forget(checks)
+            self._report(checks, ADMITTED, time.perf_counter() - started)
+            return answer
+        call = compiled.call(identities, now_us, token or "")
+        return self._settled(call, compiled, identities, checks, answer, sent, cached,
+                             started)
 
     def _failed(self, checks: Sequence[Check], started: float) -> None:
         self._report(checks, BACKEND_ERROR, time.perf_counter() - started)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.backends.memory import _Log
+from ratelimit_mw.backends._log import _Log
 from tests.conftest import REDIS_URL
 
 if TYPE_CHECKING:  # a fixture's type only: several conftest modules share that name

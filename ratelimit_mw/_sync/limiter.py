@@ -3,7 +3,9 @@
 
 A call is built by the core (`Compiled.call`), run by the backend (``await
 backend.run(call, deadline)``: the backend keeps the deadline, cold or warm) and read back by
-the core (`plans.decide`). A hit asks the deny cache first, once, here. The one source of
+the core (`plans.decide`); a store in process answers a hit by its own typed hit instead
+(`Compiled.hitter`: the memory backend's, straight to the Decision, no call). A hit asks the
+deny cache first, once, here. The one source of
 both limiters is `ratelimit_mw/_async/limiter.py`: `_sync/limiter.py` (`Limiter`) is generated
 from it by ``python scripts/unasync.py``, which the suite checks is current.
 """
@@ -84,17 +86,27 @@ class Limiter(_Shared):
                 if checks in self._flights:
                     return bounded(self._refresh(compiled, identities, checks, token),
                                          timeout)
-        if self._backend.is_cluster and compiled.spans_slots(identities):
+        backend = self._backend
+        if backend.is_cluster and compiled.spans_slots(identities):
             return bounded(
                 self._across_slots(checks or compiled.checks(identities), cached, token),
                 timeout)
+        kept = compiled.hit_of  # the store's own hit of this selection (in process)
+        hit = kept[1] if kept[0] is backend else compiled.hitter(backend)
+        if hit is not None:
+            return self._typed(hit, compiled, identities, checks, cached, token)
         return self._asked(compiled, identities, checks, cached, timeout, token)
 
     def _asked(self, compiled: Compiled, identities: Sequence[str],
                checks: tuple[Check, ...] | None, cached: bool,
                timeout: float | None, token: str | None = None) -> Decision:
-        """The store's answer to one call, within `timeout`. (Written out: every admitted
-        request takes this way.)"""
+        """The store's answer to one call, within `timeout`: its own hit where it has one
+        (`Compiled.hitter`: in process), else its answer to the call. (Written out: every
+        admitted request takes this way.)"""
+        backend = self._backend
+        hit = compiled.hitter(backend)
+        if hit is not None:
+            return self._typed(hit, compiled, identities, checks, cached, token)
         deny, metrics, clock = self._deny, self.metrics, self.clock
         now_us = None if clock is None else round(clock() * 1_000_000)
         # Read before the write: a refusal is counted down from the moment its call was
@@ -106,7 +118,7 @@ class Limiter(_Shared):
         call = compiled.call(identities, now_us, token,
                              0 if compiled.static else self._clock_ms())
         try:
-            reply = self._backend.run(call, timeout)
+            reply = backend.run(call, timeout)
         except BackendError:
             self._failed(checks or compiled.checks(identities), started)
             raise

@@ -22,6 +22,7 @@ no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.errors import ConfigurationError
@@ -55,9 +56,9 @@ def bulk(value: Arg) -> bytes:
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
-    __slots__ = ("_hit_args", "_key_suffixes", "after_key", "after_token", "costs", "head",
-                 "in_flight", "items", "log", "policies", "prefix", "rate", "renew_every",
-                 "static", "tail")
+    __slots__ = ("_hit_args", "after_key", "after_token", "costs", "head", "hit_of",
+                 "in_flight", "items", "key_suffixes", "log", "policies", "prefix", "rate",
+                 "renew_every", "static", "tail")
 
     def __init__(self, items: Sequence[tuple[Policy, int]], prefix: str) -> None:
         if not items:
@@ -84,7 +85,7 @@ class Compiled:
         self.static = (all(form.static for form in forms)
                        and len(set(map(id, self.policies))) == len(items))
         suffixes = [s for form in forms for s in form.suffixes]
-        self._key_suffixes = tuple(form.suffixes for form in forms)
+        self.key_suffixes = tuple(form.suffixes for form in forms)
         args = [arg for form, cost in zip(forms, self.costs, strict=True)
                 for arg in (form.static_args(cost) if self.static else ())]
         self.tail: tuple[Arg, ...] = (len(suffixes), *args)
@@ -97,9 +98,24 @@ class Compiled:
         self.after_token = bulk("") + b"".join(bulk(arg) for arg in self.tail)
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
         self.after_key = bulk(HIT) + bulk("") + bulk("") + self.after_token
+        # The backend's own hit of this selection (`hitter`), and the backend it is of: read
+        # by the limiter per hit.
+        self.hit_of: tuple[Any, Any] = (None, None)
 
     def __repr__(self) -> str:
         return f"Compiled({list(self.items)!r}, prefix={self.prefix!r})"
+
+    def hitter(self, backend: Any) -> Any:
+        """`backend`'s hit of this selection (its ``hitter(compiled)``: the memory backend's
+        typed closure), asked once per backend and kept: a limiter whose store is swapped
+        (`ratelimit_mw.testing`) asks the new one. None: the backend runs this call."""
+        kept = self.hit_of
+        if kept[0] is backend:
+            return kept[1]
+        make = getattr(backend, "hitter", None)
+        hit = make(self) if make is not None else None
+        self.hit_of = (backend, hit)
+        return hit
 
     def token(self) -> str | None:
         """A member token for one hit (a sliding log's), else None: drawn once per request,
@@ -139,12 +155,12 @@ class Compiled:
             encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
                        else encode_identity(identity))
             head = f"{prefix}:{{{encoded}}}:"
-            suffixes = self._key_suffixes[0]
+            suffixes = self.key_suffixes[0]
             keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
             layout: Layout = ((self.policies[0], identities[0]),)
         else:
             keys = []
-            for identity, suffixes in zip(identities, self._key_suffixes, strict=True):
+            for identity, suffixes in zip(identities, self.key_suffixes, strict=True):
                 head = f"{prefix}:{{{encode_identity(identity)}}}:"
                 keys += [head + suffix for suffix in suffixes]
             layout = tuple(zip(self.policies, identities, strict=True))

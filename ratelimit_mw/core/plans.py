@@ -252,10 +252,6 @@ def decode_generic(
     """Read any reply: every tier's state, and the governing one's numbers on top."""
     allowed = reply[0] == 1
     tiers: list[TierState] = []
-    governing: TierState | None = None
-    best_wait = -2.0
-    best_remaining = math.inf
-    best_reset = -1.0
     base = 1
     for policy, identity in layout:
         for rate in policy.rates:
@@ -264,28 +260,46 @@ def decode_generic(
             if remaining < 0:
                 remaining = 0
             retry = 0.0 if tier_ok else _seconds(reply[base + 2])
-            reset = reply[base + 3] / 1000
-            state = _new(TierState, (policy, rate, identity, tier_ok, remaining, retry, reset,
-                                     reply[base + 4] == 1))
-            tiers.append(state)
+            tiers.append(_new(TierState, (policy, rate, identity, tier_ok, remaining, retry,
+                                          reply[base + 3] / 1000, reply[base + 4] == 1)))
             base += 5
-            if not allowed:
-                if not tier_ok and retry > best_wait:
-                    governing, best_wait = state, retry
-            elif policy.algorithm == "concurrency" and governing is not None:
-                pass  # admitted: a rate's quota governs the headers, not slots in flight
-            elif remaining < best_remaining or (
-                remaining == best_remaining and reset > best_reset
-            ) or (governing is not None and governing.policy.algorithm == "concurrency"):
-                governing, best_remaining, best_reset = state, remaining, reset
+    # An admitted reply ends with the store's clock (lua/main.lua).
+    if allowed:
+        return admitted_decision(tiers, reply[base] if len(reply) > base else 0, booking)
+    governing: TierState | None = None
+    best_wait = -2.0
+    for state in tiers:
+        if not state.allowed and state.retry_after > best_wait:
+            governing, best_wait = state, state.retry_after
     if governing is None:  # refused with every tier admitting: cannot happen, but never crash
         governing = tiers[0]
-    # An admitted reply ends with the store's clock (lua/main.lua).
-    at_us = reply[base] if allowed and len(reply) > base else 0
-    return _new(Decision, (allowed, governing.rate.limit, governing.remaining,
-                           0.0 if allowed else governing.retry_after, governing.reset_after,
-                           governing.policy, governing.rate, governing.identity,
-                           governing.banned, tuple(tiers), booking if allowed else None, at_us))
+    return _new(Decision, (False, governing.rate.limit, governing.remaining,
+                           governing.retry_after, governing.reset_after, governing.policy,
+                           governing.rate, governing.identity, governing.banned, tuple(tiers),
+                           None, 0))
+
+
+def admitted_decision(tiers: Sequence[TierState], at_us: int,
+                      booking: Booking | None = None) -> Decision:
+    """The Decision of an admitted call from its tiers' states: the tier with the least
+    remaining governs (the later reset on a tie), a rate's before slots in flight."""
+    governing = tiers[0]
+    if len(tiers) > 1:
+        best_remaining = math.inf
+        best_reset = -1.0
+        chosen: TierState | None = None
+        for state in tiers:
+            if state.policy.algorithm == "concurrency" and chosen is not None:
+                continue  # a rate's quota governs the headers, not slots in flight
+            remaining, reset = state.remaining, state.reset_after
+            if remaining < best_remaining or (
+                remaining == best_remaining and reset > best_reset
+            ) or (chosen is not None and chosen.policy.algorithm == "concurrency"):
+                chosen, best_remaining, best_reset = state, remaining, reset
+        governing = chosen or tiers[0]
+    return _new(Decision, (True, governing.rate.limit, governing.remaining, 0.0,
+                           governing.reset_after, governing.policy, governing.rate,
+                           governing.identity, governing.banned, tuple(tiers), booking, at_us))
 
 
 # A refused hit's reply carries, after the five values of each of its n tiers, three more per

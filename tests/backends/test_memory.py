@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
-from ratelimit_mw.backends.memory import _Log
+from ratelimit_mw.backends._log import _Log
 from ratelimit_mw.core import plans
 from tests.conftest import StepClock
 

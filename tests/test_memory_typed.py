@@ -1,0 +1,92 @@
+"""The memory backend's typed hit (`MemoryBackend.hitter`, what `Limiter.hit` and the
+middleware take) and its ARGV adapter (`run`, what peeks, resets, bookings, the CLI and the
+Lua differential test take) are one implementation: hypothesis plays the same operations on
+two backends, every hit through the typed path on one and through `run` on the other; each
+answer (the Decision of an admitted hit, a refusal's reply as main.lua's) and the state they
+leave (a peek of every check after every step) must be equal. `run` itself is held to the Lua
+by tests/test_differential.py."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ratelimit_mw as rl
+from ratelimit_mw.backends.memory import MemoryBackend
+from ratelimit_mw.core import plans
+from ratelimit_mw.core.compiled import Compiled
+from ratelimit_mw.core.decision import Decision
+from tests.test_differential import IDENTITIES, START_MS, Op, _cost, ops, policies
+
+
+def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
+    typed, adapter = MemoryBackend(), MemoryBackend()
+    now_ms = START_MS
+    tokens: list[tuple[list[plans.Check], str]] = []
+    typed_hits = 0
+    for op in sequence:
+        now_ms += op.advance_ms
+        now_us = now_ms * 1000 + 137
+        checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i],
+                              _cost(pool[p % len(pool)], cost)) for p, i, cost in op.picks]
+        compiled = Compiled([(check.policy, check.cost) for check in checks], "t")
+        identities = [check.identity for check in checks]
+        if op.kind in ("hit", "charge", "book", "settle"):
+            token = compiled.token() or ""
+            call = compiled.call(identities, now_us, token)
+            hit = compiled.hitter(typed)
+            expected = adapter.run(call)
+            if hit is None:  # arguments that vary per request: both take `run`
+                assert not compiled.static
+                assert typed.run(call) == expected
+                continue
+            typed_hits += 1
+            answer = hit(identities, now_us, token)
+            if type(answer) is Decision:
+                assert expected[0] == 1
+                assert answer == plans.decide(call, expected)
+                if token:
+                    tokens.append((checks, token))
+            else:
+                assert answer == expected
+        elif op.kind in ("refund", "uncheck", "release", "renew") and tokens:
+            held, token = tokens.pop() if op.kind != "renew" else tokens[-1]
+            call = plans.build(plans.REFUND if op.kind != "renew" else plans.RENEW, held, "t",
+                               now_us=now_us, token=token)
+            assert typed.run(call) == adapter.run(call)
+        elif op.kind == "reset":
+            call = plans.build(plans.RESET, checks[:1], "t", now_us=now_us)
+            assert typed.run(call) == adapter.run(call)
+        for check in checks:
+            peek = plans.build(plans.PEEK, [check], "t", now_us=now_us)
+            assert typed.run(peek) == adapter.run(peek)
+    return typed_hits
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=st.lists(policies(), min_size=1, max_size=3),
+       sequence=st.lists(ops, min_size=8, max_size=50))
+def test_the_typed_hit_and_run_agree(pool: list[rl.Policy], sequence: list[Op]) -> None:
+    _play(pool, sequence)
+
+
+def test_the_typed_hit_is_taken_for_every_static_selection() -> None:
+    """Not vacuous: a plain policy's hits go through the typed path (and refuse there)."""
+    policy = rl.Policy("2/second;3/minute", algorithm="sliding-log")
+    sequence = [Op(0, "hit", ((0, 0, 1),), 0)] * 4
+    assert _play([policy], sequence) == 4
+
+
+def test_a_cached_hit_follows_the_store() -> None:
+    """The limiter's store swapped (as ratelimit_mw.testing does): the next hit is the new
+    store's, and the old one is left as it was."""
+    limiter = rl.Limiter(deny_cache=0)
+    first = limiter.backend
+    policy = rl.Policy("1/minute")
+    assert limiter.hit(policy, "u").allowed
+    assert not limiter.hit(policy, "u").allowed
+    limiter.backend = MemoryBackend()
+    assert limiter.hit(policy, "u").allowed
+    assert len(limiter.backend) == 1
+    limiter.backend = first
+    assert not limiter.hit(policy, "u").allowed
