@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import threading
+import time
 from typing import Any
 
 _SWEEP_PER_CALL = 64
@@ -85,6 +86,19 @@ class _Store:
     def _delete(self, key: str) -> None:
         self._data.pop(key, None)
         self._expires.pop(key, None)
+
+    def _tick(self, now_us: int | None) -> int:
+        """The clock of a call (µs; None: this process's, as Redis's TIME), after the sweep
+        every call makes before it reads anything (the lock held). O(1) when nothing is
+        due."""
+        if now_us is None:
+            now_us = time.time_ns() // 1000
+        now = now_us // 1000
+        due_times = self._due_times
+        if due_times and due_times[0] <= now:
+            self._sweep(now, now - self._called_at)
+        self._called_at = now
+        return now_us
 
     def _sweep(self, now: int, idle: int) -> None:
         """Look at due keys, 64, plus 16 per ms the backend sat `idle` since its last call:

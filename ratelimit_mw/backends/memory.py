@@ -16,7 +16,6 @@ the Lua differential test) takes `run`, the ARGV adapter over the same checks an
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -64,13 +63,9 @@ class MemoryBackend(_Script):
         try:
             # The call's clock ("" for this process's, as Redis's TIME), and the sweep every
             # call makes before it reads anything.
-            if type(now_us) is not int:
-                now_us = time.time_ns() // 1000 if now_us == "" else int(now_us)
+            now_us = self._tick(now_us if type(now_us) is int
+                                else None if now_us == "" else int(now_us))
             now = now_us // 1000
-            due_times = self._due_times
-            if due_times and due_times[0] <= now:  # O(1) when nothing is due
-                self._sweep(now, now - self._called_at)
-            self._called_at = now
             n = argv[4]
             if op in _UPKEEP:
                 return [self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now,
@@ -124,7 +119,6 @@ class MemoryBackend(_Script):
         if n == 1:
             return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2])
         lock = self._lock
-        due_times = self._due_times
         log = compiled.log
 
         # One identity's keys and typed tiers, kept as `_one_tier` keeps its keys.
@@ -132,6 +126,8 @@ class MemoryBackend(_Script):
 
         def hit(identities: Sequence[str], now_us: int | None,
                 token: str | None) -> Decision | list[int]:
+            if log and not token:
+                token = new_token()
             if len(identities) == 1 and (found := kept.get(identities[0])) is not None:
                 keys, typed = found
             else:
@@ -151,16 +147,10 @@ class MemoryBackend(_Script):
                     if len(kept) >= _KEYS_KEPT:
                         kept.clear()
                     kept[identities[0]] = (keys, typed)
-            if log and not token:
-                token = new_token()
             lock.acquire()
             try:
-                if now_us is None:
-                    now_us = time.time_ns() // 1000
+                now_us = self._tick(now_us)
                 now = now_us // 1000
-                if due_times and due_times[0] <= now:
-                    self._sweep(now, now - self._called_at)
-                self._called_at = now
                 admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                 if not admitted:
                     return self._refused("H", keys, typed, results, None, now, now, now_us)
@@ -187,7 +177,6 @@ class MemoryBackend(_Script):
         algo, limit, period, cost, _, _, cal = tier
         check = self._checks[algo]
         lock = self._lock
-        due_times = self._due_times
         data, expires, scheduled = self._data, self._expires, self._scheduled
         log = compiled.log
         rate_limit = rate.limit
@@ -211,12 +200,8 @@ class MemoryBackend(_Script):
                 token = new_token()
             lock.acquire()
             try:
-                if now_us is None:
-                    now_us = time.time_ns() // 1000
+                now_us = self._tick(now_us)
                 now = now_us // 1000
-                if due_times and due_times[0] <= now:
-                    self._sweep(now, now - self._called_at)
-                self._called_at = now
                 result = check(key, limit, period, cost, cal, now, now, now_us)
                 if not result[0]:
                     return self._refused("H", [key], [(*tier, key)], [result], None, now, now,
