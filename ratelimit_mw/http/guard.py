@@ -515,7 +515,10 @@ class Guard:
             breaker.succeeded()
         watch = self.watch_status or plan.whens is not None or plan.token is not None
         if decision.allowed:
-            return self._admit(decision, plan.selection, plan if watch else None)
+            selection = plan.selection
+            admit = selection.admit
+            return (admit[1] if admit is not None and admit[0] is self
+                    else self._admitter(selection))(decision, plan if watch else None)
         return self._verdict(request, plan, decision, started, watch)
 
     def _verdict(self, request: Any, plan: Plan, decision: Decision, started: float,
@@ -542,14 +545,27 @@ class Guard:
         return refusal
 
     def _admit(self, decision: Decision, selection: Selection, refund: Plan | None) -> Admit:
-        if not self.headers:
+        admit = selection.admit
+        return (admit[1] if admit is not None and admit[0] is self
+                else self._admitter(selection))(decision, refund)
+
+    def _admitter(self, selection: Selection) -> Callable[[Decision, Plan | None], Admit]:
+        """How an admitted decision of `selection` becomes its Admit (headers or none, raw or
+        not, legacy fields or not), chosen once per selection and guard and kept on it."""
+        header, legacy = selection.policy_header, self.legacy
+
+        def bare(decision: Decision, refund: Plan | None) -> Admit:
             return _new(Admit, (decision, None, refund, None))
-        if self.raw and not self.legacy:
-            return _new(Admit, (decision, None, refund,
-                                selection.policy_header.admitted_raw(decision)))
-        # served_headers, less the Retry-After filter an admitted response never needs.
-        return self._headed(decision, rate_limit_headers(decision, selection.policy_header,
-                                                         self.legacy), refund)
+
+        def headed(decision: Decision, refund: Plan | None) -> Admit:
+            # served_headers, less the Retry-After filter an admitted response never needs.
+            return self._headed(decision, rate_limit_headers(decision, header, legacy), refund)
+
+        admit: Callable[[Decision, Plan | None], Admit] = (
+            bare if not self.headers
+            else header.raw_admitter(Admit) if self.raw and not legacy else headed)
+        selection.admit = (self, admit)
+        return admit
 
     def _headed(self, decision: Decision, headers: Headers, refund: Plan | None) -> Admit:
         """An Admit with these headers, in the form the adapter sends (`raw` or not)."""

@@ -52,8 +52,8 @@ class Selection:
     decorated route is never left without a limit by a missing header.
     """
 
-    __slots__ = ("applied", "compiled", "counts", "dynamic", "fallback", "holds", "hooks",
-                 "policy_header", "routed", "scope_only")
+    __slots__ = ("admit", "applied", "compiled", "counts", "dynamic", "fallback", "holds",
+                 "hooks", "policy_header", "routed", "scope_only")
 
     def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
                  fallback: Selection | None = None) -> None:
@@ -80,6 +80,8 @@ class Selection:
         # The hit of every item, compiled by `Guard.select` when each has a fixed policy
         # and cost.
         self.compiled: Compiled | None = None
+        # (the guard, how it turns an admitted decision into its Admit): `Guard._admitter`.
+        self.admit: tuple[Any, Callable[..., Any]] | None = None
         # Every key is a built-in one that reads only the scope, and no callable of the app
         # is asked: the ASGI adapter hands the keys the scope, not a framework Request
         # (`Guard.select` also clears it where the config's own hooks take the request).
