@@ -14,8 +14,11 @@ as a GET to its path (the default, rules, a decorated WebSocket endpoint, ``exem
 refused one is answered before ``accept``: a 429 with ``Retry-After`` through the ASGI
 WebSocket denial response where the server offers it, else a close with code 1008 whose
 reason says when to retry (``websockets=False`` leaves WebSockets alone). What to do with a
-request is decided by the shared guard (`ratelimit_mw.http.guard`); this module reads the
-scope, awaits the one backend call (bounded by ``backend_timeout``) and sends the verdict.
+request is decided by the shared guard (`ratelimit_mw.http.guard`) from the request's
+selection (`ratelimit_mw.http.selection`, made once per method and route): this module
+resolves the route, hands the guard the scope (a Starlette ``Request`` only where a callable
+of the app will read it), and sends the verdict (`ratelimit_mw.http.asgi_send`); the
+guard awaits the one backend call, bounded by ``backend_timeout``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,9 @@ identities, or None), then, unless the breaker skips the store, the limiter's on
 (`AsyncLimiter._decide`), and turns its answer (`decided`) or its failure (`failed`, the
 failure policy) into the verdict.
 
-A selection's limits are compiled once (`core.compiled.Compiled`) when they are fixed; a
+The selection (`http.selection`) is made once per method and route: its hit compiled
+(`core.compiled.Compiled`) when its limits are fixed, whether its keys need a framework
+Request, and how its admitted decisions become headers (`_admitter`). A
 request whose keys leave some out, or whose dynamic limits or costs pick its own, gets the
 limiter's compiled hit for what it applies. A verdict is `Admit` (headers to add, checks to
 give back if the response's status says so), `Refuse` (429: status, headers, body) or
