@@ -14,8 +14,11 @@ as a GET to its path (the default, rules, a decorated WebSocket endpoint, ``exem
 refused one is answered before ``accept``: a 429 with ``Retry-After`` through the ASGI
 WebSocket denial response where the server offers it, else a close with code 1008 whose
 reason says when to retry (``websockets=False`` leaves WebSockets alone). What to do with a
-request is decided by the shared guard (`ratelimit_mw.http.guard`); this module reads the
-scope, awaits the one backend call (bounded by ``backend_timeout``) and sends the verdict.
+request is decided by the shared guard (`ratelimit_mw.http.guard`) from the request's
+selection (`ratelimit_mw.http.selection`, made once per method and route): this module
+resolves the route, hands the guard the scope (a Starlette ``Request`` only where a callable
+of the app will read it), and sends the verdict (`ratelimit_mw.http.asgi_send`); the
+guard awaits the one backend call, bounded by ``backend_timeout``.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 
 require("starlette", "starlette", "ratelimit_mw.asgi")
+from starlette.datastructures import Headers  # noqa: E402
 from starlette.requests import Request  # noqa: E402
 
 # Starlette's own ASGI types: `app.add_middleware(RateLimitMiddleware, ...)` then type-checks
@@ -303,8 +307,14 @@ class RateLimitMiddleware:
         state, meta = self._routed(scope, method, path)
         selection = guard.select(method, path, meta)
         if selection is not None:
-            # One Request for every key function, hook and handler of this request.
-            request = Request(scope)
+            # One Request for every key function, hook and handler of this request; where
+            # only built-in keys read it (decided when the selection was made), the scope.
+            request: Any
+            if selection.scope_only:
+                request = _new_view(_ScopeView)
+                request.scope = scope
+            else:
+                request = Request(scope)
             verdict = await guard.decide_async(self.limiter, selection, request, method,
                                                method == "OPTIONS" and is_preflight(scope))
             if isinstance(verdict, Admit):
@@ -352,10 +362,12 @@ class RateLimitMiddleware:
             state["ratelimit"] = verdict.decision
         await deny_handshake(verdict, scope, receive, send, self._answers)
 
-    async def _refuse(self, request: Request, refusal: Refuse, scope: Scope, receive: Receive,
+    async def _refuse(self, request: Any, refusal: Refuse, scope: Scope, receive: Receive,
                       send: Send) -> None:
         on_blocked = self.config.on_blocked
         if on_blocked is not None:
+            if not isinstance(request, Request):  # the app's hook is handed a Request
+                request = Request(scope)
             try:
                 response: Any = on_blocked(request, refusal.decision)
                 if inspect.isawaitable(response):
@@ -376,6 +388,21 @@ class RateLimitMiddleware:
     async def _answer(self, verdict: Refuse | Unavailable, send: Send) -> None:
         """The default 429 or 503, as JSON."""
         await self._answers.send(verdict, send)
+
+
+class _ScopeView:
+    """A request as the built-in keys read it (`keys.reads_scope`): the scope, and its
+    headers when asked; built without a Python call (`_new_view`, then ``scope`` set)."""
+
+    __slots__ = ("scope",)
+    scope: Scope
+
+    @property
+    def headers(self) -> Headers:
+        return Headers(scope=self.scope)
+
+
+_new_view = object.__new__
 
 
 class _Handshake(WebSocket):

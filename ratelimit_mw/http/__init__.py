@@ -1,4 +1,5 @@
-"""The HTTP layer shared by every adapter: which limits apply to a request, its client
-address, routing metadata, and the headers and bodies of the answers. No I/O here: the
-adapters (`ratelimit_mw.asgi`, `.wsgi`, `.flask`, `.fastapi`) read the request and write
-the response."""
+"""The HTTP layer shared by every adapter: which limits apply to a request (`selection`,
+built and cached by `guard`), its client address, routing metadata, the headers and bodies
+of the answers, and what the ASGI adapters send (`asgi_send`). No I/O here but the ASGI
+send: the adapters (`ratelimit_mw.asgi`, `.litestar`, `.wsgi`, `.flask`, `.fastapi`,
+`.django`) read the request and write the response."""

@@ -35,24 +35,35 @@ def is_preflight(scope: Scope) -> bool:
 async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, app: App,
                          scope: Scope, receive: Receive, send: Send) -> None:
     """Run the app for an admitted request: its headers added to the response, and the hits
-    its status gives back given back once it has been sent."""
-    refund = verdict.refund
+    its status gives back given back once it has been sent. The send is wrapped only where
+    there are headers to add or a status to read."""
+    refund, raw = verdict.refund, verdict.raw
     if refund is None:
-        if verdict.raw is None:
+        if raw is None:
             await app(scope, receive, send)
             return
     elif refund.token is not None:  # it holds in-flight slots
         await serve_holding(guard, limiter, Held(verdict, limiter._monotonic), app, scope,
                             receive, send)
         return
-    watch = Watch(send, verdict.raw)
+    status = 500  # an exception before the response starts will be a server error
+
+    async def watched(message: Any) -> None:
+        if message["type"] == "http.response.start":
+            nonlocal status
+            status = message["status"]
+            if raw is not None:
+                # A new message and list: a Response's own header list must not grow.
+                message = {**message, "headers": [*message.get("headers", ()), *raw]}
+        await send(message)
+
     try:
-        await app(scope, receive, watch.send)
+        await app(scope, receive, watched)
     finally:
         # Asked only where a status may give hits back: a 405, or a count_when somewhere.
-        if refund is not None and (watch.status == 405 or refund.whens is not None
+        if refund is not None and (status == 405 or refund.whens is not None
                                    or guard.count_when is not None):
-            back = guard.given_back(verdict, watch.status)
+            back = guard.given_back(verdict, status)
             if back:
                 await guard.refund_async(limiter, back)
 

@@ -12,7 +12,9 @@ identities, or None), then, unless the breaker skips the store, the limiter's on
 (`AsyncLimiter._decide`), and turns its answer (`decided`) or its failure (`failed`, the
 failure policy) into the verdict.
 
-A selection's limits are compiled once (`core.compiled.Compiled`) when they are fixed; a
+The selection (`http.selection`) is made once per method and route: its hit compiled
+(`core.compiled.Compiled`) when its limits are fixed, whether its keys need a framework
+Request, and how its admitted decisions become headers (`_admitter`). A
 request whose keys leave some out, or whose dynamic limits or costs pick its own, gets the
 limiter's compiled hit for what it applies. A verdict is `Admit` (headers to add, checks to
 give back if the response's status says so), `Refuse` (429: status, headers, body) or
@@ -22,7 +24,6 @@ give back if the response's status says so), `Refuse` (429: status, headers, bod
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from time import perf_counter, time
 from typing import Any, NamedTuple
 
@@ -46,7 +47,6 @@ from ratelimit_mw.http.breaker import Breaker, Breakers
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.headers import (
     Headers,
-    PolicyHeader,
     RawHeaders,
     encode_raw,
     rate_limit_headers,
@@ -54,6 +54,14 @@ from ratelimit_mw.http.headers import (
     unavailable_body,
 )
 from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.http.selection import (
+    METHODS,
+    VERBS,
+    Applied,
+    Selection,
+    kept_defaults,
+    other_verb,
+)
 from ratelimit_mw.http.slots import IN_FLIGHT
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.limiter import SWITCH, AsyncLimiter, Limiter
@@ -61,9 +69,7 @@ from ratelimit_mw.log import ThrottledLog, describe, logger
 from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
 from ratelimit_mw.routing import (
     EXEMPT,
-    Cost,
     DynamicLimit,
-    Predicate,
     RouteLimit,
     checked_cost,
 )
@@ -72,80 +78,9 @@ from ratelimit_mw.routing import (
 DECISION_KEY = "ratelimit_mw.decision"
 
 _PATH_CACHE_SIZE = 4096
-# Methods a per-method default counts apart; anything else a client invents shares "OTHER",
-# so that a made-up method is not a fresh quota.
-_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-# The selections are cached per verb: these, and "OTHER" for the rest (a bounded cache),
-# except a method that the route's own limits name (see _other_verb).
-_VERBS = _METHODS | {"HEAD"}
 _NO_STORE = ("Cache-Control", "no-store")
 _JSON = ("Content-Type", "application/json")
 _FALLBACK_KEY = _keys.client_ip()
-
-
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """One policy applied to a request, with its key, cost, header label and conditions."""
-
-    policy: Policy | None  # None: chosen per request by `dynamic`
-    key: KeyFunc
-    cost: Cost
-    label: str
-    per_method: bool = False
-    exempt_when: Predicate | None = None
-    dynamic: DynamicLimit | None = None
-    routed: bool = False  # from the route's decorators (see Selection.routed)
-    count_when: Callable[[int], bool] | None = None  # its own, over the middleware's
-
-
-class Selection:
-    """The policies that apply to a request shape, with their header rendered once.
-
-    ``routed`` counts the leading items that come from the route's decorators; when every one
-    of their keys says None, ``fallback`` (the defaults and rules) applies instead, so a
-    decorated route is never left without a limit by a missing header.
-    """
-
-    __slots__ = ("applied", "compiled", "counts", "dynamic", "fallback", "holds", "hooks",
-                 "policy_header", "routed")
-
-    def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
-                 fallback: Selection | None = None) -> None:
-        self.applied = applied
-        self.routed = routed
-        self.fallback = fallback
-        self.policy_header = PolicyHeader([(item.policy, item.label) for item in applied
-                                           if item.policy is not None])
-        self.dynamic = any(item.dynamic is not None for item in applied)
-        # Some limit has a count_when of its own: each check is given back by its own.
-        self.counts = any(item.count_when is not None for item in applied)
-        # Some limit is in flight: its slots are held while the response runs.
-        self.holds = any(item.policy is not None and item.policy.algorithm == IN_FLIGHT
-                         for item in applied)
-        # The async hooks the plan asks (fallback's included): an ASGI adapter awaits them
-        # first (`hooks.answer_all_async`).
-        self.hooks: tuple[Callable[[Any], Any], ...] = tuple(dict.fromkeys(
-            hook for item in applied
-            for hook in (item.exempt_when, item.key,
-                         item.dynamic.func if item.dynamic is not None else None,
-                         item.cost if callable(item.cost) else None)
-            if is_async(hook)
-        )) + (fallback.hooks if fallback is not None else ())
-        # The hit of every item, compiled by `Guard.select` when each has a fixed policy
-        # and cost.
-        self.compiled: Compiled | None = None
-
-
-def _kept_defaults(defaults: tuple[Applied, ...],
-                   routed: tuple[Applied, ...]) -> tuple[Applied, ...]:
-    """The defaults a decorated route keeps: the rates when its limits set none (only
-    in-flight slots), the slots when they set none (only rates)."""
-    def slots(item: Applied) -> bool:
-        return item.policy is not None and item.policy.algorithm == IN_FLIGHT
-
-    sets_rates = any(not slots(item) for item in routed)
-    sets_slots = any(slots(item) for item in routed)
-    return tuple(item for item in defaults if not (sets_slots if slots(item) else sets_rates))
 
 
 class Plan(NamedTuple):
@@ -241,20 +176,6 @@ def _fallback_identity(request: Any) -> str:
         return "ip:unknown"
 
 
-def _other_verb(method: str, route: object) -> str:
-    """The selection cache's verb for a method outside `_VERBS`: "OTHER", shared by every
-    such method, unless a limit of the route names this one (``methods=["PROPFIND"]``):
-    its selection differs from the other methods', so it is cached apart. Rules need no
-    verb: the rules a request matches, method included, are in the key themselves. The
-    methods routes name are a set fixed by the code, so the cache stays bounded whatever
-    methods clients invent."""
-    if isinstance(route, tuple):
-        for limit in route:
-            if limit.methods is not None and method in limit.methods:
-                return method
-    return "OTHER"
-
-
 class Guard:
     """The validated configuration plus the state one app's middleware keeps (caches, breaker).
 
@@ -290,6 +211,10 @@ class Guard:
         self.charge_preflight = config.charge_preflight
         self.charge_405 = config.charge_method_not_allowed
         self.exempt_when = config.exempt_when
+        # The app's callables outside the selections that are handed the request.
+        self._request_hooks = any(hook is not None for hook in (
+            config.exempt_when, config.on_blocked, config.on_refusal,
+            config.on_backend_error if callable(config.on_backend_error) else None))
         exempt = config.exempt_when
         self.exempt_hooks: tuple[Callable[[Any], Any], ...] = (
             (exempt,) if exempt is not None and is_async(exempt) else ())
@@ -372,7 +297,7 @@ class Guard:
         """
         if not self.enabled:
             return None
-        verb = method if method in _VERBS else _other_verb(method, route)
+        verb = method if method in VERBS else other_verb(method, route)
         if self.rules:
             rules = self._matching_rules(method, path)
             cache_key: tuple[object, ...] = (id(route), verb, *map(id, rules))
@@ -411,16 +336,18 @@ class Guard:
             )
         if routed:
             fallback = Selection(plain) if plain else None
-            kept = _kept_defaults(self.defaults, routed)
+            kept = kept_defaults(self.defaults, routed)
             selection: Selection | None = Selection(routed + kept + from_rules, len(routed),
                                                     fallback)
         else:
             selection = Selection(plain) if plain else None
         for made in (selection, selection.fallback if selection is not None else None):
-            if made is not None and all(item.policy is not None and type(item.cost) is int
-                                        for item in made.applied):
+            if made is None:
+                continue
+            if all(item.policy is not None and type(item.cost) is int for item in made.applied):
                 made.compiled = self.limiter._compile([(item.policy, item.cost)
                                                       for item in made.applied])
+            made.scope_only = made.scope_only and not self._request_hooks
         # The key holds ids of objects that live as long as the app (routes, rules).
         self._selection_cache[cache_key] = selection
         return selection
@@ -527,7 +454,7 @@ class Guard:
         in), or counted per method."""
         text = identity if type(identity) is str else self._not_a_string(item, identity, request)
         if item.per_method:
-            verb = "GET" if method == "HEAD" else (method if method in _METHODS else "OTHER")
+            verb = "GET" if method == "HEAD" else (method if method in METHODS else "OTHER")
             return f"{verb} {text}"
         return text
 
@@ -590,7 +517,10 @@ class Guard:
             breaker.succeeded()
         watch = self.watch_status or plan.whens is not None or plan.token is not None
         if decision.allowed:
-            return self._admit(decision, plan.selection, plan if watch else None)
+            selection = plan.selection
+            admit = selection.admit
+            return (admit[1] if admit is not None and admit[0] is self
+                    else self._admitter(selection))(decision, plan if watch else None)
         return self._verdict(request, plan, decision, started, watch)
 
     def _verdict(self, request: Any, plan: Plan, decision: Decision, started: float,
@@ -617,14 +547,27 @@ class Guard:
         return refusal
 
     def _admit(self, decision: Decision, selection: Selection, refund: Plan | None) -> Admit:
-        if not self.headers:
+        admit = selection.admit
+        return (admit[1] if admit is not None and admit[0] is self
+                else self._admitter(selection))(decision, refund)
+
+    def _admitter(self, selection: Selection) -> Callable[[Decision, Plan | None], Admit]:
+        """How an admitted decision of `selection` becomes its Admit (headers or none, raw or
+        not, legacy fields or not), chosen once per selection and guard and kept on it."""
+        header, legacy = selection.policy_header, self.legacy
+
+        def bare(decision: Decision, refund: Plan | None) -> Admit:
             return _new(Admit, (decision, None, refund, None))
-        if self.raw and not self.legacy:
-            return _new(Admit, (decision, None, refund,
-                                selection.policy_header.admitted_raw(decision)))
-        # served_headers, less the Retry-After filter an admitted response never needs.
-        return self._headed(decision, rate_limit_headers(decision, selection.policy_header,
-                                                         self.legacy), refund)
+
+        def headed(decision: Decision, refund: Plan | None) -> Admit:
+            # served_headers, less the Retry-After filter an admitted response never needs.
+            return self._headed(decision, rate_limit_headers(decision, header, legacy), refund)
+
+        admit: Callable[[Decision, Plan | None], Admit] = (
+            bare if not self.headers
+            else header.raw_admitter(Admit) if self.raw and not legacy else headed)
+        selection.admit = (self, admit)
+        return admit
 
     def _headed(self, decision: Decision, headers: Headers, refund: Plan | None) -> Admit:
         """An Admit with these headers, in the form the adapter sends (`raw` or not)."""

@@ -15,8 +15,8 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.policy import Policy
@@ -25,6 +25,7 @@ Headers = list[tuple[str, str]]
 IN_FLIGHT = "in flight"  # an in-flight limit's item in the RateLimit fields
 #: Headers as ASGI sends them: lower-case names (HTTP/2 requires it), latin-1 bytes.
 RawHeaders = list[tuple[bytes, bytes]]
+T = TypeVar("T", bound=tuple[Any, ...])
 
 
 def retry_after_seconds(decision: Decision) -> int:
@@ -49,7 +50,7 @@ class PolicyHeader:
     "POST /login minute"; a policy given without one by its name) when two applied policies
     have a tier of the same period."""
 
-    __slots__ = ("item", "names", "raw_item", "value")
+    __slots__ = ("item", "names", "raw_item", "raw_names", "value")
 
     def __init__(self, policies: Sequence[Policy | tuple[Policy, str]]) -> None:
         labelled: dict[Policy, str] = {}
@@ -75,6 +76,7 @@ class PolicyHeader:
         # The header as the adapters add it: built once, shared by every response.
         self.item = ("RateLimit-Policy", self.value)
         self.raw_item = (b"ratelimit-policy", self.value.encode("latin-1"))
+        self.raw_names = {tier: name.encode("latin-1") for tier, name in self.names.items()}
 
     def ratelimit(self, decision: Decision) -> str:
         """The ``RateLimit`` value for the governing tier of `decision`."""
@@ -83,14 +85,19 @@ class PolicyHeader:
         t = math.ceil(decision.reset_after) if decision.allowed else retry_after_seconds(decision)
         return f"{name};r={decision.remaining};t={t}"
 
-    def admitted_raw(self, decision: Decision) -> RawHeaders:
-        """`rate_limit_headers` of an admitted decision (no legacy fields) as `RawHeaders`,
-        the policy field's bytes rendered once (`ratelimit`, written out: every admitted
-        response of an ASGI app takes this way)."""
-        rate = decision.rate
-        name = self.names.get((id(decision.policy), rate.period_ms if rate else 0), '"limit"')
-        value = f"{name};r={decision.remaining};t={math.ceil(decision.reset_after)}"
-        return [self.raw_item, (b"ratelimit", value.encode("latin-1"))]
+    def raw_admitter(self, build: type[T]) -> Callable[[Decision, Any], T]:
+        """How an admitted decision becomes ``build`` (a 4-field NamedTuple: decision,
+        headers, refund, raw) with `rate_limit_headers` (no legacy fields) as `RawHeaders`:
+        the policy field's bytes and each tier's name encoded once, one format for the
+        numbers; one call per admitted response."""
+        names, item, ceil, new = self.raw_names, self.raw_item, math.ceil, tuple.__new__
+
+        def admit(decision: Decision, refund: Any) -> T:
+            rate = decision.rate
+            name = names.get((id(decision.policy), rate.period_ms if rate else 0), b'"limit"')
+            return new(build, (decision, None, refund, [item, (b"ratelimit", b"%s;r=%d;t=%d" % (
+                name, decision.remaining, ceil(decision.reset_after)))]))
+        return admit
 
 
 def rate_limit_headers(decision: Decision, policy_header: PolicyHeader,

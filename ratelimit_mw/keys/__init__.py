@@ -25,7 +25,7 @@ from ratelimit_mw.keys.client_ip import (
 )
 
 __all__ = ["ROUTE_SCOPE_KEY", "KeyFunc", "client_ip", "compose", "first", "header", "reads",
-           "route", "shared_route", "user"]
+           "reads_scope", "route", "shared_route", "user"]
 
 #: A key function: request → identity string, or None when the policy does not apply.
 KeyFunc: TypeAlias = Callable[[Any], str | None]
@@ -412,3 +412,19 @@ def first(*funcs: KeyFunc) -> KeyFunc:
     prefixes (``"h:x-user-id:42"``, ``"ip:203.0.113.9"``): a header never poses as an address.
     """
     return _First(funcs)
+
+
+def reads_scope(key: object) -> bool:
+    """Whether `key` is a built-in key that reads only what an ASGI scope holds (the
+    request's ``.scope`` and ``.headers``): the ASGI middleware then hands it a view of the
+    scope instead of building a framework Request. A callable of the app never is, whatever
+    it declares it reads."""
+    if isinstance(key, (_ClientIP, _Header, _Route)):
+        return True
+    if isinstance(key, _User):
+        return key._getter is None
+    if isinstance(key, _SharedRoute):
+        return type(key) is _SharedRoute and reads_scope(key._key)
+    if isinstance(key, _Compose):
+        return all(map(reads_scope, key._funcs))
+    return False
