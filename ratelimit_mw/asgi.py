@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
+from ratelimit_mw._async.handler import handler_async
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.asgi_routes import (
     RouteMeta,
@@ -315,8 +316,8 @@ class RateLimitMiddleware:
                 request.scope = scope
             else:
                 request = Request(scope)
-            verdict = await guard.decide_async(self.limiter, selection, request, method,
-                                               method == "OPTIONS" and is_preflight(scope))
+            handle = handler_async(guard, self.limiter, selection)
+            verdict = await handle(request, method, method == "OPTIONS" and is_preflight(scope))
             if isinstance(verdict, Admit):
                 state["ratelimit"] = verdict.decision
                 await serve_admitted(guard, self.limiter, verdict, self.app, scope, receive, send)
@@ -351,8 +352,8 @@ class RateLimitMiddleware:
         # Resolved apart from HTTP requests to the same path: another route may take them.
         state, meta = self._routed(scope, "WEBSOCKET", path)
         selection = self.guard.select("GET", path, meta)
-        verdict = None if selection is None else await self.guard.decide_async(
-            self.limiter, selection, _Handshake(scope, receive, send), "GET", False)
+        verdict = None if selection is None else await handler_async(
+            self.guard, self.limiter, selection)(_Handshake(scope, receive, send), "GET", False)
         if verdict is None or isinstance(verdict, Admit):
             state["ratelimit"] = None if verdict is None else verdict.decision
             await serve_connection(self.guard, self.limiter, verdict, self.app, scope, receive,

@@ -146,6 +146,9 @@ class _Shared:
         if not callable(getattr(backend, needs, None)):
             raise ConfigurationError(_BACKEND_NEEDS[needs].format(backend))
         self._backend = backend
+        # Bumped when the store is swapped (`ratelimit_mw.testing`): what was built for the
+        # old one (`in_process`) is built again.
+        self.generation = 0
         self.prefix = validate_prefix(prefix)
         self.clock = clock
         self._sleep = sleep
@@ -178,6 +181,7 @@ class _Shared:
     @backend.setter
     def backend(self, backend: Any) -> None:
         self._backend = backend
+        self.generation += 1
         deny = self._deny
         if deny is not None:  # what it holds, the other store said
             self._deny = DenyCache(deny.size, deny.max_age_us / 1e6, deny.max_bytes)
@@ -359,31 +363,52 @@ class _Shared:
                          time.perf_counter() - started)
         return decision
 
-    def _typed(self, hit: Callable[..., Any], compiled: Compiled, identities: Sequence[str],
-               checks: tuple[Check, ...] | None, cached: bool,
-               token: str | None) -> Decision:
-        """The hit of `compiled` by the store's own `hit` (`Compiled.hitter`: in process, so
-        no I/O and no deadline, the same on both sides): the Decision of an admitted hit, or
-        a refusal's reply, read as the call's (the deny cache keeps it). An admitted hit
-        makes the deny cache drop what it held for its pairs (the hit wrote)."""
-        deny, metrics, clock = self._deny, self.metrics, self.clock
-        now_us = None if clock is None else round(clock() * 1_000_000)
-        sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
-                                       else now_us)
-        started = time.perf_counter() if metrics is not None else 0.0
-        answer = hit(identities, now_us, token)
-        if type(answer) is Decision:
-            if metrics is None and (deny is None or not deny.index):
-                return answer
-            if checks is None:
+    def _here(self, compiled: Compiled) -> Callable[[Sequence[str], str | None, bool],
+                                                    Decision] | None:
+        """`in_process` of `compiled`, kept on it with the store it is of."""
+        here = self.in_process(compiled)
+        compiled.here = (self._backend, here)
+        return here
+
+    def in_process(self, compiled: Compiled) -> Callable[[Sequence[str], str | None, bool],
+                                                         Decision] | None:
+        """How the store decides `compiled` when it is in this process (the memory store's
+        own typed hit, `Compiled.hitter`), with this limiter's deny cache and metrics around
+        it: ``here(identities, token, cached)``, no I/O and no deadline, the same on both
+        sides. None: the store is elsewhere, and `_decide` asks it. Built once per compiled
+        hit and store (a middleware's handler keeps it while `generation` stands)."""
+        hit = compiled.hitter(self._backend)
+        if hit is None:
+            return None
+
+        def here(identities: Sequence[str], token: str | None, cached: bool) -> Decision:
+            deny, metrics, clock = self._deny, self.metrics, self.clock
+            checks = None
+            if cached and deny is not None and deny.entries:
                 checks = compiled.checks(identities)
-            if deny is not None:
-                deny.forget(checks)
-            self._report(checks, ADMITTED, time.perf_counter() - started)
-            return answer
-        call = compiled.call(identities, now_us, token or "")
-        return self._settled(call, compiled, identities, checks, answer, sent, cached,
-                             started)
+                found = deny.find(checks, self._cache_now())
+                if type(found) is Decision:
+                    self._report(checks, REFUSED, 0.0)
+                    return found
+            now_us = None if clock is None else round(clock() * 1_000_000)
+            sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
+                                           else now_us)
+            started = time.perf_counter() if metrics is not None else 0.0
+            answer = hit(identities, now_us, token)
+            if type(answer) is Decision:
+                if metrics is None and (deny is None or not deny.index):
+                    return answer
+                if checks is None:
+                    checks = compiled.checks(identities)
+                if deny is not None:
+                    deny.forget(checks)
+                self._report(checks, ADMITTED, time.perf_counter() - started)
+                return answer
+            call = compiled.call(identities, now_us, token or "")
+            return self._settled(call, compiled, identities, checks, answer, sent, cached,
+                                 started)
+
+        return here
 
     def _failed(self, checks: Sequence[Check], started: float) -> None:
         self._report(checks, BACKEND_ERROR, time.perf_counter() - started)

@@ -56,6 +56,7 @@ else:  # pragma: no cover - Python 3.10 (FastAPI depends on typing_extensions)
 require("fastapi", "fastapi", "ratelimit_mw.fastapi")
 from fastapi import HTTPException, Request, Response  # noqa: E402
 
+from ratelimit_mw._async.handler import handler_async  # noqa: E402
 from ratelimit_mw.http.headers import TOO_MANY_REQUESTS  # noqa: E402
 from ratelimit_mw.http.openapi import document_rate_limits  # noqa: E402
 
@@ -206,9 +207,8 @@ class RateLimitDependency:
             # The middleware leaves the template when it runs; without it, resolve it here,
             # relative to the app that routed the request.
             self._resolver.resolve(scope, scope.get("app"), method, route_path(scope))
-        verdict = await self.guard.decide_async(self.limiter,
-                                                self._selection(scope.get("endpoint")), request,
-                                                method, method == "OPTIONS" and is_preflight(scope))
+        handle = handler_async(self.guard, self.limiter, self._selection(scope.get("endpoint")))
+        verdict = await handle(request, method, method == "OPTIONS" and is_preflight(scope))
         if verdict is None:
             return None
         decision = verdict.decision if isinstance(verdict, (Admit, Refuse)) else None

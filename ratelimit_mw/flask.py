@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
+from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
@@ -248,9 +249,9 @@ class _AppState:
             environ[ROUTE_SCOPE_KEY] = rule.rule
         method: str = request.method
         selection = self._selection(request.endpoint, request)
-        verdict = None if selection is None else self.guard.decide_sync(
-            self.limiter, selection, request, method,
-            method == "OPTIONS" and PREFLIGHT in environ)
+        verdict = None if selection is None else handler_sync(
+            self.guard, self.limiter, selection)(request, method,
+                                                 method == "OPTIONS" and PREFLIGHT in environ)
         # Always there for the view: None unless the limiter decided.
         environ[DECISION_KEY] = _g._get_current_object().ratelimit = getattr(
             verdict, "decision", None)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
+from ratelimit_mw._async.handler import handler_async
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.asgi_routes import RouteMeta, endpoint_meta
 from ratelimit_mw.http.asgi_send import (
@@ -295,8 +296,8 @@ class RateLimitMiddleware:
         meta, path, state = self._routed(data)
         selection = guard.select(method, path, meta)
         if selection is not None:
-            verdict = await guard.decide_async(
-                self.limiter, selection, Request[Any, Any, Any](scope, receive, send), method,
+            verdict = await handler_async(guard, self.limiter, selection)(
+                Request[Any, Any, Any](scope, receive, send), method,
                 method == "OPTIONS" and is_preflight(data))
             if isinstance(verdict, Admit):
                 state["ratelimit"] = verdict.decision
@@ -332,9 +333,9 @@ class RateLimitMiddleware:
         """A WebSocket handshake: one hit, as a GET to its path; refused before accept."""
         meta, path, state = self._routed(scope)
         selection = self.guard.select("GET", path, meta)
-        verdict = None if selection is None else await self.guard.decide_async(
-            self.limiter, selection, _Handshake(cast("Scope", scope), receive, send), "GET",
-            False)
+        verdict = None if selection is None else await handler_async(
+            self.guard, self.limiter, selection)(
+                _Handshake(cast("Scope", scope), receive, send), "GET", False)
         if isinstance(verdict, (Admit, Refuse)):
             state["ratelimit"] = verdict.decision
         if verdict is None or isinstance(verdict, Admit):

@@ -27,6 +27,7 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import installed
@@ -190,8 +191,8 @@ class RateLimitMiddleware:
         if selection is None:
             return self.app(environ, start_response)
         request = _Request(environ)
-        verdict = self.guard.decide_sync(self.limiter, selection, request, method,
-                                         method == "OPTIONS" and PREFLIGHT in environ)
+        handle = handler_sync(self.guard, self.limiter, selection)
+        verdict = handle(request, method, method == "OPTIONS" and PREFLIGHT in environ)
         if verdict is None:
             return self.app(environ, start_response)
         if not isinstance(verdict, Admit):

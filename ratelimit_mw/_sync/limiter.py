@@ -4,8 +4,8 @@
 A call is built by the core (`Compiled.call`), run by the backend (``await
 backend.run(call, deadline)``: the backend keeps the deadline, cold or warm) and read back by
 the core (`plans.decide`); a store in process answers a hit by its own typed hit instead
-(`Compiled.hitter`: the memory backend's, straight to the Decision, no call). A hit asks the
-deny cache first, once, here. The one source of
+(`in_process`: the memory backend's, straight to the Decision, no call). A hit asks the
+deny cache first, once. The one source of
 both limiters is `ratelimit_mw/_async/limiter.py`: `_sync/limiter.py` (`Limiter`) is generated
 from it by ``python scripts/unasync.py``, which the suite checks is current.
 """
@@ -69,6 +69,11 @@ class Limiter(_Shared):
 
         A refusal of this very hit that has just lapsed is asked about once for every
         request that comes while the question is out (`_refresh`)."""
+        backend = self._backend
+        kept = compiled.here  # in process: decided here, the deny cache asked there
+        here = kept[1] if kept[0] is backend else self._here(compiled)
+        if here is not None:
+            return here(identities, token, cached)
         checks = None
         if cached:
             deny = self._deny
@@ -86,27 +91,17 @@ class Limiter(_Shared):
                 if checks in self._flights:
                     return bounded(self._refresh(compiled, identities, checks, token),
                                          timeout)
-        backend = self._backend
         if backend.is_cluster and compiled.spans_slots(identities):
             return bounded(
                 self._across_slots(checks or compiled.checks(identities), cached, token),
                 timeout)
-        kept = compiled.hit_of  # the store's own hit of this selection (in process)
-        hit = kept[1] if kept[0] is backend else compiled.hitter(backend)
-        if hit is not None:
-            return self._typed(hit, compiled, identities, checks, cached, token)
         return self._asked(compiled, identities, checks, cached, timeout, token)
 
     def _asked(self, compiled: Compiled, identities: Sequence[str],
                checks: tuple[Check, ...] | None, cached: bool,
                timeout: float | None, token: str | None = None) -> Decision:
-        """The store's answer to one call, within `timeout`: its own hit where it has one
-        (`Compiled.hitter`: in process), else its answer to the call. (Written out: every
-        admitted request takes this way.)"""
+        """The remote store's answer to one call, within `timeout`."""
         backend = self._backend
-        hit = compiled.hitter(backend)
-        if hit is not None:
-            return self._typed(hit, compiled, identities, checks, cached, token)
         deny, metrics, clock = self._deny, self.metrics, self.clock
         now_us = None if clock is None else round(clock() * 1_000_000)
         # Read before the write: a refusal is counted down from the moment its call was

@@ -56,7 +56,7 @@ def bulk(value: Arg) -> bytes:
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
-    __slots__ = ("_hit_args", "after_key", "after_token", "costs", "head", "hit_of",
+    __slots__ = ("_hit_args", "after_key", "after_token", "costs", "head", "here", "hit_of",
                  "in_flight", "items", "key_suffixes", "log", "policies", "prefix", "rate",
                  "renew_every", "static", "tail")
 
@@ -101,6 +101,8 @@ class Compiled:
         # The backend's own hit of this selection (`hitter`), and the backend it is of: read
         # by the limiter per hit.
         self.hit_of: tuple[Any, Any] = (None, None)
+        # The limiter's in-process decision of it (`in_process`), and the store it is of.
+        self.here: tuple[Any, Any] = (None, None)
 
     def __repr__(self) -> str:
         return f"Compiled({list(self.items)!r}, prefix={self.prefix!r})"

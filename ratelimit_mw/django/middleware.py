@@ -22,6 +22,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
+from ratelimit_mw._async.handler import handler_async
+from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.decorators import handles, view_limits
@@ -226,8 +228,9 @@ class RateLimitMiddleware:
     def _process_view_sync(self, request: HttpRequest, view: Any, args: Any,
                            kwargs: Any) -> HttpResponseBase | None:
         selection = self._selection(request, view)
-        verdict = None if selection is None else self.guard.decide_sync(
-            self.limiter, selection, request, request.method or "GET", self._preflight(request))
+        verdict = None if selection is None else handler_sync(
+            self.guard, self.limiter, selection)(request, request.method or "GET",
+                                                 self._preflight(request))
         return self._answer(request, verdict, self._blocked(request, verdict))
 
     # -- async (ASGI) ----------------------------------------------------------------------
@@ -288,8 +291,9 @@ class RateLimitMiddleware:
             # django.contrib.auth's request.user loads lazily, from the database: on the event
             # loop that raises (SynchronousOnlyOperation), and a user key would read no user.
             request.user = await request.auser()
-        verdict = None if selection is None else await self.guard.decide_async(
-            self.limiter, selection, request, request.method or "GET", self._preflight(request))
+        verdict = None if selection is None else await handler_async(
+            self.guard, self.limiter, selection)(request, request.method or "GET",
+                                                 self._preflight(request))
         made = self._blocked(request, verdict)
         if inspect.isawaitable(made):
             try:

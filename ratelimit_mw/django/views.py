@@ -25,6 +25,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from ratelimit_mw._async.handler import handler_async
+from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.legacy import check_key, check_rates
@@ -80,9 +82,8 @@ def is_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = N
         refuse_async("is_ratelimited", [("key", key), ("cost", cost)])
     if not guard.enabled:
         return _limited(request, None)
-    return _limited(request, guard.decide_sync(limiters.sync(), selection, request,
-                                               request.method or "GET", False,
-                                               peek=not increment))
+    handle = handler_sync(guard, limiters.sync(), selection)
+    return _limited(request, handle(request, request.method or "GET", False, not increment))
 
 
 async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | None = None,
@@ -97,6 +98,6 @@ async def ais_ratelimited(request: Any, rates: Policy | str, *, key: KeyFunc | N
         return _limited(request, None)
     if hasattr(request, "auser") and "user" in reads(selection.applied[0].key):
         request.user = await request.auser()  # the lazy user cannot load on the loop
-    return _limited(request, await guard.decide_async(limiters.asynchronous(), selection,
-                                                      request, request.method or "GET", False,
-                                                      peek=not increment))
+    handle = handler_async(guard, limiters.asynchronous(), selection)
+    return _limited(request, await handle(request, request.method or "GET", False,
+                                          not increment))

@@ -52,8 +52,9 @@ class Selection:
     decorated route is never left without a limit by a missing header.
     """
 
-    __slots__ = ("admit", "applied", "compiled", "counts", "dynamic", "fallback", "holds",
-                 "hooks", "policy_header", "routed", "scope_only")
+    __slots__ = ("admit", "applied", "compiled", "counts", "dynamic", "fallback",
+                 "handler_async", "handler_sync", "holds", "hooks", "policy_header", "routed",
+                 "scope_only")
 
     def __init__(self, applied: tuple[Applied, ...], routed: int = 0,
                  fallback: Selection | None = None) -> None:
@@ -82,6 +83,9 @@ class Selection:
         self.compiled: Compiled | None = None
         # (the guard, how it turns an admitted decision into its Admit): `Guard._admitter`.
         self.admit: tuple[Any, Callable[..., Any]] | None = None
+        # (the limiter, its generation, the handler built for them): `_async.handler`.
+        self.handler_async: tuple[Any, int, Callable[..., Any]] | None = None
+        self.handler_sync: tuple[Any, int, Callable[..., Any]] | None = None
         # Every key is a built-in one that reads only the scope, and no callable of the app
         # is asked: the ASGI adapter hands the keys the scope, not a framework Request
         # (`Guard.select` also clears it where the config's own hooks take the request).

@@ -129,8 +129,27 @@ def test_key_functions_get_one_starlette_request_per_request(alimiter, serve):
         seen.append(id(request))
         return "same"
 
+    def remember_too(request: Request) -> str:
+        return remember(request)
+
     client = serve(app_with(alimiter, default="5/minute", key=remember,
-                            rules=[Rule("/", "7/minute", key=remember)]))
+                            rules=[Rule("/", "7/minute", key=remember_too)]))
     client.get("/")
     assert len(seen) == 2
     assert seen[0] == seen[1]
+
+
+def test_a_key_shared_by_several_limits_is_asked_once_per_request(alimiter, serve):
+    from ratelimit_mw.asgi import Rule
+
+    asked: list[str] = []
+
+    def remember(request: Request) -> str:
+        asked.append(request.url.path)
+        return "same"
+
+    client = serve(app_with(alimiter, default="5/minute", key=remember,
+                            rules=[Rule("/", "7/minute", key=remember)]))
+    response = client.get("/")
+    assert asked == ["/"]
+    assert ";r=4;" in response.headers["RateLimit"]

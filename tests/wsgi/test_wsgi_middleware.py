@@ -112,13 +112,30 @@ def test_key_functions_receive_one_werkzeug_request_per_request() -> None:
         seen.append(request)
         return "k"
 
+    def key_too(request: Any) -> str:
+        return key(request)
+
     c = client(echo_app, memory_limiter(), default="5/minute",
-               rules=[Rule("/*", "5/minute", key=key)], key=key)
+               rules=[Rule("/*", "5/minute", key=key_too)], key=key)
     c.get("/x")
     assert len(seen) == 2
     assert isinstance(seen[0], Request)
     assert seen[0] is seen[1]
     assert seen[0].path == "/x"
+
+
+def test_a_key_shared_by_several_limits_is_asked_once_per_request() -> None:
+    asked: list[str] = []
+
+    def key(request: Any) -> str:
+        asked.append(request.path)
+        return "k"
+
+    c = client(echo_app, memory_limiter(), default="5/minute",
+               rules=[Rule("/*", "7/minute", key=key)], key=key)
+    response = c.get("/x")
+    assert asked == ["/x"]
+    assert ";r=4;" in response.headers["RateLimit"]
 
 
 # -- hostile input -------------------------------------------------------------------------

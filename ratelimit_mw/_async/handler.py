@@ -1,0 +1,144 @@
+"""A selection's handler: the verdict on one request, built once per selection and limiter.
+
+Every adapter asks for a request's verdict the same way::
+
+    handle = handler_async(guard, limiter, selection)  # built once, kept on the selection
+    verdict = await handle(request, method, preflight)  # None: no limit applies
+
+What is fixed for the selection is settled when its handler is built: whether its one key
+is asked directly or the guard's planner runs (the app's async hooks, exempt_when, dynamic
+limits, per-method counts, several keys), the compiled hit and, for a store in this
+process, the limiter's own decision of it (`in_process`: no coroutine, no call encoded),
+how an admitted decision becomes its `Admit`, whether the response's status is watched. A
+request runs that one closure: its identities, the breaker, the one store call, the
+verdict. Any exception from the store is the guard's failure policy, never a 500.
+
+This module is the async source; ``_sync/handler.py`` is generated from it
+(``python scripts/unasync.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from time import perf_counter
+from typing import Any
+
+from ratelimit_mw.core.compiled import Compiled
+from ratelimit_mw.engine import SWITCH
+from ratelimit_mw.hooks import Raised, answer_all_async
+from ratelimit_mw.http import slots as _slots
+from ratelimit_mw.http.guard import Guard, Plan, Verdict
+from ratelimit_mw.http.selection import Selection
+from ratelimit_mw.limiter import AsyncLimiter
+
+Decided = Verdict | None  # None: no limit applies to the request
+Handler = Callable[..., Awaitable[Decided]]
+_new = tuple.__new__
+
+
+def handler_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> Handler:
+    """The handler of `selection` on `limiter`, built on first use and kept on the selection
+    until the limiter's store is swapped (``limiter.generation``)."""
+    kept = selection.handler_async
+    if kept is not None and kept[0] is limiter and kept[1] == limiter.generation:
+        return kept[2]
+    handle = _built_async(guard, limiter, selection)
+    selection.handler_async = (limiter, limiter.generation, handle)
+    return handle
+
+
+def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> Handler:
+    compiled = selection.compiled
+    applied = selection.applied
+    key = applied[0].key
+    count = len(applied)
+    # The one key answers directly where nothing else of the app is asked first or instead.
+    direct = (compiled is not None and not selection.hooks and not guard.exempt_hooks
+              and guard.exempt_when is None and not selection.dynamic
+              and all(item.key is key and item.exempt_when is None and not item.per_method
+                      for item in applied))
+    whens = tuple(item.count_when for item in applied) if selection.counts else None
+    holds = selection.holds
+    # Responses whose status may give something back are watched: they carry their plan.
+    watched = guard.watch_status or whens is not None or holds
+    here = None if compiled is None else limiter.in_process(compiled)
+    admit = guard.admitter(selection)
+    generation = limiter.generation
+    switch, charge_preflight = SWITCH, guard.charge_preflight
+    breaker, nodes, slots = guard.breaker, guard.nodes, guard.slots
+    timeout, shadow = guard.timeout, guard.shadow
+
+    async def handle(request: Any, method: str, preflight: bool, peek: bool = False
+                     ) -> Verdict | None:
+        if limiter.generation != generation:  # the store was swapped: built again for it
+            return await handler_async(guard, limiter, selection)(request, method, preflight,
+                                                                  peek)
+        if switch.off:  # `ratelimit_mw.testing` switched limiting off (read per request)
+            return None
+        if preflight and not charge_preflight:
+            return None
+        plan: Plan | None = None
+        identity: Any
+        if direct:
+            try:
+                identity = key(request)
+            except Exception as exc:  # the planner logs it and counts the client IP
+                identity = Raised(exc)
+            if type(identity) is not str:  # None (a fallback, or no limit), or not a string
+                plan = guard.plan(selection, request, method, preflight, {id(key): identity})
+                if plan is None:
+                    return None
+        else:
+            answers = None
+            if selection.hooks or guard.exempt_hooks:
+                answers = await answer_all_async(guard.hooks(selection, preflight), request)
+            plan = guard.plan(selection, request, method, preflight, answers)
+            if plan is None:
+                return None
+        if plan is None:  # the selection's own checks, under the one identity
+            hit: Compiled = compiled  # type: ignore[assignment]
+            identities: tuple[str, ...] = (identity,) if count == 1 else (identity,) * count
+            token = hit.token() if holds else None
+            chosen, watching = selection, watched
+            if watched:
+                plan = _new(Plan, (hit, identities, selection, whens, token))
+        else:
+            hit, identities, token, chosen = (plan.compiled, plan.identities, plan.token,
+                                              plan.selection)
+            watching = (guard.watch_status or plan.whens is not None
+                        or plan.token is not None)
+        # Closed (open_until 0.0) on nearly every request: no call. A cluster's: its node's.
+        node = breaker if nodes is None else nodes.of(identities)
+        if node.open_until and not node.may_call():  # skips the store: the failure policy
+            return guard.failed(request, plan or _new(Plan, (hit, identities, selection,
+                                                             whens, token)), None, peek=peek)
+        # Timed only where an event reports it (a shadow refusal): a clock read costs.
+        start = perf_counter() if shadow else 0.0
+        try:
+            if slots.owed:  # give-backs the store missed while it was out go first
+                await _slots.settle_owed_async(guard, limiter)
+            if peek:  # Django's increment=False: the first check, asked without counting
+                first = hit.items[0]
+                decision = await limiter.peek(first[0], identities[0], timeout)
+            elif here is not None and hit is compiled:
+                decision = here(identities, token, not node.open_until)
+            else:
+                # The breaker's probe (it is still open) must reach the store: the deny
+                # cache's answer would close it on a store nobody asked.
+                decision = await limiter._decide(hit, identities, timeout,
+                                                 cached=not node.open_until, token=token)
+        except Exception as exc:  # anything from the store: never a 500
+            return guard.failed(request, plan or _new(Plan, (hit, identities, selection,
+                                                             whens, token)), exc, peek=peek)
+        # An admission is the store's answer (the deny cache holds only refusals): it ends a
+        # row of timeouts; an open breaker's probe is always the store's.
+        if node.open_until or (node.timeouts and decision.allowed):
+            node.succeeded()
+        if decision.allowed:
+            return (admit if chosen is selection else guard.admitter(chosen))(
+                decision, plan if watching else None)
+        return guard.refused(request, plan or _new(Plan, (hit, identities, selection, whens,
+                                                          token)),
+                             decision, start, watching)
+
+    return handle
