@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
-from ratelimit_mw._async.handler import handler_async
+from ratelimit_mw._async.handler import Handler, handler_async
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.asgi_routes import (
     RouteMeta,
@@ -166,49 +166,57 @@ def _descend(route: Any, scope: dict[str, Any], child: Any, method: str, prefix:
 
 
 class RouteResolver:
-    """Resolves (method, path) to (template, endpoint metadata), cached per app."""
+    """Resolves (method, path) to (template, endpoint metadata), cached per app. ``app``,
+    ``routes`` and ``size`` say what it resolved against (the middleware checks them per
+    request), ``host`` whether Host routes make the host part of a request's shape."""
 
-    __slots__ = ("_always", "_app", "_cache", "_enabled", "_host", "_routes", "_size")
+    __slots__ = ("_always", "_cache", "app", "enabled", "host", "routes", "size")
 
     def __init__(self, *, always: bool) -> None:
         # always: a key function needs the template, so resolve even with no decorators.
         self._always = always
-        self._app: object = None
-        self._routes: Sequence[Any] | None = None
-        self._size = -1
-        self._enabled = self._host = False
+        self.app: object = None
+        self.routes: Sequence[Any] | None = None
+        self.size = -1
+        self.enabled = self.host = False
         self._cache: dict[tuple[str, ...], Resolved] = {}
 
     def _rebuild(self, app: object) -> None:
-        self._app = app
-        self._routes = routes = routes_of(app)
+        self.app = app
+        self.routes = routes = routes_of(app)
         self._cache.clear()
-        self._size = -1 if routes is None else len(routes)
+        self.size = -1 if routes is None else len(routes)
         try:
-            decorated, self._host = (False, False) if routes is None else _walk(routes, 0, set())
+            decorated, self.host = (False, False) if routes is None else _walk(routes, 0, set())
         except Exception:  # an odd route object: resolve per request, which is safe
-            decorated = self._host = True
-        self._enabled = routes is not None and (self._always or decorated)
+            decorated = self.host = True
+        self.enabled = routes is not None and (self._always or decorated)
 
-    def resolve(self, scope: MutableMapping[str, Any], app: object, method: str,
-                path: str) -> RouteMeta:
-        """What the request's endpoint carries (None: nothing, or nothing needs resolving);
-        its template, when found, is left in ``scope[ROUTE_SCOPE_KEY]``."""
-        routes = self._routes
-        if app is not self._app or (routes is not None and len(routes) != self._size):
+    def resolved(self, scope: MutableMapping[str, Any], app: object, method: str,
+                 path: str) -> Resolved:
+        """The request's route template and what its endpoint carries (None, None: nothing,
+        or nothing needs resolving)."""
+        routes = self.routes
+        if app is not self.app or (routes is not None and len(routes) != self.size):
             self._rebuild(app)
-            routes = self._routes
-        if not self._enabled or routes is None:
-            return None
+            routes = self.routes
+        if not self.enabled or routes is None:
+            return _UNRESOLVED
         # Host routes match on the Host header: requests for other hosts share no entry.
-        cache_key = (method, path, _host_of(scope)) if self._host else (method, path)
+        cache_key = (method, path, _host_of(scope)) if self.host else (method, path)
         found = self._cache.get(cache_key)
         if found is None:
             found = _match(routes, dict(scope), method, "", 0) or _UNRESOLVED
             if len(self._cache) >= _CACHE_SIZE:  # paths are client text: dropped whole
                 self._cache.clear()
             self._cache[cache_key] = found
-        template, meta = found
+        return found
+
+    def resolve(self, scope: MutableMapping[str, Any], app: object, method: str,
+                path: str) -> RouteMeta:
+        """What the request's endpoint carries (None: nothing, or nothing needs resolving);
+        its template, when found, is left in ``scope[ROUTE_SCOPE_KEY]``."""
+        template, meta = self.resolved(scope, app, method, path)
         if template is not None:
             scope[ROUTE_SCOPE_KEY] = template
         return meta
@@ -275,6 +283,8 @@ class RateLimitMiddleware:
         self._root: object = app if routes_of(app) is not None else None
         self._resolver = RouteResolver(always=any(map(needs_route, self.guard.keys_in_use)))
         self._answers = Answers()  # the default 429 and 503
+        # (method, path[, host]) -> what `_entry` worked out for them.
+        self._entries: dict[tuple[str, ...], tuple[str | None, Handler | None, bool]] = {}
         # The app the requests come through (scope["app"]; or the app wrapped here): a FastAPI
         # app's OpenAPI schema documents the 429 of its limited operations.
         self._seen_app: object = None
@@ -302,44 +312,86 @@ class RateLimitMiddleware:
             else:
                 await self.app(scope, receive, send)
             return
-        guard = self.guard
         method: str = scope["method"]
-        path = route_path(scope)
-        state, meta = self._routed(scope, method, path)
-        selection = guard.select(method, path, meta)
-        if selection is not None:
-            # One Request for every key function, hook and handler of this request; where
-            # only built-in keys read it (decided when the selection was made), the scope.
-            request: Any
-            if selection.scope_only:
-                request = _new_view(_ScopeView)
-                request.scope = scope
-            else:
-                request = Request(scope)
-            handle = handler_async(guard, self.limiter, selection)
-            verdict = await handle(request, method, method == "OPTIONS" and is_preflight(scope))
-            if isinstance(verdict, Admit):
-                state["ratelimit"] = verdict.decision
-                await serve_admitted(guard, self.limiter, verdict, self.app, scope, receive, send)
-                return
-            if isinstance(verdict, Refuse):
-                state["ratelimit"] = verdict.decision
-                await self._refuse(request, verdict, scope, receive, send)
-                return
-            if verdict is not None:
-                await self._answer(verdict, send)
-                return
-        await self.app(scope, receive, send)
+        path: str = scope["path"] if not scope.get("root_path") else route_path(scope)
+        # What is fixed per method and path (its route's template, its limits' handler)
+        # is looked up whole; the routes it was resolved against are checked first.
+        app = scope.get("app")
+        resolver = self._resolver
+        routes = resolver.routes
+        if (app is not self._seen_app
+                or (self._root if self._root is not None else app) is not resolver.app
+                or (routes is not None and len(routes) != resolver.size)):
+            self._entries.clear()
+        entry = self._entries.get(
+            (method, path, _host_of(scope)) if resolver.host else (method, path))
+        if entry is None:
+            entry = self._entry(scope, method, path)
+        template, handle, scope_only = entry
+        if template is not None:
+            scope[ROUTE_SCOPE_KEY] = template
+        state = scope.get("state")
+        if state is None:
+            state = scope["state"] = {}
+        state["ratelimit"] = None
+        if handle is None:
+            await self.app(scope, receive, send)
+            return
+        # One Request for every key function, hook and handler of this request; where only
+        # built-in keys read it (decided when the selection was made), the scope.
+        request: Any
+        if scope_only:
+            request = _new_view(_ScopeView)
+            request.scope = scope
+        else:
+            request = Request(scope)
+        verdict = await handle(request, method, method == "OPTIONS" and is_preflight(scope))
+        if type(verdict) is Admit:
+            state["ratelimit"] = verdict.decision
+            await serve_admitted(self.guard, self.limiter, verdict, self.app, scope, receive,
+                                 send)
+        elif type(verdict) is Refuse:
+            state["ratelimit"] = verdict.decision
+            await self._refuse(request, verdict, scope, receive, send)
+        elif verdict is not None:
+            await self._answer(verdict, send)  # type: ignore[arg-type]
+        else:
+            await self.app(scope, receive, send)
 
-    def _routed(self, scope: Scope, method: str, path: str) -> tuple[dict[str, Any], Any]:
-        """What the request's endpoint carries (its template left in the scope), and the
-        scope's state, where the decision is left (None until one is made)."""
+    def _entry(self, scope: Scope, method: str,
+               path: str) -> tuple[str | None, Handler | None, bool]:
+        """What a method and path come to, worked out on their first request and kept: the
+        route's template (for ``keys.route()``), the handler of the limits that apply (None:
+        none), whether their keys read the scope alone. Bounded: paths are client text."""
+        template, meta = self._resolved(scope, method, path)
+        selection = self.guard.select(method, path, meta)
+        entry = (template,
+                 None if selection is None else handler_async(self.guard, self.limiter,
+                                                              selection),
+                 selection is not None and selection.scope_only)
+        entries = self._entries
+        if len(entries) >= _CACHE_SIZE:
+            entries.clear()
+        resolver = self._resolver
+        entries[(method, path, _host_of(scope)) if resolver.host else (method, path)] = entry
+        return entry
+
+    def _resolved(self, scope: Scope, method: str, path: str) -> Resolved:
+        """The request's route template and what its endpoint carries; a new app seen in
+        the scope gets its OpenAPI schema documented first."""
         app = scope.get("app")
         if app is not self._seen_app:
             self._seen_app = app
             document_fastapi(app, self.guard)
-        meta = self._resolver.resolve(scope, self._root if self._root is not None else app,
-                                      method, path)
+        return self._resolver.resolved(scope, self._root if self._root is not None else app,
+                                       method, path)
+
+    def _routed(self, scope: Scope, method: str, path: str) -> tuple[dict[str, Any], Any]:
+        """What the request's endpoint carries (its template left in the scope), and the
+        scope's state, where the decision is left (None until one is made)."""
+        template, meta = self._resolved(scope, method, path)
+        if template is not None:
+            scope[ROUTE_SCOPE_KEY] = template
         state = scope.get("state")
         if state is None:
             state = scope["state"] = {}

@@ -189,4 +189,5 @@ def test_the_asgi_middleware_per_path_caches_stay_bounded_under_a_flood_of_paths
     elapsed = asyncio.run(flood())
     assert len(mw.guard._rule_cache) <= 4_096
     assert len(mw._resolver._cache) <= 4_096
+    assert len(mw._entries) <= 4_096
     figures.record("bounded_memory.path_flood_request_ms_mean", ms(elapsed / 20_000))
