@@ -42,8 +42,9 @@ from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.http.asgi_routes import needs_route
 from ratelimit_mw.http.config import Config, ErrorPolicy, build_config
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import Admit, Guard, Refuse
+from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Applied, Selection
+from ratelimit_mw.http.verdict import Admit, Refuse
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 from ratelimit_mw.routing import Cost, Predicate, stable_module, validate_cost

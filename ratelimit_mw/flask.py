@@ -43,10 +43,11 @@ from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Refuse, Unavailable
+from ratelimit_mw.http.guard import DECISION_KEY, Guard
 from ratelimit_mw.http.headers import Headers, retry_after_seconds
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.http.selection import Selection
+from ratelimit_mw.http.verdict import Admit, Refuse, Unavailable
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import Limiter, require_sync_limiter
 from ratelimit_mw.routing import ATTRIBUTE, Cost, RouteLimit, limit_decorator, route_limits

@@ -54,9 +54,10 @@ from ratelimit_mw.http.asgi_send import (
 )
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import require
-from ratelimit_mw.http.guard import Admit, Guard, Refuse, Unavailable
+from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import TOO_MANY_REQUESTS
 from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.http.verdict import Admit, Refuse, Unavailable
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 from ratelimit_mw.routing import EXEMPT, RouteLimit, route_limits

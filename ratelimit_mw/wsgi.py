@@ -31,9 +31,10 @@ from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
 from ratelimit_mw.http.extras import installed
-from ratelimit_mw.http.guard import DECISION_KEY, Admit, Guard, Held, Refuse
+from ratelimit_mw.http.guard import DECISION_KEY, Guard
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.rules import Rule
+from ratelimit_mw.http.verdict import Admit, Held, Refuse
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import Limiter, require_sync_limiter
 

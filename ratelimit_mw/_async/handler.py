@@ -20,6 +20,7 @@ This module is the async source; ``_sync/handler.py`` is generated from it
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from math import ceil
 from time import perf_counter
 from typing import Any
 
@@ -27,8 +28,9 @@ from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.engine import SWITCH
 from ratelimit_mw.hooks import Raised, answer_all_async
 from ratelimit_mw.http import slots as _slots
-from ratelimit_mw.http.guard import Guard, Plan, Verdict
+from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Selection
+from ratelimit_mw.http.verdict import Admit, Plan, Verdict
 from ratelimit_mw.limiter import AsyncLimiter
 
 Decided = Verdict | None  # None: no limit applies to the request
@@ -63,6 +65,11 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
     watched = guard.watch_status or whens is not None or holds
     here = None if compiled is None else limiter.in_process(compiled)
     admit = guard.admitter(selection)
+    # Raw headers without the legacy fields: the RateLimit-Policy pair and each tier's name
+    # encoded once (`PolicyHeader`), one format for the numbers.
+    header = selection.policy_header
+    fields = (header.raw_item if guard.raw and guard.headers and not guard.legacy else None)
+    names = header.raw_names
     generation = limiter.generation
     switch, charge_preflight = SWITCH, guard.charge_preflight
     breaker, nodes, slots = guard.breaker, guard.nodes, guard.slots
@@ -135,6 +142,12 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
         if node.open_until or (node.timeouts and decision.allowed):
             node.succeeded()
         if decision.allowed:
+            if chosen is selection and fields is not None:  # the RateLimit fields, as bytes
+                rate = decision.rate
+                return _new(Admit, (decision, None, plan if watching else None, [fields, (
+                    b"ratelimit", b"%s;r=%d;t=%d" % (
+                        names.get((id(decision.policy), rate.period_ms if rate else 0),
+                                  b'"limit"'), decision.remaining, ceil(decision.reset_after)))]))
             return (admit if chosen is selection else guard.admitter(chosen))(
                 decision, plan if watching else None)
         return guard.refused(request, plan or _new(Plan, (hit, identities, selection, whens,

@@ -17,6 +17,7 @@ the Lua differential test) takes `run`, the ARGV adapter over the same checks an
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from ratelimit_mw.backends._algorithms import _Tier
@@ -178,6 +179,7 @@ class MemoryBackend(_Script):
         check = self._checks[algo]
         lock = self._lock
         data, expires, scheduled = self._data, self._expires, self._scheduled
+        due_times = self._due_times
         log = compiled.log
         rate_limit = rate.limit
 
@@ -200,8 +202,10 @@ class MemoryBackend(_Script):
                 token = new_token()
             lock.acquire()
             try:
-                now_us = self._tick(now_us)
-                now = now_us // 1000
+                now = (now_us := time_ns() // 1000 if now_us is None else now_us) // 1000
+                if due_times and due_times[0] <= now:  # `_tick`, written out: every request
+                    self._sweep(now, now - self._called_at)
+                self._called_at = now
                 result = check(key, limit, period, cost, cal, now, now, now_us)
                 if not result[0]:
                     return self._refused("H", [key], [(*tier, key)], [result], None, now, now,

@@ -27,9 +27,10 @@ from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.decorators import handles, view_limits
-from ratelimit_mw.http.guard import Admit, Guard, Held, Refuse, Verdict
+from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.selection import Selection
+from ratelimit_mw.http.verdict import Admit, Held, Refuse, Verdict
 from ratelimit_mw.keys import reads
 from ratelimit_mw.wsgi import renewing
 

@@ -31,8 +31,9 @@ from ratelimit_mw.core.policy import Policy, as_policy
 from ratelimit_mw.django import conf
 from ratelimit_mw.django.legacy import check_key, check_rates
 from ratelimit_mw.hooks import refuse_async
-from ratelimit_mw.http.guard import Guard, Refuse, Unavailable, Verdict
+from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Applied, Selection
+from ratelimit_mw.http.verdict import Refuse, Unavailable, Verdict
 from ratelimit_mw.keys import KeyFunc, reads
 from ratelimit_mw.routing import Cost, validate_cost
 

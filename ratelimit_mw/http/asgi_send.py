@@ -13,9 +13,10 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from ratelimit_mw.core.plans import Check
-from ratelimit_mw.http.guard import Admit, Guard, Held, Refuse, Unavailable
+from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
 from ratelimit_mw.http.slots import LeaseLost
+from ratelimit_mw.http.verdict import Admit, Held, Refuse, Unavailable
 from ratelimit_mw.limiter import AsyncLimiter
 
 # Every framework's own ASGI types are narrower; these take them all.

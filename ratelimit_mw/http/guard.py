@@ -21,14 +21,10 @@ anything a client sends.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from time import perf_counter, time
-from typing import Any, NamedTuple
+from typing import Any
 
 from ratelimit_mw import keys as _keys
-from ratelimit_mw.backends.memory import MemoryBackend
-from ratelimit_mw.core.compiled import Compiled
-from ratelimit_mw.core.decision import Decision
-from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy, SharedLogs
 from ratelimit_mw.hooks import (
@@ -38,16 +34,9 @@ from ratelimit_mw.hooks import (
     refuse_async,
 )
 from ratelimit_mw.http import slots as _slots
-from ratelimit_mw.http.breaker import Breaker, Breakers
+from ratelimit_mw.http.after import AfterResponse
 from ratelimit_mw.http.config import Config
-from ratelimit_mw.http.headers import (
-    Headers,
-    RawHeaders,
-    encode_raw,
-    rate_limit_headers,
-    too_many_requests_body,
-    unavailable_body,
-)
+from ratelimit_mw.http.outcome import Outcomes
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.http.selection import (
     METHODS,
@@ -58,10 +47,10 @@ from ratelimit_mw.http.selection import (
     other_verb,
 )
 from ratelimit_mw.http.slots import IN_FLIGHT
+from ratelimit_mw.http.verdict import Admit, Held, Plan
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.limiter import SWITCH, AsyncLimiter, Limiter
-from ratelimit_mw.log import ThrottledLog, describe, logger
-from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
+from ratelimit_mw.log import ThrottledLog, logger
 from ratelimit_mw.routing import (
     EXEMPT,
     DynamicLimit,
@@ -76,90 +65,6 @@ _PATH_CACHE_SIZE = 4096
 _NO_STORE = ("Cache-Control", "no-store")
 _JSON = ("Content-Type", "application/json")
 _FALLBACK_KEY = _keys.client_ip()
-
-
-class Plan(NamedTuple):
-    """What one request sends: the compiled hit, an identity per check, the selection they
-    came from (for headers), when some limit has one, each check's own count_when, and
-    when it takes in-flight slots, the token they are held (and given back) by."""
-
-    compiled: Compiled
-    identities: tuple[str, ...]
-    selection: Selection
-    whens: tuple[Callable[[int], bool] | None, ...] | None = None
-    token: str | None = None
-
-    @property
-    def checks(self) -> tuple[Check, ...]:
-        return self.compiled.checks(self.identities)
-
-    @property
-    def held(self) -> tuple[Check, ...]:
-        """The in-flight slots among the checks."""
-        compiled, identities = self.compiled, self.identities
-        return tuple(_new(Check, (compiled.policies[i], identities[i], compiled.costs[i]))
-                     for i in compiled.in_flight)
-
-
-class Held:
-    """The in-flight slots of one admitted request while its response runs: when their
-    lease is due for renewal (a third of the shortest lease since the last one, on the
-    limiter's clock), whether they have been given back (once), and whether a renewal found
-    them gone to another request (`slots.Slots.renewed`)."""
-
-    __slots__ = ("admit", "checks", "clock", "done", "every", "lost", "next")
-
-    def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
-        plan = admit.refund
-        if plan is None or plan.token is None:
-            raise ValueError("Held is for an admitted request that holds in-flight slots")
-        self.admit = admit
-        self.checks = plan.held
-        self.every = plan.compiled.renew_every
-        self.clock = clock
-        self.next = clock() + self.every
-        self.done = False
-        self.lost = False
-
-    @property
-    def token(self) -> str:
-        return self.admit.refund.token  # type: ignore[union-attr,return-value]
-
-    def due(self) -> bool:
-        """Whether to renew now (and then not again for a third of the lease)."""
-        now = self.clock()
-        if self.done or now < self.next:
-            return False
-        self.next = now + self.every
-        return True
-
-
-class Admit(NamedTuple):
-    """Serve the request; add `headers` (`raw`, for a guard built with ``raw=True``); when
-    `refund` (the request's plan) is there, the response's status may give hits back
-    (`Guard.given_back`)."""
-
-    decision: Decision | None
-    headers: Headers | None
-    refund: Plan | None
-    raw: RawHeaders | None = None
-
-
-class Refuse(NamedTuple):
-    decision: Decision
-    status: int
-    headers: Headers
-    body: bytes
-
-
-class Unavailable(NamedTuple):
-    status: int
-    headers: Headers
-    body: bytes
-
-
-Verdict = Admit | Refuse | Unavailable
-PASS = Admit(None, None, None, None)
 # NamedTuples built per request skip their generated __new__ (fields given in order).
 _new = tuple.__new__
 
@@ -171,7 +76,7 @@ def _fallback_identity(request: Any) -> str:
         return "ip:unknown"
 
 
-class Guard:
+class Guard(Outcomes, AfterResponse):
     """The validated configuration plus the state one app's middleware keeps (caches, breaker).
 
     ``timeout`` is the deadline the async drivers put around a backend call (None for an
@@ -213,20 +118,13 @@ class Guard:
         exempt = config.exempt_when
         self.exempt_hooks: tuple[Callable[[Any], Any], ...] = (
             (exempt,) if exempt is not None and is_async(exempt) else ())
-        policy = config.on_backend_error
-        self.breaker = Breaker(config.backend_cooldown,
-                               repr(policy) if isinstance(policy, str) else "<callable>",
-                               deadline=timeout)
-        self.nodes = Breakers.per_node(self.breaker, limiter)  # None but on a cluster
         self.log_failure = ThrottledLog()
         # The ASGI requests holding in-flight slots, renewed and given back together, per
         # event loop (asgi_send.Holders).
         self.holders: dict[Any, Any] = {}
         # Give-backs owed to a store that missed them, slots taken in the memory fallback.
         self.slots = _slots.Slots()
-        # on_backend_error="memory": the store's stand-in while it is out, counting on
-        # across outages (see `_decide_in_memory`).
-        self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
+        self.set_up_outcomes(config, limiter, timeout)
         key = config.key_func
         self.defaults = tuple(
             Applied(p, key, 1, "default" if len(config.defaults) == 1 else p.name,
@@ -246,19 +144,6 @@ class Guard:
         # (key id, name) -> the key of a named limit (`_route_key`); bounded by the app's
         # decorators.
         self._shared_keys: dict[tuple[int, str], KeyFunc] = {}
-        retry = self.breaker.retry_after()
-        self.unavailable = Unavailable(
-            503, [_JSON, _NO_STORE, ("Retry-After", str(retry))], unavailable_body(retry)
-        )
-        # The last refusal rendered, with the Decision and Selection it was rendered from: a
-        # flood gets the same Decision object from the deny cache while its numbers stay
-        # the same (about a millisecond), and the same objects render the same 429. One
-        # tuple, replaced whole (threads may share the guard).
-        self._last_refusal: tuple[Decision, Selection, Refuse] | None = None
-        # Handed to an on_backend_error callable while the breaker skips the backend.
-        self._cooling = BackendError(
-            "the rate-limit backend failed recently; not calling it during the cool-down"
-        )
         if not self.defaults and not self.rules:
             logger.info("ratelimit_mw middleware has no default and no rules: only decorated "
                         "routes are limited")
@@ -498,200 +383,6 @@ class Guard:
             self.log_failure("ratelimit_mw exempt_when raised; limiting the request", exc)
             return False
 
-    # -- the backend's answer --------------------------------------------------------------
-    def refused(self, request: Any, plan: Plan, decision: Decision, started: float,
-                refundable: bool) -> Admit | Refuse:
-        """An answer as the response it makes: headers, a 429, shadow mode's report;
-        `refundable`: the response's status may give the hit back."""
-        selection = plan.selection
-        if decision.allowed:
-            return self.admitter(selection)(decision, plan if refundable else None)
-        self._notify_refusal(request, decision)
-        if self.shadow:
-            self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
-                                           if check.policy is decision.policy],
-                          perf_counter() - started if started else 0.0)
-            if not self.headers:
-                return _new(Admit, (decision, None, None, None))
-            return self._headed(decision, self.served_headers(decision, selection), None)
-        last = self._last_refusal
-        if last is not None and last[0] is decision and last[1] is selection:
-            return last[2]
-        refusal = Refuse(decision, 429, self.refusal_headers(decision, selection),
-                         too_many_requests_body(decision))
-        self._last_refusal = (decision, selection, refusal)
-        return refusal
-
-    def admitter(self, selection: Selection) -> Callable[[Decision, Plan | None], Admit]:
-        """How an admitted decision of `selection` becomes its Admit (headers or none, raw or
-        not, legacy fields or not), chosen once per selection and guard and kept on it."""
-        kept = selection.admit
-        if kept is not None and kept[0] is self:
-            return kept[1]
-        header, legacy = selection.policy_header, self.legacy
-
-        def bare(decision: Decision, refund: Plan | None) -> Admit:
-            return _new(Admit, (decision, None, refund, None))
-
-        def headed(decision: Decision, refund: Plan | None) -> Admit:
-            # served_headers, less the Retry-After filter an admitted response never needs.
-            return self._headed(decision, rate_limit_headers(decision, header, legacy), refund)
-
-        admit: Callable[[Decision, Plan | None], Admit] = (
-            bare if not self.headers
-            else header.raw_admitter(Admit) if self.raw and not legacy else headed)
-        selection.admit = (self, admit)
-        return admit
-
-    def _headed(self, decision: Decision, headers: Headers, refund: Plan | None) -> Admit:
-        """An Admit with these headers, in the form the adapter sends (`raw` or not)."""
-        if self.raw:
-            return _new(Admit, (decision, None, refund, encode_raw(headers)))
-        return _new(Admit, (decision, headers, refund, None))
-
-    def failed(self, request: Any, plan: Plan, exc: BaseException | None, *,
-               peek: bool = False) -> Admit | Refuse | Unavailable:
-        """The failure policy; `exc` None: the breaker skipped the backend; `peek`: the
-        plan was only asked about, so the memory stand-in asks too."""
-        names = [policy.name for policy in plan.compiled.policies]
-        if exc is None:
-            self._observe(BREAKER_OPEN if self._fallback is None else FALLBACK, names, 0.0)
-            error: BaseException = self._cooling
-        else:
-            if not isinstance(exc, BackendError):
-                # The limiter reports the BackendErrors it raises; a call cut off by the
-                # deadline (or anything else) it never saw end: one event per request.
-                self._observe(BACKEND_ERROR, names,
-                              self.timeout if isinstance(exc, TimeoutError) and self.timeout
-                              else 0.0)
-            (self.breaker if self.nodes is None else self.nodes.of(plan.identities)).failed(
-                describe(exc, self.timeout), exc)
-            error = exc
-        if self._fallback is not None:
-            return self._decide_in_memory(request, plan, peek)
-        return PASS if self._admit_on_error(request, error) else self.unavailable
-
-    def _fresh_fallback(self) -> Any:
-        # The limiter's clock as it is at each call (a test's, else this process's) stands in
-        # for the store's.
-        return Limiter(MemoryBackend(), prefix=getattr(self.limiter, "prefix", "rl"),
-                       deny_cache=0,
-                       clock=lambda: (getattr(self.limiter, "clock", None) or time)())
-
-    def _decide_in_memory(self, request: Any, plan: Plan, peek: bool) -> Admit | Refuse:
-        """on_backend_error="memory": the same checks, decided in this process's memory,
-        which keeps what every outage counted until its windows end (per worker: in one
-        window the store admits up to the limit and each of N workers up to the limit, so
-        (N + 1) x the limit however often the store fails). What it admits is never given
-        back (count_when): the store never recorded it. In-flight slots are taken in it too
-        (per worker, as the rates), and given back and renewed there (`slots.Slots.local`)."""
-        checks, fallback, token = plan.checks, self._fallback, plan.token
-        try:
-            if peek:
-                decision = fallback.peek(*checks[0][:2])
-            elif token is None:
-                decision = fallback.check(checks)
-            else:
-                decision = fallback._decide(*fallback._compiled_checks(checks), token=token)
-        except Exception as exc:  # the memory backend's own failure: admit, as "allow"
-            self.log_failure("ratelimit_mw in-memory fallback failed; admitting", exc)
-            return PASS
-        holds = token is not None and not peek and decision.allowed
-        if holds:
-            self.slots.taken_here(self.limiter, checks, token)  # type: ignore[arg-type]
-        return self.refused(request, plan, decision, 0.0, holds)
-
-    def _admit_on_error(self, request: Any, exc: BaseException) -> bool:
-        policy = self.config.on_backend_error
-        if policy == "allow":
-            return True
-        if policy == "deny":
-            return False
-        try:
-            return bool(policy(request, exc))  # type: ignore[operator]
-        except Exception as hook_exc:
-            self.log_failure("ratelimit_mw on_backend_error callable raised; admitting",
-                             hook_exc)
-            return True
-
-    def _notify_refusal(self, request: Any, decision: Decision) -> None:
-        hook = self.config.on_refusal
-        if hook is None:
-            return
-        try:
-            hook(request, decision)
-        except Exception as exc:
-            self.log_failure("ratelimit_mw on_refusal hook raised", exc)
-
-    def _observe(self, event: Any, policies: list[str], seconds: float) -> None:
-        hook = getattr(self.limiter, "metrics", None)
-        if hook is None:
-            return
-        try:
-            for name in dict.fromkeys(policies):
-                hook.observe(event, name, seconds)
-        except Exception as exc:  # a metrics bug must not fail the request
-            self.log_failure("ratelimit_mw metrics hook raised", exc)
-
-    # -- after the response ----------------------------------------------------------------
-    def given_back(self, admit: Admit, status: int) -> tuple[Check, ...]:
-        """The hits an admitted response with this status gives back: every one for a 405
-        not charged; else each whose count_when (its limit's own, or the middleware's) says
-        False. Empty for most responses, and then nothing is sent."""
-        plan = admit.refund
-        if plan is None:
-            return ()
-        if status == 405 and not self.charge_405:
-            return plan.checks
-        whens = plan.whens
-        if whens is None:
-            count_when = self.count_when  # None for most: nothing to ask
-            return (plan.checks if count_when is not None and self._given_back(count_when, status)
-                    else ())
-        checks = plan.checks
-        return tuple(check for check, when in zip(checks, whens, strict=True)
-                     if self._given_back(when or self.count_when, status))
-
-    def released(self, admit: Admit, status: int) -> tuple[Check, ...]:
-        """What an admitted response with this status sends back when it ends: the hits it
-        gives back (`given_back`) and every in-flight slot it holds (given back together,
-        by the hit's token)."""
-        back = self.given_back(admit, status)
-        plan = admit.refund
-        if plan is None or plan.token is None or len(back) == len(plan.identities):
-            return back
-        return tuple(check for check in plan.checks
-                     if check.policy.algorithm == IN_FLIGHT or check in back)
-
-    def holding(self, admit: Admit) -> Held | None:
-        """The slots an admitted request holds while its response runs (None: none)."""
-        plan = admit.refund
-        if plan is None or plan.token is None:
-            return None
-        return Held(admit, self.limiter._monotonic)
-
-    def _given_back(self, count_when: Callable[[int], bool] | None, status: int) -> bool:
-        if count_when is None:
-            return False
-        try:
-            return not count_when(status)
-        except Exception as exc:
-            self.log_failure("ratelimit_mw count_when raised; keeping the hit", exc)
-            return False
-
-    def may_refund(self) -> bool:
-        """Whether to try a refund now: not while the breaker skips a backend known down."""
-        if self.breaker.is_open:
-            self.log_failure("ratelimit_mw: backend cooling down; a hit that should have been "
-                             "given back stays counted (in-flight slots: until it answers)")
-            return False
-        return True
-
-    def refund_failed(self, exc: BaseException) -> None:
-        self.breaker.failed(describe(exc, self.timeout), exc)
-        self.log_failure("ratelimit_mw: could not give back a hit; it stays counted (in-flight "
-                         "slots: until the store answers)", exc)
-
     # -- after the response, the one I/O step: unasync: the async source
     async def refund_async(self, limiter: AsyncLimiter, checks: Sequence[Check],
                            token: str | None = None) -> None:
@@ -751,19 +442,3 @@ class Guard:
         _slots.renew_sync(self, limiter, held)
 
     # -- unasync: end
-
-    # -- headers ---------------------------------------------------------------------------
-    def served_headers(self, decision: Decision, selection: Selection) -> Headers:
-        """Headers for a response the app serves (admitted, or refused in shadow mode)."""
-        headers = rate_limit_headers(decision, selection.policy_header, self.legacy)
-        if not decision.allowed:
-            # A shadow refusal was served: Retry-After would tell the client to back off
-            # from a response it just got.
-            headers = [item for item in headers if item[0] != "Retry-After"]
-        return headers
-
-    def refusal_headers(self, decision: Decision, selection: Selection) -> Headers:
-        """What every 429 carries: Retry-After, RateLimit, RateLimit-Policy, no caching."""
-        return [_NO_STORE, *rate_limit_headers(decision, selection.policy_header,
-                                               self.legacy)]
-

@@ -28,7 +28,8 @@ from ratelimit_mw.log import ThrottledLog
 from ratelimit_mw.metrics import LEASE_LOST
 
 if TYPE_CHECKING:
-    from ratelimit_mw.http.guard import Guard, Held
+    from ratelimit_mw.http.guard import Guard
+    from ratelimit_mw.http.verdict import Held
     from ratelimit_mw.limiter import AsyncLimiter, Limiter
 
 IN_FLIGHT = "concurrency"  # the algorithm of in-flight slots

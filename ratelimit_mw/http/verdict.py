@@ -1,0 +1,102 @@
+"""What the guard says of one request: `Plan` (the checks it sends), `Admit` (serve it),
+`Refuse` (a 429), `Unavailable` (a 503), and `Held` (the in-flight slots an admitted
+request holds while its response runs). Data only: the guard makes them, the adapters read
+them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ratelimit_mw.core.compiled import Compiled
+from ratelimit_mw.core.decision import Decision
+from ratelimit_mw.core.plans import Check
+from ratelimit_mw.http.headers import Headers, RawHeaders
+from ratelimit_mw.http.selection import Selection
+
+
+class Plan(NamedTuple):
+    """What one request sends: the compiled hit, an identity per check, the selection they
+    came from (for headers), when some limit has one, each check's own count_when, and
+    when it takes in-flight slots, the token they are held (and given back) by."""
+
+    compiled: Compiled
+    identities: tuple[str, ...]
+    selection: Selection
+    whens: tuple[Callable[[int], bool] | None, ...] | None = None
+    token: str | None = None
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        return self.compiled.checks(self.identities)
+
+    @property
+    def held(self) -> tuple[Check, ...]:
+        """The in-flight slots among the checks."""
+        compiled, identities = self.compiled, self.identities
+        return tuple(_new(Check, (compiled.policies[i], identities[i], compiled.costs[i]))
+                     for i in compiled.in_flight)
+
+
+class Held:
+    """The in-flight slots of one admitted request while its response runs: when their
+    lease is due for renewal (a third of the shortest lease since the last one, on the
+    limiter's clock), whether they have been given back (once), and whether a renewal found
+    them gone to another request (`slots.Slots.renewed`)."""
+
+    __slots__ = ("admit", "checks", "clock", "done", "every", "lost", "next")
+
+    def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
+        plan = admit.refund
+        if plan is None or plan.token is None:
+            raise ValueError("Held is for an admitted request that holds in-flight slots")
+        self.admit = admit
+        self.checks = plan.held
+        self.every = plan.compiled.renew_every
+        self.clock = clock
+        self.next = clock() + self.every
+        self.done = False
+        self.lost = False
+
+    @property
+    def token(self) -> str:
+        return self.admit.refund.token  # type: ignore[union-attr,return-value]
+
+    def due(self) -> bool:
+        """Whether to renew now (and then not again for a third of the lease)."""
+        now = self.clock()
+        if self.done or now < self.next:
+            return False
+        self.next = now + self.every
+        return True
+
+
+class Admit(NamedTuple):
+    """Serve the request; add `headers` (`raw`, for a guard built with ``raw=True``); when
+    `refund` (the request's plan) is there, the response's status may give hits back
+    (`Guard.given_back`)."""
+
+    decision: Decision | None
+    headers: Headers | None
+    refund: Plan | None
+    raw: RawHeaders | None = None
+
+
+class Refuse(NamedTuple):
+    decision: Decision
+    status: int
+    headers: Headers
+    body: bytes
+
+
+class Unavailable(NamedTuple):
+    status: int
+    headers: Headers
+    body: bytes
+
+
+Verdict = Admit | Refuse | Unavailable
+PASS = Admit(None, None, None, None)
+# NamedTuples built per request skip their generated __new__ (fields given in order).
+_new = tuple.__new__
