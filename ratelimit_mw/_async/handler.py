@@ -65,11 +65,14 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
     watched = guard.watch_status or whens is not None or holds
     here = None if compiled is None else limiter.in_process(compiled)
     admit = guard.admitter(selection)
-    # Raw headers without the legacy fields: the RateLimit-Policy pair and each tier's name
-    # encoded once (`PolicyHeader`), one format for the numbers.
-    header = selection.policy_header
-    fields = (header.raw_item if guard.raw and guard.headers and not guard.legacy else None)
-    names = header.raw_names
+    # The RateLimit fields without the legacy ones, as `PolicyHeader.admitter` renders
+    # them, written out: the policy pair and each tier's name rendered once, one format.
+    header, raw = selection.policy_header, guard.raw
+    rendered = guard.headers and not guard.legacy
+    fields: Any = header.raw_item if raw else header.item
+    names: dict[tuple[int, int], Any] = header.raw_names if raw else header.names
+    field, form, unnamed = ((b"ratelimit", b"%s;r=%d;t=%d", b'"limit"') if raw
+                            else ("RateLimit", "%s;r=%d;t=%d", '"limit"'))
     generation = limiter.generation
     switch, charge_preflight = SWITCH, guard.charge_preflight
     breaker, nodes, slots = guard.breaker, guard.nodes, guard.slots
@@ -142,12 +145,13 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
         if node.open_until or (node.timeouts and decision.allowed):
             node.succeeded()
         if decision.allowed:
-            if chosen is selection and fields is not None:  # the RateLimit fields, as bytes
+            if chosen is selection and rendered:  # the RateLimit fields (`admitter`)
                 rate = decision.rate
-                return _new(Admit, (decision, None, plan if watching else None, [fields, (
-                    b"ratelimit", b"%s;r=%d;t=%d" % (
-                        names.get((id(decision.policy), rate.period_ms if rate else 0),
-                                  b'"limit"'), decision.remaining, ceil(decision.reset_after)))]))
+                pair = [fields, (field, form % (
+                    names.get((id(decision.policy), rate.period_ms if rate else 0), unnamed),
+                    decision.remaining, ceil(decision.reset_after)))]
+                return _new(Admit, (decision, None, plan if watching else None, pair) if raw
+                            else (decision, pair, plan if watching else None, None))
             return (admit if chosen is selection else guard.admitter(chosen))(
                 decision, plan if watching else None)
         return guard.refused(request, plan or _new(Plan, (hit, identities, selection, whens,

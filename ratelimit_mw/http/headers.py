@@ -85,18 +85,32 @@ class PolicyHeader:
         t = math.ceil(decision.reset_after) if decision.allowed else retry_after_seconds(decision)
         return f"{name};r={decision.remaining};t={t}"
 
-    def raw_admitter(self, build: type[T]) -> Callable[[Decision, Any], T]:
+    def admitter(self, build: type[T], raw: bool) -> Callable[[Decision, Any], T]:
         """How an admitted decision becomes ``build`` (a 4-field NamedTuple: decision,
-        headers, refund, raw) with `rate_limit_headers` (no legacy fields) as `RawHeaders`:
-        the policy field's bytes and each tier's name encoded once, one format for the
-        numbers; one call per admitted response."""
-        names, item, ceil, new = self.raw_names, self.raw_item, math.ceil, tuple.__new__
+        headers, refund, raw) with `rate_limit_headers` (no legacy fields), as `RawHeaders`
+        (`raw`) or as `Headers`: the policy field and each tier's name rendered once, one
+        format for the numbers; one call per admitted response."""
+        ceil, new = math.ceil, tuple.__new__
+        if raw:
+            names, item = self.raw_names, self.raw_item
+
+            def admit_raw(decision: Decision, refund: Any) -> T:
+                rate = decision.rate
+                name = names.get((id(decision.policy), rate.period_ms if rate else 0),
+                                 b'"limit"')
+                return new(build, (decision, None, refund, [item, (
+                    b"ratelimit", b"%s;r=%d;t=%d" % (name, decision.remaining,
+                                                     ceil(decision.reset_after)))]))
+            return admit_raw
+        text_names, text_item = self.names, self.item
 
         def admit(decision: Decision, refund: Any) -> T:
             rate = decision.rate
-            name = names.get((id(decision.policy), rate.period_ms if rate else 0), b'"limit"')
-            return new(build, (decision, None, refund, [item, (b"ratelimit", b"%s;r=%d;t=%d" % (
-                name, decision.remaining, ceil(decision.reset_after)))]))
+            name = text_names.get((id(decision.policy), rate.period_ms if rate else 0),
+                                  '"limit"')
+            return new(build, (decision, [text_item, (
+                "RateLimit", f"{name};r={decision.remaining};t={ceil(decision.reset_after)}")],
+                refund, None))
         return admit
 
 

@@ -115,7 +115,7 @@ class Outcomes:
 
         admit: Callable[[Decision, Plan | None], Admit] = (
             bare if not self.headers
-            else header.raw_admitter(Admit) if self.raw and not legacy else headed)
+            else headed if legacy else header.admitter(Admit, self.raw))
         selection.admit = (self, admit)
         return admit
 
