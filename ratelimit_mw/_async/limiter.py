@@ -201,7 +201,11 @@ class AsyncLimiter(_Shared):
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
-        return await self._decide(self._compiled_hit(policy, identity, cost), (identity,))
+        compiled = self._compiled_hit(policy, identity, cost)
+        kept = compiled.here  # in process: `_decide`'s first step, taken here
+        if kept[0] is self._backend and kept[1] is not None:
+            return kept[1]((identity,), None, True)  # type: ignore[no-any-return]
+        return await self._decide(compiled, (identity,))
 
     def messages(self, policy: Policy | str) -> Messages:
         """A budget for the messages of one connection (a WebSocket, a stream), counted
