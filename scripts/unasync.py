@@ -28,8 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "ratelimit_mw" / "_async"
 TARGETS = ROOT / "ratelimit_mw" / "_sync"
 HAND_WRITTEN = {"__init__.py", "primitives.py"}
-REGIONS = [ROOT / "ratelimit_mw" / "hooks.py", ROOT / "ratelimit_mw" / "http" / "guard.py",
-           ROOT / "ratelimit_mw" / "http" / "slots.py"]
+REGIONS = [ROOT / "ratelimit_mw" / "http" / "guard.py"]
 ASYNC_MARK = "unasync: the async source"
 SYNC_MARK = "unasync: its sync twin, generated: do not edit"
 END_MARK = "unasync: end"

@@ -28,20 +28,17 @@ from time import perf_counter, time
 from typing import Any, NamedTuple
 
 from ratelimit_mw import keys as _keys
+from ratelimit_mw._async import slots as slots_async
+from ratelimit_mw._async.hooks import answer_all_async
+from ratelimit_mw._sync import slots as slots_sync
+from ratelimit_mw._sync.hooks import answer_all_sync
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy, SharedLogs
-from ratelimit_mw.hooks import (
-    Answers,
-    answer_all_async,
-    answer_all_sync,
-    ask,
-    is_async,
-    refuse_async,
-)
+from ratelimit_mw.hooks import Answers, ask, is_async, refuse_async
 from ratelimit_mw.http import slots as _slots
 from ratelimit_mw.http.breaker import Breaker, Breakers
 from ratelimit_mw.http.config import Config
@@ -742,7 +739,7 @@ class Guard:
         start = perf_counter() if self.shadow else 0.0
         try:
             if self.slots.owed:  # give-backs the store missed while it was out go first
-                await _slots.settle_owed_async(self, limiter)
+                await slots_async.settle_owed_async(self, limiter)
             if peek:
                 decision = await limiter.peek(*plan.checks[0][:2], self.timeout)
             else:
@@ -767,8 +764,8 @@ class Guard:
                                hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
         """`refund_async` of several responses (those that ended in one turn of the event
         loop), in one call; never raises. Slots the store misses are owed to it, slots
-        taken in the memory fallback go back there (`slots.give_back_async`)."""
-        await _slots.give_back_async(self, limiter, hits)
+        taken in the memory fallback go back there (`slots_async.give_back_async`)."""
+        await slots_async.give_back_async(self, limiter, hits)
 
     async def release_async(self, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
         """After an admitted response with this status has ended, however it ended: what it
@@ -781,7 +778,7 @@ class Guard:
         """Push the leases of the slots a long response holds (a lease that could not be
         renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
         only where the slot has gone to another request and ``on_lease_lost="end"``."""
-        await _slots.renew_async(self, limiter, held)
+        await slots_async.renew_async(self, limiter, held)
 
     # -- unasync: its sync twin, generated: do not edit
     def decide_sync(self, limiter: Limiter, selection: Selection, request: Any,
@@ -807,7 +804,7 @@ class Guard:
         start = perf_counter() if self.shadow else 0.0
         try:
             if self.slots.owed:  # give-backs the store missed while it was out go first
-                _slots.settle_owed_sync(self, limiter)
+                slots_sync.settle_owed_sync(self, limiter)
             if peek:
                 decision = limiter.peek(*plan.checks[0][:2], self.timeout)
             else:
@@ -832,8 +829,8 @@ class Guard:
                         hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
         """`refund_sync` of several responses (those that ended in one turn of the event
         loop), in one call; never raises. Slots the store misses are owed to it, slots
-        taken in the memory fallback go back there (`slots.give_back_sync`)."""
-        _slots.give_back_sync(self, limiter, hits)
+        taken in the memory fallback go back there (`slots_sync.give_back_sync`)."""
+        slots_sync.give_back_sync(self, limiter, hits)
 
     def release_sync(self, limiter: Limiter, admit: Admit, status: int) -> None:
         """After an admitted response with this status has ended, however it ended: what it
@@ -846,7 +843,7 @@ class Guard:
         """Push the leases of the slots a long response holds (a lease that could not be
         renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
         only where the slot has gone to another request and ``on_lease_lost="end"``."""
-        _slots.renew_sync(self, limiter, held)
+        slots_sync.renew_sync(self, limiter, held)
 
     # -- unasync: end
 
