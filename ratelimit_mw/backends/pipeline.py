@@ -94,6 +94,8 @@ class PipelinedConnection:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # The open connection, once there is one: a caller on its loop whose `ready()` it is
+        # may send on it at once (AsyncRedisBackend.arun does).
         self.protocol: RedisProtocol | None = None
         # The event loop the connection belongs to, and the task connecting it (shared).
         self._bound: tuple[asyncio.AbstractEventLoop,
