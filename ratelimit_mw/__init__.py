@@ -6,8 +6,8 @@
 """
 
 from ratelimit_mw import keys
-from ratelimit_mw._async.limiter import AsyncTicket
-from ratelimit_mw._sync.limiter import Ticket
+from ratelimit_mw._async.handles import AsyncTicket
+from ratelimit_mw._sync.handles import Ticket
 from ratelimit_mw.backends import AsyncRedisBackend, MemoryBackend, RedisBackend
 from ratelimit_mw.core.decision import Booking, Decision, TierState
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:  # annotations only (strings at run time)
     from typing_extensions import Unpack
 
+from ratelimit_mw._sync import slots as slots_sync
 from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.plans import Check
@@ -127,7 +128,7 @@ class _Refund:
             return
         self.done = True
         plan = self.admit.refund
-        self.guard.refund_sync(self.limiter, back, None if plan is None else plan.token)
+        slots_sync.refund_sync(self.guard, self.limiter, back, None if plan is None else plan.token)
 
 
 class _JSONAnswer(HTTPException):

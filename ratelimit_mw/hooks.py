@@ -1,11 +1,11 @@
 """The app's hooks (key functions, exempt_when, dynamic limits, costs), sync or async.
 
 The guard decides without I/O. Under ASGI an ``async def`` hook is awaited by the adapter
-before the guard plans (`answer_all_async`), and the guard reads its answer instead of calling it
-(`ask`). Under WSGI and Flask an async hook is a ConfigurationError at configuration
-(`refuse_async`), and one that slips through (a plain function returning a coroutine) fails
-like a hook that raised: a coroutine object is never taken for a value (it is truthy: as
-``exempt_when`` it would switch the limit off).
+before the guard plans (`ratelimit_mw._async.hooks.answer_all_async`), and the guard reads
+its answer instead of calling it (`ask`). Under WSGI and Flask an async hook is a
+ConfigurationError at configuration (`refuse_async`), and one that slips through (a plain
+function returning a coroutine) fails like a hook that raised: a coroutine object is never
+taken for a value (it is truthy: as ``exempt_when`` it would switch the limit off).
 """
 
 from __future__ import annotations
@@ -56,48 +56,14 @@ def unawaited(hook: object, value: Any) -> TypeError:
 
 
 async def awaited_async(hook: object, value: Any) -> Any:
-    """What an async hook's answer comes to, on the async side."""
+    """What an async hook's answer comes to, on the async side (`_async/hooks.py`; its sync
+    twin, written by hand as it cannot be generated, is `awaited_sync`)."""
     return await value
 
 
 def awaited_sync(hook: object, value: Any) -> Any:
     """An async hook's answer on the sync side, where there is no loop to await it on."""
     raise unawaited(hook, value)
-
-
-# -- unasync: the async source
-async def answer_all_async(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Answers:
-    """Each hook's answer for `request`, awaited on the async side (a coroutine on the sync
-    side fails as the hook raising would); what one raises is kept as Raised."""
-    found: Answers = {}
-    for hook in hooks:
-        try:
-            value = hook(request)
-            if inspect.isawaitable(value):
-                value = await awaited_async(hook, value)
-        except Exception as exc:
-            value = Raised(exc)
-        found[id(hook)] = value
-    return found
-
-
-# -- unasync: its sync twin, generated: do not edit
-def answer_all_sync(hooks: Iterable[Callable[[Any], Any]], request: Any) -> Answers:
-    """Each hook's answer for `request`, awaited on the async side (a coroutine on the sync
-    side fails as the hook raising would); what one raises is kept as Raised."""
-    found: Answers = {}
-    for hook in hooks:
-        try:
-            value = hook(request)
-            if inspect.isawaitable(value):
-                value = awaited_sync(hook, value)
-        except Exception as exc:
-            value = Raised(exc)
-        found[id(hook)] = value
-    return found
-
-
-# -- unasync: end
 
 
 def ask(hook: Callable[[Any], Any], request: Any, answers: Answers | None) -> Any:

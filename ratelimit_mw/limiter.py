@@ -4,7 +4,8 @@
 (`ratelimit_mw/_sync/limiter.py`); what they share, without I/O, is `ratelimit_mw.engine`.
 """
 
-from ratelimit_mw._async.limiter import AsyncLimiter, Messages
+from ratelimit_mw._async.handles import Messages
+from ratelimit_mw._async.limiter import AsyncLimiter
 from ratelimit_mw._sync.limiter import Limiter
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.engine import SWITCH, LimiterOptions, _Shared, live_limiters, validate_prefix

@@ -27,6 +27,7 @@ from http import HTTPStatus
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from ratelimit_mw._sync import slots as slots_sync
 from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
@@ -92,7 +93,7 @@ def renewing(chunks: Iterable[bytes], guard: Guard, limiter: Limiter,
     try:
         for chunk in chunks:
             if held.due():
-                guard.renew_sync(limiter, held)
+                slots_sync.renew_sync(guard, limiter, held)
             yield chunk
     finally:  # closed by the server (Flask's response): the app's iterable is closed too
         close = getattr(chunks, "close", None)
@@ -236,9 +237,9 @@ class RateLimitMiddleware:
         code = _code(status)
         plan = admit.refund
         if plan is not None and plan.token is not None:  # with its in-flight slots
-            self.guard.release_sync(self.limiter, admit, code)
+            slots_sync.release_sync(self.guard, self.limiter, admit, code)
         else:
-            self.guard.refund_sync(self.limiter, self.guard.given_back(admit, code))
+            slots_sync.refund_sync(self.guard, self.limiter, self.guard.given_back(admit, code))
 
     def _refuse(self, request: Any, refusal: Refuse,
                 start_response: StartResponse) -> Iterable[bytes]:

@@ -5,14 +5,10 @@
 
 As httpcore does: the async code is the one source, and the sync code is the same code with
 ``async``/``await`` taken out and the async names replaced by their sync ones, word by word.
-Two forms:
-
-- a module: ``ratelimit_mw/_async/NAME.py`` makes ``ratelimit_mw/_sync/NAME.py``
-  (``primitives.py`` excepted: the two sides' deadline, sleep and flights are written by
-  hand);
-- a region, where the twin lives in the same module as its source (a method the shared
-  guard has on both sides): the code after a line ending in ``ASYNC_MARK`` makes the code
-  between the next line ending in ``SYNC_MARK`` and the one ending in ``END_MARK``.
+A module ``ratelimit_mw/_async/NAME.py`` makes ``ratelimit_mw/_sync/NAME.py``. Generated code
+lives in ``_sync/`` only, and nothing there is written by hand: the primitives the two sides
+stand on (deadline, sleep, flights, timers) are in ``ratelimit_mw/_synchronization.py``,
+written by hand, their async names mapped onto their blocking twins here.
 
 CI runs ``--check`` (and tests/test_unasync.py does), so a stale twin fails the suite.
 """
@@ -27,12 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ROOT / "ratelimit_mw" / "_async"
 TARGETS = ROOT / "ratelimit_mw" / "_sync"
-HAND_WRITTEN = {"__init__.py", "primitives.py"}
-REGIONS = [ROOT / "ratelimit_mw" / "hooks.py", ROOT / "ratelimit_mw" / "http" / "guard.py",
-           ROOT / "ratelimit_mw" / "http" / "slots.py"]
-ASYNC_MARK = "unasync: the async source"
-SYNC_MARK = "unasync: its sync twin, generated: do not edit"
-END_MARK = "unasync: end"
+HAND_WRITTEN = {"__init__.py"}
 
 # Applied in order, to whole words (a name is never rewritten inside a longer one).
 SUBSTITUTIONS = [
@@ -87,37 +78,10 @@ def unasync(source: str, name: str, used: set[int] | None = None) -> str:
                     "do not edit.\n", *unasync_lines(source.splitlines(keepends=True), used)])
 
 
-def regenerate(text: str, used: set[int] | None = None) -> str:
-    """`text` with each generated region made again from the async source before it."""
-    lines = text.splitlines(keepends=True)
-    out: list[str] = []
-    source: list[str] | None = None
-    skipping = False
-    for line in lines:
-        mark = line.rstrip()
-        if skipping:
-            if mark.endswith(END_MARK):
-                out.append(line)
-                skipping = False
-            continue
-        out.append(line)
-        if mark.endswith(ASYNC_MARK):
-            source = []
-        elif mark.endswith(SYNC_MARK):
-            if source is None:
-                raise SystemExit(f"a '{SYNC_MARK}' line without its '{ASYNC_MARK}' line")
-            out += unasync_lines(source, used)
-            source, skipping = None, True
-        elif source is not None:
-            source.append(line)
-    return "".join(out)
-
-
 def made(used: set[int] | None = None) -> dict[Path, str]:
     """Every generated file as its sources make it."""
     files = {TARGETS / path.name: unasync(path.read_text(), path.name, used)
              for path in sorted(SOURCES.glob("*.py")) if path.name not in HAND_WRITTEN}
-    files.update({path: regenerate(path.read_text(), used) for path in REGIONS})
     return files
 
 

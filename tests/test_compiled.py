@@ -370,9 +370,9 @@ async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
     """Found in review: the connection drops after the bytes were written (Redis ran the
     call, its reply is lost). The call sent again must be the very same one (same token), so
     the log holds one entry per request, not two."""
-    from ratelimit_mw.backends import pipeline
+    from ratelimit_mw.backends.protocol import RedisProtocol
 
-    write = pipeline._Protocol._write
+    write = RedisProtocol._write
     armed = [False]
 
     def write_then_drop(self: Any, data: bytes) -> None:
@@ -381,7 +381,7 @@ async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
             armed[0] = False
             self.close(redis.exceptions.ConnectionError("dropped after the write"))
 
-    monkeypatch.setattr(pipeline._Protocol, "_write", write_then_drop)
+    monkeypatch.setattr(RedisProtocol, "_write", write_then_drop)
     hit = _compiled(prefix, "10/hour", "sliding-log")
     async with _connected(prefix) as limiter:
         await limiter._decide(hit, ("u",), 1.0)

@@ -1,4 +1,5 @@
-"""ratelimit_mw.hooks: a hook's answer is a value, never a coroutine taken for one (a coroutine
+"""ratelimit_mw.hooks, and the answers ratelimit_mw._async.hooks (and its sync twin) gather
+ahead of the plan: a hook's answer is a value, never a coroutine taken for one (a coroutine
 is truthy: as exempt_when it would switch a limit off)."""
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from ratelimit_mw.hooks import Raised, answer_all_async, answer_all_sync, ask
+from ratelimit_mw._async.hooks import answer_all_async
+from ratelimit_mw._sync.hooks import answer_all_sync
+from ratelimit_mw.hooks import Raised, ask
 
 
 async def _async_exempt(request: Any) -> bool:

@@ -18,8 +18,8 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ratelimit_mw._async import primitives
-from ratelimit_mw._async.primitives import ASYNC, Flights, bounded
+from ratelimit_mw._async import handles
+from ratelimit_mw._synchronization import AsyncFlights, bounded_async, side_async, sleep_async
 from ratelimit_mw.backends.base import AsyncBackend
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import plans
@@ -46,14 +46,14 @@ class AsyncLimiter(_Shared):
     seconds)`` (see `ratelimit_mw.metrics`).
     """
 
-    asynchronous = ASYNC
+    asynchronous = side_async
 
     def __init__(self, backend: AsyncBackend | None = None, prefix: str = "rl", *,
                  sleep: Callable[[float], Awaitable[None]] | None = None,
                  **options: Unpack[LimiterOptions]) -> None:
         super().__init__(MemoryBackend() if backend is None else backend, prefix,
-                         needs="arun", sleep=sleep or primitives.sleep, **options)
-        self._flights = Flights()
+                         needs="arun", sleep=sleep or sleep_async, **options)
+        self._flights = AsyncFlights()
 
     async def _decide(self, compiled: Compiled, identities: Sequence[str],
                      timeout: float | None = None, *, cached: bool = True,
@@ -83,15 +83,15 @@ class AsyncLimiter(_Shared):
                     self._report(checks, REFUSED, 0.0)
                     return found
                 if isinstance(found, Lapsed):
-                    return await bounded(self._refresh(compiled, identities, checks, token),
+                    return await bounded_async(self._refresh(compiled, identities, checks, token),
                                          timeout)
             if self._flights:
                 checks = checks or compiled.checks(identities)
                 if checks in self._flights:
-                    return await bounded(self._refresh(compiled, identities, checks, token),
+                    return await bounded_async(self._refresh(compiled, identities, checks, token),
                                          timeout)
         if backend.is_cluster and compiled.spans_slots(identities):
-            return await bounded(
+            return await bounded_async(
                 self._across_slots(checks or compiled.checks(identities), cached, token),
                 timeout)
         return await self._asked(compiled, identities, checks, cached, timeout, token)
@@ -207,12 +207,12 @@ class AsyncLimiter(_Shared):
             return kept[1]((identity,), None, True)  # type: ignore[no-any-return]
         return await self._decide(compiled, (identity,))
 
-    def messages(self, policy: Policy | str) -> Messages:
+    def messages(self, policy: Policy | str) -> handles.Messages:
         """A budget for the messages of one connection (a WebSocket, a stream), counted
         apart from every other: ``messages = limiter.messages("10/second")`` when it opens,
         then ``if not await messages.hit(): ...`` per message (a Decision: False when
         refused, with its ``retry_after``)."""
-        return Messages(self, _check(policy, "conn", 1).policy,
+        return handles.Messages(self, _check(policy, "conn", 1).policy,
                         "conn:" + secrets.token_hex(8))
 
     async def _give_back(self, checks: Sequence[Check], timeout: float | None = None,
@@ -338,18 +338,18 @@ class AsyncLimiter(_Shared):
         await self._backend.arun(self._cancel_call(booking))
 
     def concurrent(self, name: str, slots: int, *, lease: float = DEFAULT_LEASE,
-                   timeout: float | None = None) -> Slot:
+                   timeout: float | None = None) -> handles.Slot:
         """A semaphore shared by every process on the store: ``async with
         limiter.concurrent("vendor", 50):`` runs the block holding one of `slots`, waiting
         up to `timeout` seconds for one (None: as long as it takes; RateLimitExceeded
         after it). A holder that dies loses its slot when its `lease` (seconds) ends; a
         live one renews it every third of the lease."""
-        return Slot(self, self._in_flight(name, slots, lease), timeout)
+        return handles.Slot(self, self._in_flight(name, slots, lease), timeout)
 
     async def charge(self, policy: Policy | str, identity: str, estimate: int, *,
                      calls: Policy | str | None = None,
                      concurrency: Policy | int | None = None,
-                     timeout: float | None = None, wait_out: bool = False) -> AsyncTicket:
+                     timeout: float | None = None, wait_out: bool = False) -> handles.AsyncTicket:
         """Reserve an `estimate` of a cost known only afterwards (an LLM call's tokens),
         waiting as `acquire` does; settle it with ``await ticket.settle(actual)``. In the
         same atomic call, `calls` counts the call itself (e.g. "500/minute" requests beside
@@ -374,7 +374,7 @@ class AsyncLimiter(_Shared):
         token = compiled.token() or ""
         decision = await self._wait(compiled, (identity,) * len(items), timeout, token,
                                     wait_out=wait_out)
-        return AsyncTicket(self, check, token, decision, held)
+        return handles.AsyncTicket(self, check, token, decision, held)
 
     async def ping(self) -> dict[str, Any]:
         """Ask the store whether it is there (a start-up check, e.g. in a lifespan handler):
@@ -386,123 +386,3 @@ class AsyncLimiter(_Shared):
             raise
         except Exception as exc:
             raise ping_failed(exc) from exc
-
-
-class Slot:
-    """One slot of a fleet-wide semaphore (`AsyncLimiter.concurrent`), held while its
-    ``async with`` block runs; ``decision`` is the admission's."""
-
-    __slots__ = ("_check", "_compiled", "_renewal", "_token", "decision", "limiter", "timeout")
-
-    def __init__(self, limiter: AsyncLimiter, policy: Policy, timeout: float | None) -> None:
-        self.limiter = limiter
-        self.timeout = timeout
-        self._check = Check(policy, "slots", 1)
-        self._compiled = limiter._compile(((policy, 1),))
-        self._token = ""
-        self._renewal: Any = None
-        self.decision: Decision | None = None
-
-    def __repr__(self) -> str:
-        return f"Slot({self._check.policy!r}, held={self._renewal is not None})"
-
-    async def __aenter__(self) -> Decision:
-        if self._renewal is not None:
-            raise ConfigurationError("a Slot is held once at a time; call concurrent() again "
-                                     "for another")
-        self._token = token = self._compiled.token() or ""
-        limiter = self.limiter
-        self.decision = await limiter._wait(self._compiled, ("slots",), self.timeout, token)
-        lease = self._check.policy.rates[0].period_ms / 1000
-        self._renewal = primitives.every(lease / 3, self._renew)
-        return self.decision
-
-    async def _renew(self) -> None:
-        await self.limiter._renew((self._check,), self._token)
-
-    async def __aexit__(self, *exc: object) -> None:
-        renewal, self._renewal = self._renewal, None
-        if renewal is not None:
-            await renewal.stop()
-        await self.limiter._give_back((self._check,), None, self._token)
-
-
-class AsyncTicket:
-    """An estimated cost reserved by `AsyncLimiter.charge`, to settle once the actual cost
-    is known: ``await ticket.settle(actual)`` gives back what was overestimated or charges
-    what was under (a window may go into debt: later calls wait until what was really used
-    has left it). A ticket never settled keeps its estimate. An in-flight slot it holds is
-    given back when it is settled, or by ``release()``."""
-
-    __slots__ = ("check", "decision", "held", "limiter", "settled", "token")
-
-    def __init__(self, limiter: AsyncLimiter, check: Check, token: str,
-                 decision: Decision, held: tuple[Check, ...] = ()) -> None:
-        self.limiter = limiter
-        self.check = check
-        self.token = token
-        self.decision = decision
-        self.held = held  # in-flight slots, until given back
-        self.settled: int | None = None
-
-    def __repr__(self) -> str:
-        return (f"Ticket({self.check.policy.name!r}, {self.check.identity!r}, "
-                f"estimate={self.check.cost}, settled={self.settled})")
-
-    async def settle(self, actual: int) -> None:
-        """Make the charge `actual` (a whole number >= 0), once."""
-        if isinstance(actual, bool) or not isinstance(actual, int) or actual < 0:
-            raise ConfigurationError(f"a ticket settles at a whole cost >= 0, got {actual!r}; "
-                                     "e.g. ticket.settle(usage.total_tokens)")
-        policy, identity, estimate = self.check
-        if actual > policy.max_cost:  # refused before any I/O: the ticket stays unsettled
-            raise ConfigurationError(plans.cost_bound_message(actual, policy, "settle"))
-        if self.settled is not None:
-            raise ConfigurationError(f"this ticket was settled at {self.settled} already")
-        # Counted as settled from here: a store error after this may or may not have been
-        # applied, and settling again could charge twice.
-        self.settled = actual
-        limiter = self.limiter
-        held, self.held = self.held, ()
-        if actual < estimate:  # one call gives back the difference and the slot
-            # In the window it was charged in, by the store's clock (none known: as a refund,
-            # from what the window holds now).
-            at_us = self.decision.at_us
-            await limiter._give_back((Check(policy, identity, estimate - actual), *held), None,
-                                     self.token, f"{at_us}:{estimate}" if at_us else None)
-            return
-        if actual > estimate:
-            await limiter._backend.arun(
-                limiter._single(plans.CHARGE, policy, identity, actual - estimate))
-        if held:
-            await limiter._give_back(held, None, self.token)
-
-    async def release(self) -> None:
-        """Give back the in-flight slot now (once; the estimate stands until settled)."""
-        held, self.held = self.held, ()
-        if held:
-            await self.limiter._give_back(held, None, self.token)
-
-    async def renew(self) -> None:
-        """Push the lease of the in-flight slot on (a response that runs long)."""
-        if self.held:
-            await self.limiter._renew(self.held, self.token)
-
-
-class Messages:
-    """One connection's message budget (`AsyncLimiter.messages`); its counters expire with
-    the policy's window once the connection is quiet."""
-
-    __slots__ = ("identity", "limiter", "policy")
-
-    def __init__(self, limiter: AsyncLimiter, policy: Policy, identity: str) -> None:
-        self.limiter = limiter
-        self.policy = policy
-        self.identity = identity
-
-    def __repr__(self) -> str:
-        return f"Messages({self.policy!r}, identity={self.identity!r})"
-
-    async def hit(self, cost: int = 1) -> Decision:
-        """Count one message (of `cost`); nothing is counted when refused."""
-        return await self.limiter.hit(self.policy, self.identity, cost)

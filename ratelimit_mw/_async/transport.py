@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ratelimit_mw._async.limiter import AsyncTicket
+from ratelimit_mw._async.handles import AsyncTicket
 from ratelimit_mw.core.errors import BackendError, RateLimitExceeded
 from ratelimit_mw.http.outbound import Throttled
 from ratelimit_mw.http.usage import Meter

@@ -25,10 +25,11 @@ from math import ceil
 from time import perf_counter
 from typing import Any
 
+from ratelimit_mw._sync import slots as slots_sync
+from ratelimit_mw._sync.hooks import answer_all_sync
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.engine import SWITCH
-from ratelimit_mw.hooks import Raised, answer_all_sync
-from ratelimit_mw.http import slots as _slots
+from ratelimit_mw.hooks import Raised
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Selection
 from ratelimit_mw.http.verdict import Admit, Plan, Verdict
@@ -127,7 +128,7 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
         start = perf_counter() if shadow else 0.0
         try:
             if slots.owed:  # give-backs the store missed while it was out go first
-                _slots.settle_owed_sync(guard, limiter)
+                slots_sync.settle_owed_sync(guard, limiter)
             if peek:  # Django's increment=False: the first check, asked without counting
                 first = hit.items[0]
                 decision = limiter.peek(first[0], identities[0], timeout)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ratelimit_mw._sync.limiter import Ticket
+from ratelimit_mw._sync.handles import Ticket
 from ratelimit_mw.core.errors import BackendError, RateLimitExceeded
 from ratelimit_mw.http.outbound import Throttled
 from ratelimit_mw.http.usage import Meter

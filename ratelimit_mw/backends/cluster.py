@@ -38,11 +38,11 @@ from ratelimit_mw.backends.base import bounded
 from ratelimit_mw.backends.pipeline import (
     ASKING,
     PipelinedConnection,
-    Settings,
     consume,
     pack_evalsha,
     raise_for_error,
 )
+from ratelimit_mw.backends.settings import Settings
 from ratelimit_mw.core.identity import identity_slot
 
 SLOTS = 16384
@@ -100,11 +100,12 @@ class PipelinedCluster:
         self._reloaded_at = float("-inf")
 
     @classmethod
-    def for_client(cls, client: Any) -> PipelinedCluster:
-        """From a redis.asyncio.RedisCluster's start-up nodes and connection settings."""
+    def for_client(cls, client: Any, settings: Settings | None = None) -> PipelinedCluster:
+        """From a redis.asyncio.RedisCluster's start-up nodes and connection settings (or
+        `settings`, those read from a valkey.asyncio.ValkeyCluster)."""
         nodes = client.nodes_manager.startup_nodes.values()
         return cls([(node.host, int(node.port)) for node in nodes],
-                   Settings.from_kwargs(client.connection_kwargs, db=0))
+                   settings or Settings.from_kwargs(client.connection_kwargs, db=0))
 
     def connection(self, address: Address) -> PipelinedConnection:
         connection = self._connections.get(address)

@@ -10,12 +10,10 @@ the replies in C for the waiting futures, in order. No pool means no pool ceilin
 of any size is one queue on one socket, never MaxConnectionsError), and one TLS handshake
 per connection, not one per concurrent call of a burst.
 
-The connection mirrors the redis-py client it is given (``Settings.from_kwargs``): its
-connection class says the transport (TLS through redis-py's own SSL context), and its host,
-port, unix path, database, username and password or credential provider, client name and
-timeouts apply. It always speaks RESP2: the replies are the script's integers either way.
-Under Sentinel every connect asks the sentinels for the primary, and a READONLY reply (the
-server was demoted under us) drops the connection, so the one retry asks them again.
+The connection mirrors the client it is given (settings.py); the wire, its batching and its
+timers are the protocol's (protocol.py). Under Sentinel every connect asks the sentinels for
+the primary, and a READONLY reply (the server was demoted under us) drops the connection, so
+the one retry asks them again.
 
 Failure behaviour, which the middleware's failure policy builds on:
 - a call with a deadline that finds no open connection waits for one at most a few of its
@@ -31,27 +29,19 @@ Failure behaviour, which the middleware's failure policy builds on:
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
-import heapq
-import itertools
-import ssl
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
 from typing import Any
 
 import hiredis
-from redis.asyncio.connection import Connection as _PlainConnection
-from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
-from redis.asyncio.sentinel import SentinelManagedConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ratelimit_mw.backends import sentinel as _sentinel
-from ratelimit_mw.backends.base import Later, bounded, look
+from ratelimit_mw.backends.base import bounded
+from ratelimit_mw.backends.protocol import RedisProtocol
+from ratelimit_mw.backends.settings import Settings
 from ratelimit_mw.core import scripts
-from ratelimit_mw.core.errors import ConfigurationError
 
 _EVALSHA = b"EVALSHA"
 
@@ -79,305 +69,6 @@ def raise_for_error(reply: Any) -> Any:
     return reply
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Where and how to connect: one node's address, its transport, and the client's
-    credentials and timeouts."""
-
-    host: str = "localhost"
-    port: int = 6379
-    path: str | None = None  # a unix socket, instead of host and port
-    tls: ssl.SSLContext | None = None
-    # Sentinel: asks the sentinels for the primary's address on every connect; the
-    # sentinels (redis.asyncio clients) whose announcements of `service` it follows.
-    locate: Callable[[], Awaitable[tuple[str, int]]] | None = None
-    sentinels: tuple[Any, ...] = ()
-    service: str = ""
-    db: int = 0
-    username: str | None = None
-    password: str | None = None
-    credentials: Any = None  # a redis-py CredentialProvider, asked on every connect
-    client_name: str | None = None
-    timeout: float | None = None
-    connect_timeout: float | None = None
-
-    @classmethod
-    def from_kwargs(cls, kwargs: dict[str, Any], **where: Any) -> Settings:
-        """From a redis-py connection class and its kwargs (`where` gives a cluster node's
-        host and port): the class says the transport, the kwargs the rest. TLS uses
-        redis-py's own SSL context from the ``ssl_*`` options, so they mean what they mean
-        there."""
-        kwargs = {**kwargs, **where}
-        connection_class = kwargs.get("connection_class", _PlainConnection)
-        tls = path = locate = None
-        sentinels: tuple[Any, ...] = ()
-        service = ""
-        if issubclass(connection_class, UnixDomainSocketConnection):
-            path = kwargs.get("path") or ""
-        elif issubclass(connection_class, SSLConnection):
-            options = {k: v for k, v in kwargs.items() if k.startswith("ssl_")}
-            tls = SSLConnection(**options).ssl_context.get()
-        elif not issubclass(connection_class, _PlainConnection):
-            raise ConfigurationError(
-                f"connection_class={connection_class.__name__} is not one ratelimit_mw can "
-                "mirror; use redis-py's Connection, SSLConnection or "
-                "UnixDomainSocketConnection (or a subclass), e.g. redis.asyncio.from_url("
-                "\"rediss://...\")"
-            )
-        if issubclass(connection_class, SentinelManagedConnection):
-            pool = kwargs.get("connection_pool")
-            if pool is None or not pool.is_master:
-                raise ConfigurationError(
-                    "a rate limiter writes: give it the primary, sentinel.master_for(...), "
-                    "not a replica (slave_for)"
-                )
-            sentinels, service = tuple(pool.sentinel_manager.sentinels), pool.service_name
-            # Asked on the running loop's own connections: redis-py's sentinel clients
-            # belong to the loop they first ran on.
-            locate = functools.partial(_sentinel.primary_of, pool.sentinel_manager, service)
-        timeout = kwargs.get("socket_timeout")
-        return cls(
-            host=kwargs.get("host") or "localhost",
-            port=int(kwargs.get("port") or 6379),
-            path=path,
-            tls=tls,
-            locate=locate,
-            sentinels=sentinels,
-            service=service,
-            db=int(kwargs.get("db", 0) or 0),
-            username=kwargs.get("username"),
-            password=kwargs.get("password"),
-            credentials=kwargs.get("credential_provider"),
-            client_name=kwargs.get("client_name"),
-            timeout=timeout,
-            connect_timeout=kwargs.get("socket_connect_timeout") or timeout,
-        )
-
-    def at(self, host: str, port: int) -> Settings:
-        """The same transport, credentials and timeouts, another node."""
-        return replace(self, host=host, port=port)
-
-    def where(self) -> str:
-        """The address, for messages."""
-        return f"unix:{self.path}" if self.path is not None else f"{self.host}:{self.port}"
-
-
-class _Protocol(asyncio.Protocol):
-    """Commands out at once or batched; replies in, futures out, in order.
-
-    Auto-pipelining: a command sent while nothing of this connection's is in flight is
-    written at once, so Redis starts on it while the loop runs the rest of its iteration;
-    commands sent while one is in flight are buffered and written together in ONE
-    ``transport.write`` at the next iteration (two send calls per burst, not one per check).
-
-    Deadlines: replies come in order, so one timer per connection watches the oldest
-    unanswered command: when it has waited ``timeout``, the connection is given up and every
-    call on it fails with a timeout (a hung Redis should not collect a queue); the next call
-    reconnects.
-
-    Give-ups: a caller may also say how long it waits (the middleware's deadline). Past that
-    its call fails with TimeoutError while the connection stays: its reply is still read in
-    its turn, and dropped. One timer (a heap of give-up times) serves every caller.
-
-    One look before failing (``base.look``, ``base.Later``): neither timer fails a call
-    before the loop has polled for I/O again, so a loop busy past a deadline does not fail
-    calls whose replies arrived meanwhile (uvloop runs timers due during its I/O callbacks
-    before it polls again). A timer that finds a call overdue comes back once, a look later;
-    the calls still unanswered then fail, so a slow or hung server still fails them on time.
-    (Not covered: under uvloop, a reply arriving during the look's own poll is read after it.)
-
-    A waiter of None stands for a reply that nobody reads (ASKING's, sent just before the
-    command it prefixes): it is consumed in its turn and dropped.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, timeout: float | None) -> None:
-        self.loop = loop
-        self.timeout = timeout
-        self.transport: asyncio.Transport | None = None
-        self.address: tuple[str, int] | None = None  # where it connected, over TCP or TLS
-        self.reader = hiredis.Reader()
-        self.waiters: collections.deque[asyncio.Future[Any] | None] = collections.deque()
-        self.deadlines: collections.deque[float] = collections.deque()  # one per waiter
-        self.pending: list[bytes] = []  # written at the next iteration of the loop
-        # What the pending commands wait with, counted from their write (see `_flush`): how
-        # many entries of `deadlines` are theirs, and each give-up's budget and waiter.
-        self.pending_deadlines = 0
-        self.pending_give_ups: list[tuple[float, asyncio.Future[Any]]] = []
-        self.timer: Later | None = None
-        self.lost: BaseException | None = None
-        # (give-up time, sequence, waiter): a heap; the timer that serves it and its time.
-        self.give_ups: list[tuple[float, int, asyncio.Future[Any]]] = []
-        self.give_up_timer: Later | None = None
-        self.give_up_at = 0.0
-        # When the give-up timer last found a call overdue with no look yet: every call due
-        # by then has had its look once the loop time reaches look_until.
-        self.looked_at = float("-inf")
-        self.look_until = float("-inf")
-        self.sequence = itertools.count()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.reader.feed(data)
-        waiters, deadlines = self.waiters, self.deadlines
-        while True:
-            reply = self.reader.gets()
-            if reply is False:
-                return
-            if not waiters:  # a reply nobody asked for: the stream cannot be trusted
-                self.close(RedisConnectionError("unexpected reply from Redis"))
-                return
-            waiter = waiters.popleft()
-            deadlines.popleft()
-            if waiter is not None and not waiter.done():  # a cancelled call's reply is dropped
-                waiter.set_result(reply)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}")
-        self._fail_all(self.lost)
-
-    def close(self, reason: BaseException) -> None:
-        self.lost = reason
-        if self.transport is not None:
-            self.transport.close()
-        self._fail_all(reason)
-
-    def _fail_all(self, reason: BaseException) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.give_up_timer is not None:
-            self.give_up_timer.cancel()
-            self.give_up_timer = None
-        self.give_ups.clear()
-        self.pending.clear()
-        self.pending_deadlines = 0
-        self.pending_give_ups.clear()
-        self.deadlines.clear()
-        while self.waiters:
-            waiter = self.waiters.popleft()
-            if waiter is not None and not waiter.done():
-                waiter.set_exception(reason)
-
-    def send(self, packed: bytes, skipped: int = 0,
-             give_up: float | None = None) -> asyncio.Future[Any]:
-        """Queue `packed` (`skipped` unread replies, then the one returned) for this
-        iteration's write; `give_up`: the loop time at which the returned future fails with
-        TimeoutError if no reply has come, counted from the write (a command batched for the
-        next iteration gets as long from its write as it had from now)."""
-        if self.lost is not None or self.transport is None:
-            raise self.lost or RedisConnectionError("not connected to Redis")
-        loop = self.loop
-        waiter = loop.create_future()
-        now = loop.time()
-        deadline = 0.0
-        if self.timeout is not None:
-            deadline = now + self.timeout
-            if self.timer is None:
-                self.timer = Later(loop, deadline, self._watch)
-        # Nothing in flight, so nothing pending either (every pending command has its
-        # waiter): Redis is idle as far as this connection knows, and order is kept.
-        idle = not self.waiters
-        for _ in range(skipped):
-            self.waiters.append(None)
-            self.deadlines.append(deadline)
-        self.waiters.append(waiter)
-        self.deadlines.append(deadline)
-        if idle:
-            self._write(packed)
-            if give_up is not None:
-                self._give_up_at(give_up, waiter)
-        else:
-            if not self.pending:
-                loop.call_soon(self._flush)
-            self.pending.append(packed)
-            self.pending_deadlines += skipped + 1
-            if give_up is not None:
-                self.pending_give_ups.append((give_up - now, waiter))
-        return waiter
-
-    def _give_up_at(self, when: float, waiter: asyncio.Future[Any]) -> None:
-        heapq.heappush(self.give_ups, (when, next(self.sequence), waiter))
-        if self.give_up_timer is None or when < self.give_up_at:
-            self._arm_give_up(when)
-
-    def _arm_give_up(self, when: float) -> None:
-        if self.give_up_timer is not None:
-            self.give_up_timer.cancel()
-        self.give_up_at = when
-        self.give_up_timer = Later(self.loop, when, self._give_up)
-
-    def _give_up(self) -> None:
-        """The give-up timer: fail the calls whose time is up and whose look is over, drop
-        those answered. A call found overdue with no look yet starts one (for every call due
-        by now); one whose look is under way (the timer came early: `send` re-armed it for
-        an earlier give-up) waits for its end."""
-        self.give_up_timer = None
-        heap = self.give_ups
-        now = self.loop.time()
-        while heap:
-            when, _, waiter = heap[0]
-            if waiter.done():
-                heapq.heappop(heap)
-            elif when > now:
-                self._arm_give_up(when)
-                return
-            elif when > self.looked_at:
-                self.looked_at = now
-                self.look_until = now + look(now - when)
-                self._arm_give_up(self.look_until)
-                return
-            elif now < self.look_until:
-                self._arm_give_up(self.look_until)
-                return
-            else:
-                heapq.heappop(heap)
-                waiter.set_exception(asyncio.TimeoutError())
-
-    def _flush(self) -> None:
-        """Write the pending commands and start their time now: a saturated loop runs this
-        long after they were made, and that time is the loop's, not Redis's."""
-        pending = self.pending
-        if not pending or self.transport is None or self.lost is not None:
-            return
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        pending.clear()
-        self._write(data)
-        now = self.loop.time()
-        count, self.pending_deadlines = self.pending_deadlines, 0
-        if self.timeout is not None:
-            deadlines = self.deadlines
-            for _ in range(count):
-                deadlines.pop()
-            deadlines.extend(itertools.repeat(now + self.timeout, count))
-        give_ups, self.pending_give_ups = self.pending_give_ups, []
-        for budget, waiter in give_ups:
-            if not waiter.done():
-                self._give_up_at(now + budget, waiter)
-
-    def _write(self, data: bytes) -> None:
-        """Every byte this connection sends goes out here (tests interpose on it)."""
-        if self.transport is not None:  # always, once connection_made has run
-            self.transport.write(data)
-
-    def _watch(self, looked_at: float = float("-inf")) -> None:
-        """The deadline timer: give up on a server whose oldest reply is overdue, after one
-        look (`looked_at`: when this timer found a reply overdue and came back a look later;
-        nothing else arms it while it is set, so it never comes early)."""
-        self.timer = None
-        if not self.deadlines:
-            return
-        oldest = self.deadlines[0]
-        now = self.loop.time()
-        if now < oldest:
-            self.timer = Later(self.loop, oldest, self._watch)
-        elif oldest > looked_at:
-            self.timer = Later(self.loop, now + look(now - oldest), self._watch, now)
-        else:
-            self.close(RedisTimeoutError("Timeout reading from Redis"))
-
-
 # How long an announced primary is where connects go before the sentinels are asked again
 # (they all name it within a second or two of the announcement).
 ANNOUNCED_FOR = 10.0
@@ -403,9 +94,12 @@ class PipelinedConnection:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self._protocol: _Protocol | None = None
+        # The open connection, once there is one: a caller on its loop whose `ready()` it is
+        # may send on it at once (AsyncRedisBackend.arun does).
+        self.protocol: RedisProtocol | None = None
         # The event loop the connection belongs to, and the task connecting it (shared).
-        self._bound: tuple[asyncio.AbstractEventLoop, asyncio.Task[_Protocol] | None] | None = None
+        self._bound: tuple[asyncio.AbstractEventLoop,
+                           asyncio.Task[RedisProtocol] | None] | None = None
         self._script_loading: asyncio.Task[Any] | None = None
         # Under Sentinel: a listener per sentinel on the bound loop, and the primary the last
         # announcement named, where the next connect goes (the sentinels asked instead may
@@ -449,7 +143,7 @@ class PipelinedConnection:
             return True
         if not message.startswith("READONLY") or self.settings.locate is None:
             return False
-        protocol = self._protocol
+        protocol = self.protocol
         if protocol is not None and protocol.lost is None:
             protocol.close(RedisConnectionError("the primary was demoted to a replica"))
         return True
@@ -477,15 +171,11 @@ class PipelinedConnection:
             # again at once, and the first call after it should not fail.
             return await self._once(packed, skipped)
 
-    def ready(self) -> _Protocol | None:
+    def ready(self) -> RedisProtocol | None:
         """The connection's protocol if it is open on the running loop, else None (a call
         would connect first: see `_once`)."""
-        protocol = self._protocol
-        bound = self._bound
-        if protocol is None or protocol.lost is not None or bound is None or (
-                bound[0] is not asyncio.get_running_loop()):
-            return None
-        return protocol
+        protocol = self.protocol
+        return protocol if protocol is not None and protocol.ready() else None
 
     async def evalsha_within(self, keys: list[str], args: list[Any], seconds: float) -> Any:
         """`evalsha`, failing with TimeoutError after `seconds`: on an open connection by the
@@ -495,7 +185,7 @@ class PipelinedConnection:
         once it is open."""
         loop = asyncio.get_running_loop()
         protocol = self.ready()
-        if protocol is None and self._protocol is None:
+        if protocol is None and self.protocol is None:
             protocol = await self._opened_within(loop, seconds * CONNECT_DEADLINES)
         give_up = loop.time() + seconds
         if protocol is not None:
@@ -513,7 +203,8 @@ class PipelinedConnection:
             raise asyncio.TimeoutError()
         return await bounded(self.evalsha(keys, args), left)
 
-    async def _opened_within(self, loop: asyncio.AbstractEventLoop, seconds: float) -> _Protocol:
+    async def _opened_within(self, loop: asyncio.AbstractEventLoop,
+                             seconds: float) -> RedisProtocol:
         """The connection, opened by this call or one before it, within `seconds` as well as
         the connect timeout (the opening's own, which a client may leave at redis-py's 5 s):
         past them, a timeout that names the server. The opening goes on for the calls
@@ -524,15 +215,13 @@ class PipelinedConnection:
             raise RedisTimeoutError(f"Timeout connecting to {self._dialled}") from exc
 
     async def _once(self, packed: bytes, skipped: int) -> Any:
-        protocol = self._protocol
-        bound = self._bound
-        if protocol is None or protocol.lost is not None or bound is None or (
-                bound[0] is not asyncio.get_running_loop()):
+        protocol = self.protocol
+        if protocol is None or not protocol.ready():
             protocol = await self._connect(asyncio.get_running_loop())
-        # The protocol's deadline timer bounds the wait (see _Protocol).
+        # The protocol's deadline timer bounds the wait (see RedisProtocol).
         return await protocol.send(packed, skipped)
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+    async def _connect(self, loop: asyncio.AbstractEventLoop) -> RedisProtocol:
         """The connection, opened by one task that every caller meanwhile awaits, so a
         burst wakes at once when it is done (a lock would wake one waiter per iteration);
         shielded: a cancelled caller leaves the connect running for the others."""
@@ -562,12 +251,12 @@ class PipelinedConnection:
         self._announced = (host, port)
         if self._bound is not None:
             self._announced_until = self._bound[0].time() + ANNOUNCED_FOR
-        protocol = self._protocol
+        protocol = self.protocol
         if protocol is not None and protocol.lost is None and protocol.address != (host, port):
             protocol.close(RedisConnectionError(
                 f"Sentinel announced a new primary at {host}:{port}"))
 
-    async def _open(self, loop: asyncio.AbstractEventLoop) -> _Protocol:
+    async def _open(self, loop: asyncio.AbstractEventLoop) -> RedisProtocol:
         """Connect (TCP, TLS or unix; to the primary the sentinels name now, under
         Sentinel) and set the connection up within the connect timeout. Asking the
         sentinels comes first, outside it: each sentinel connection has the client's own
@@ -585,7 +274,7 @@ class PipelinedConnection:
         except OSError as exc:
             raise RedisConnectionError(
                 f"Error connecting to {self._dialled}: {exc}") from exc
-        self._protocol = protocol
+        self.protocol = protocol
         return protocol
 
     async def _address(self, loop: asyncio.AbstractEventLoop) -> tuple[str, int]:
@@ -610,15 +299,15 @@ class PipelinedConnection:
         return settings.host, settings.port
 
     async def _establish(self, loop: asyncio.AbstractEventLoop,
-                         address: tuple[str, int] | None) -> _Protocol:
+                         address: tuple[str, int] | None) -> RedisProtocol:
         settings = self.settings
         timeout = settings.timeout
         if address is None:
             _, protocol = await loop.create_unix_connection(
-                lambda: _Protocol(loop, timeout), settings.path)
+                lambda: RedisProtocol(loop, timeout), settings.path)
         else:
             _, protocol = await loop.create_connection(
-                lambda: _Protocol(loop, timeout), *address, ssl=settings.tls)
+                lambda: RedisProtocol(loop, timeout), *address, ssl=settings.tls)
             protocol.address = address
         try:
             await self._handshake(protocol)
@@ -638,7 +327,7 @@ class PipelinedConnection:
             self._announced = None  # reached: later connects ask the sentinels again
         return protocol
 
-    async def _handshake(self, protocol: _Protocol) -> None:
+    async def _handshake(self, protocol: RedisProtocol) -> None:
         """AUTH, SELECT, CLIENT SETNAME as configured, and SCRIPT LOAD, in one round trip.
 
         Loading the script on every connect saves the NOSCRIPT round trip on a cold start or
@@ -667,7 +356,7 @@ class PipelinedConnection:
 
     def close(self) -> None:
         listeners, self._listeners = self._listeners, []
-        protocol, self._protocol = self._protocol, None
+        protocol, self.protocol = self.protocol, None
         if self._bound is not None and self._bound[0].is_closed():
             # Its loop is gone (asyncio.run returned): its transport and tasks can no longer
             # be closed through it, and nothing can be waiting on them any more.

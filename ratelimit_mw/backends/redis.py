@@ -1,33 +1,35 @@
 """Redis backends: the script runs by EVALSHA on redis-py's sync, asyncio and cluster clients.
 
-``from_url`` builds a client with defaults that keep an outage cheap: redis-py's own (5 s
-socket timeouts, retries with backoff) would hold a request for seconds against a down Redis.
-The URL is checked first (urls.py); Sentinel clients come from sentinel.py. On asyncio
+The clients they are given or build from a URL (safe defaults, Valkey's) are clients.py's;
+the URL is checked first (urls.py); Sentinel clients come from sentinel.py. On asyncio
 every client, single node or cluster, whatever its transport, is driven through pipelined
 connections of our own that mirror it (pipeline.py, cluster.py); sync clients through a
 connection per thread (a single node) or redis-py's cluster client.
 
 ``ping()`` / ``aping()`` are the start-up check: connect, load the script on every primary,
-report the server's version and one round trip, or raise BackendError.
-
-Valkey is served alike: the URLs build redis-py clients (Valkey speaks the same protocol), and
-the clients of valkey-py (redis-py's fork: the same API, classes of its own) are accepted
-wherever redis-py's are (`_Valkey`).
+report the server's version and one round trip (ping.py), or raise BackendError.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib
 import os
-import sys
 import threading
 import time
 from typing import Any
 
 from ratelimit_mw.backends import urls
+from ratelimit_mw.backends.clients import (
+    DeferredCluster,
+    Valkey,
+    blocking_pool,
+    client_kwargs,
+    label,
+    memory_backend,
+    require_redis,
+)
 from ratelimit_mw.backends.memory import MemoryBackend
+from ratelimit_mw.backends.ping import aping_pipelined, ping_report, server_of, unreachable
 from ratelimit_mw.core import scripts
 from ratelimit_mw.core.compiled import bulk
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
@@ -38,14 +40,9 @@ from ratelimit_mw.core.wire import Arg
 try:
     import redis
     import redis.asyncio
-    import redis.asyncio.sentinel
     import redis.cluster
-    import redis.sentinel
-    from redis.asyncio.retry import Retry as AsyncRetry
-    from redis.backoff import NoBackoff
     from redis.exceptions import ConnectionError as RedisConnectionError
     from redis.exceptions import NoScriptError, RedisClusterException, RedisError, ResponseError
-    from redis.retry import Retry
 
     from ratelimit_mw.backends import sentinel as _sentinel
 except ImportError:  # pragma: no cover - exercised only without the extra
@@ -54,6 +51,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
 try:  # the async backend needs hiredis (the [redis] extra brings it): AsyncRedisBackend says so
     from ratelimit_mw.backends import pipeline as _pipeline
     from ratelimit_mw.backends.cluster import PipelinedCluster
+    from ratelimit_mw.backends.settings import Settings
 except ImportError:  # pragma: no cover - exercised only without hiredis
     _pipeline = None  # type: ignore[assignment]
     PipelinedCluster = None  # type: ignore[assignment,misc]
@@ -70,101 +68,6 @@ except ImportError:  # pragma: no cover - hiredis is the optional [hiredis] extr
     hiredis = None  # type: ignore[assignment]
 if _pipeline is not None and hiredis is not None:
     STORE_ERRORS = (*STORE_ERRORS, hiredis.HiredisError)
-
-SAFE_DEFAULTS: dict[str, Any] = {
-    "socket_timeout": 0.1,
-    "socket_connect_timeout": 0.1,
-    "retry_on_timeout": False,
-    "health_check_interval": 0,
-}
-# A TLS handshake can outlast 100 ms on a busy host; it happens once per connection, and an
-# async request waits for it a few of its own deadlines at most (pipeline.CONNECT_DEADLINES).
-TLS_CONNECT_TIMEOUT = 1.0
-
-
-class _Valkey:
-    """valkey-py's classes, where redis-py's are checked; looked up only once the process has
-    imported valkey, so valkey stays optional and free to apps that do not use it."""
-
-    @staticmethod
-    def classes(*names: str) -> tuple[type, ...]:
-        """valkey-py's classes by dotted name ("asyncio.Valkey"), none without valkey."""
-        if "valkey" not in sys.modules:
-            return ()
-        found = []
-        for name in names:
-            module, _, attribute = f"valkey.{name}".rpartition(".")
-            found.append(getattr(importlib.import_module(module), attribute))
-        return tuple(found)
-
-    @classmethod
-    def owns(cls, client: Any) -> bool:
-        return isinstance(client, cls.classes("Valkey", "cluster.ValkeyCluster",
-                                              "asyncio.Valkey", "asyncio.ValkeyCluster"))
-
-    @classmethod
-    def errors(cls) -> tuple[type[BaseException], ...]:
-        """What a valkey-py client raises, besides socket errors: its own exception tree
-        (ValkeyClusterException, like redis-py's, is not a ValkeyError)."""
-        return cls.classes("exceptions.ValkeyError", "exceptions.ValkeyClusterException")
-
-    @staticmethod
-    def redis_twin(connection_class: type) -> type:
-        """The redis-py class that a valkey-py connection class (or a subclass of one) copies:
-        the fork keeps redis-py's module and class names and their options. What
-        pipeline.Settings reads to mirror a client (its transport); any other class as it is."""
-        for klass in connection_class.__mro__:
-            module = klass.__module__
-            if module.startswith("valkey."):
-                twin = getattr(importlib.import_module("redis" + module[len("valkey"):]),
-                               klass.__name__, None)
-                if isinstance(twin, type):
-                    return twin
-        return connection_class
-
-
-def _require_redis() -> None:
-    if redis is None:
-        raise ConfigurationError(
-            "the Redis backend needs redis-py: pip install 'ratelimit_mw[redis]'"
-        )
-
-
-def _safe_kwargs(overrides: dict[str, Any], *, asyncio: bool = False) -> dict[str, Any]:
-    kwargs = dict(SAFE_DEFAULTS)
-    # One immediate retry on a dropped connection (survives a Redis restart), none on timeouts.
-    retry_class = AsyncRetry if asyncio else Retry
-    kwargs["retry"] = retry_class(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-    kwargs.update(overrides)
-    return kwargs
-
-
-def _client_kwargs(spec: urls.BackendURL, overrides: dict[str, Any], *,
-                   asyncio: bool = False) -> dict[str, Any]:
-    """Safe defaults, then the URL's options, then the caller's keyword arguments."""
-    options = {k: v for k, v in spec.options.items()
-               if k not in ("db", "sentinel_username", "sentinel_password")}
-    if spec.tls:
-        options.setdefault("socket_connect_timeout", TLS_CONNECT_TIMEOUT)
-    return _safe_kwargs({**options, **overrides}, asyncio=asyncio)
-
-
-def _label(client: Any, *, asyncio: bool) -> str:
-    pool = getattr(client, "connection_pool", None)
-    sentinel_pools = ((redis.asyncio.sentinel.SentinelConnectionPool,
-                       *_Valkey.classes("asyncio.sentinel.SentinelConnectionPool"))
-                      if asyncio else (redis.sentinel.SentinelConnectionPool,
-                                       *_Valkey.classes("sentinel.SentinelConnectionPool")))
-    return "redis-sentinel" if isinstance(pool, sentinel_pools) else "redis"
-
-
-def _memory(redis_kwargs: dict[str, Any]) -> MemoryBackend:
-    if redis_kwargs:
-        raise ConfigurationError(
-            f"memory:// takes no client options, got {sorted(redis_kwargs)}; "
-            "write RedisBackend.from_url(\"memory://\") alone"
-        )
-    return MemoryBackend()
 
 
 # The bytes of tier arguments (algorithm codes, limits, periods, costs): few values, sent
@@ -207,111 +110,6 @@ def store_error(exc: BaseException) -> BackendError:
     return BackendError(f"Redis call failed: {type(exc).__name__}: {exc}")
 
 
-def ping_report(backend: str, *, version: str | None, nodes: int, rtt_s: float,
-                script_sha: str, server: str = "redis") -> dict[str, Any]:
-    """What ``ping()`` answers: which store, which server ("redis" or "valkey") and its
-    version, its size and one round trip."""
-    return {
-        "backend": backend,
-        "server": server,
-        "version": version,
-        "cluster": backend == "redis-cluster",
-        "nodes": nodes,
-        "rtt_ms": round(rtt_s * 1000, 3),
-        "script_sha": script_sha,
-    }
-
-
-async def _aping_pipelined(connection: Any) -> float:
-    """Open a pipelined connection (a no-op if open), load the script on its node and time
-    one PING on it: the round trip of the network, the set-up excluded."""
-    await connection.command("PING")
-    start = time.perf_counter()
-    await connection.command("PING")
-    rtt = time.perf_counter() - start
-    await connection.command("SCRIPT", "LOAD", scripts.source())
-    return rtt
-
-
-def _server(info: Any) -> dict[str, Any]:
-    """The server and its version from INFO (redis-py's parsed dict, or the raw text of
-    hiredis), as ``ping_report`` takes them. Valkey reports the Redis version it is
-    compatible with as ``redis_version`` (7.2.4 for every Valkey 8); its own is
-    ``valkey_version``."""
-    if isinstance(info, bytes):
-        info = info.decode(errors="replace")
-    if isinstance(info, str):
-        info = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    if not isinstance(info, dict):
-        return {"version": None}
-    server = "valkey" if "valkey_version" in info else "redis"
-    version = info.get(f"{server}_version")
-    return {"server": server, "version": None if version is None else str(version).strip()}
-
-
-def _where(client: Any) -> str:
-    """The store a client talks to, as a URL without credentials (never its repr, which is
-    a page of pool internals)."""
-    family = "valkey" if _Valkey.owns(client) else "redis"
-    try:
-        if isinstance(client, _DeferredCluster):
-            return client.where
-        if hasattr(client, "get_default_node") or hasattr(client, "nodes_manager"):
-            nodes = getattr(client, "startup_nodes", None) or getattr(
-                getattr(client, "nodes_manager", None), "startup_nodes", {})
-            names = [getattr(node, "name", str(node)) for node in
-                     (nodes.values() if isinstance(nodes, dict) else nodes)]
-            return f"{family}+cluster://" + ",".join(names)
-        pool = client.connection_pool
-        service = getattr(pool, "service_name", None)
-        if service is not None:
-            sentinels = [f"{c.connection_pool.connection_kwargs.get('host')}:"
-                         f"{c.connection_pool.connection_kwargs.get('port')}"
-                         for c in pool.sentinel_manager.sentinels]
-            return f"{family}+sentinel://{','.join(sentinels)}/{service}"
-        kwargs = pool.connection_kwargs
-        db = kwargs.get("db", 0)
-        if kwargs.get("path"):
-            return f"{'valkey+' if family == 'valkey' else ''}unix://{kwargs['path']}?db={db}"
-        tls = "SSL" in getattr(pool.connection_class, "__name__", "")
-        scheme = f"{family}s" if tls else family
-        return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
-    except Exception:  # an unusual client: its type says enough
-        return type(client).__name__
-
-
-def _unreachable(client: Any, exc: BaseException) -> BackendError:
-    return BackendError(f"start-up check failed for {_where(client)}: {type(exc).__name__}: "
-                        f"{exc}")
-
-
-def _blocking_pool(pool_class: Any, url: str, kwargs: dict[str, Any]) -> Any:
-    """The client's own pool, for whoever uses the client besides the checks (which take
-    their own connections): one that waits up to the socket timeout for a free connection,
-    where redis-py's default pool raises past its size."""
-    if "connection_pool" in kwargs:
-        return kwargs["connection_pool"]
-    options = dict(kwargs)
-    options.setdefault("timeout", options.get("socket_timeout") or 0.1)
-    options.setdefault("max_connections", 100)
-    return pool_class.from_url(url, **options)
-
-
-class _DeferredCluster:
-    """Stands in for a RedisCluster that could not be reached at start-up; the backend
-    replaces it with the real client on the first call that can build one."""
-
-    def __init__(self, factory: Any, where: str) -> None:
-        self.factory = factory
-        self.where = where  # the URL, redacted: for messages
-
-    def register_script(self, source: str) -> None:
-        return None
-
-    def __repr__(self) -> str:
-        return "RedisCluster(<not connected yet>)"
-
-
 class RedisBackend:
     """Runs the script on a ``redis.Redis`` or ``redis.cluster.RedisCluster`` client (or
     valkey-py's ``valkey.Valkey`` or ``valkey.cluster.ValkeyCluster``).
@@ -326,26 +124,26 @@ class RedisBackend:
 
 
     def __init__(self, client: Any) -> None:
-        _require_redis()
+        require_redis()
         if isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster)):
             raise ConfigurationError(
                 "RedisBackend takes a sync client; for redis.asyncio use "
                 "AsyncRedisBackend(redis.asyncio.Redis(...))"
             )
-        if isinstance(client, _Valkey.classes("asyncio.Valkey", "asyncio.ValkeyCluster")):
+        if isinstance(client, Valkey.classes("asyncio.Valkey", "asyncio.ValkeyCluster")):
             raise ConfigurationError(
                 "RedisBackend takes a sync client; for valkey.asyncio use "
                 "AsyncRedisBackend(valkey.asyncio.Valkey(...))"
             )
         self.client = client
-        self.is_cluster = isinstance(client, (redis.cluster.RedisCluster, _DeferredCluster,
-                                              *_Valkey.classes("cluster.ValkeyCluster")))
+        self.is_cluster = isinstance(client, (redis.cluster.RedisCluster, DeferredCluster,
+                                              *Valkey.classes("cluster.ValkeyCluster")))
         # What the client raises: redis-py's errors, or valkey-py's own tree.
         self._errors: tuple[type[BaseException], ...] = (
-            (*STORE_ERRORS, *_Valkey.errors()) if _Valkey.owns(client) else STORE_ERRORS)
+            (*STORE_ERRORS, *Valkey.errors()) if Valkey.owns(client) else STORE_ERRORS)
         self._no_script: tuple[type[BaseException], ...] = (
-            NoScriptError, *_Valkey.classes("exceptions.NoScriptError"))
-        self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=False)
+            NoScriptError, *Valkey.classes("exceptions.NoScriptError"))
+        self._label = "redis-cluster" if self.is_cluster else label(client, asyncio=False)
         self._script: Any = client.register_script(scripts.source()) if self.is_cluster else None
         self._pool: Any = None
         self._connection_class: Any = None
@@ -367,9 +165,9 @@ class RedisBackend:
         """
         spec = urls.parse(url)
         if spec.kind == "memory":
-            return _memory(redis_kwargs)
-        _require_redis()
-        kwargs = _client_kwargs(spec, redis_kwargs)
+            return memory_backend(redis_kwargs)
+        require_redis()
+        kwargs = client_kwargs(spec, redis_kwargs)
         if spec.kind == "cluster":
             plain = spec.client_url
             try:
@@ -378,12 +176,12 @@ class RedisBackend:
                 # The sync cluster client connects as it is built; an app must still start
                 # while the cluster is down (its failure policy covers the outage), so the
                 # client is built on the first call instead.
-                return cls(_DeferredCluster(lambda: redis.cluster.RedisCluster.from_url(
+                return cls(DeferredCluster(lambda: redis.cluster.RedisCluster.from_url(
                     plain, **kwargs), urls.redact(url)))
         if spec.kind == "sentinel":
             return cls(_sentinel.client(spec, kwargs, asyncio=False))
         kwargs.setdefault("db", spec.db)
-        return cls(redis.Redis(connection_pool=_blocking_pool(redis.BlockingConnectionPool,
+        return cls(redis.Redis(connection_pool=blocking_pool(redis.BlockingConnectionPool,
                                                               spec.client_url, kwargs)))
 
     def __repr__(self) -> str:
@@ -473,17 +271,17 @@ class RedisBackend:
                 info = client.execute_command("INFO", "server", target_nodes=primaries[0])
                 if isinstance(info, dict) and primaries[0].name in info:
                     info = info[primaries[0].name]
-                return ping_report("redis-cluster", **_server(info), nodes=len(primaries),
+                return ping_report("redis-cluster", **server_of(info), nodes=len(primaries),
                                    rtt_s=rtt, script_sha=scripts.sha1())
             client.ping()  # connects: the round trip below is the network's alone
             start = time.perf_counter()
             client.ping()
             rtt = time.perf_counter() - start
             client.script_load(scripts.source())
-            return ping_report(self._label, **_server(client.info("server")), nodes=1,
+            return ping_report(self._label, **server_of(client.info("server")), nodes=1,
                                rtt_s=rtt, script_sha=scripts.sha1())
         except self._errors as exc:
-            raise _unreachable(self.client, exc) from exc
+            raise unreachable(self.client, exc) from exc
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)
@@ -491,30 +289,6 @@ class RedisBackend:
             conn.disconnect()
         self.client.close()
 
-
-def _mirror_valkey(client: Any, *, cluster: bool) -> Any:
-    """The pipelined connections (pipeline.py, cluster.py) that mirror a valkey.asyncio
-    client, as ``for_client`` mirrors a redis.asyncio one: its connection class read as the
-    redis-py class it copies, and over TLS the SSL context that valkey-py itself builds from
-    the client's ``ssl_*`` options (its defaults differ: no hostname check unless asked)."""
-    if cluster:
-        kwargs = dict(client.connection_kwargs)
-    else:
-        pool = client.connection_pool
-        kwargs = {**pool.connection_kwargs, "connection_class": pool.connection_class}
-    own_class = (kwargs.get("connection_class")
-                 or _Valkey.classes("asyncio.connection.Connection")[0])
-    where = {"db": 0} if cluster else {}
-    settings = _pipeline.Settings.from_kwargs(
-        {**kwargs, "connection_class": _Valkey.redis_twin(own_class)}, **where)
-    if settings.tls is not None:
-        options = {k: v for k, v in kwargs.items() if k.startswith("ssl_")}
-        ssl_class = _Valkey.classes("asyncio.connection.SSLConnection")[0]
-        settings = dataclasses.replace(settings, tls=ssl_class(**options).ssl_context.get())
-    if cluster:
-        nodes = client.nodes_manager.startup_nodes.values()
-        return PipelinedCluster([(node.host, int(node.port)) for node in nodes], settings)
-    return _pipeline.PipelinedConnection(settings)
 
 
 class AsyncRedisBackend:
@@ -528,10 +302,10 @@ class AsyncRedisBackend:
 
 
     def __init__(self, client: Any) -> None:
-        _require_redis()
-        valkey = _Valkey.classes("asyncio.Valkey", "asyncio.ValkeyCluster")
+        require_redis()
+        valkey = Valkey.classes("asyncio.Valkey", "asyncio.ValkeyCluster")
         if not isinstance(client, (redis.asyncio.Redis, redis.asyncio.RedisCluster, *valkey)):
-            sync = "valkey.Valkey" if _Valkey.owns(client) else "redis.Redis"
+            sync = "valkey.Valkey" if Valkey.owns(client) else "redis.Redis"
             raise ConfigurationError(
                 "AsyncRedisBackend takes a redis.asyncio (or valkey.asyncio) client; for a "
                 f"sync client use RedisBackend({sync}(...))"
@@ -541,9 +315,11 @@ class AsyncRedisBackend:
                 "AsyncRedisBackend needs hiredis: pip install 'ratelimit_mw[redis]'")
         self.client: Any = client
         self.is_cluster = isinstance(client, (redis.asyncio.RedisCluster, *valkey[1:]))
-        self._label = "redis-cluster" if self.is_cluster else _label(client, asyncio=True)
-        if _Valkey.owns(client):
-            self._pipe: Any = _mirror_valkey(client, cluster=self.is_cluster)
+        self._label = "redis-cluster" if self.is_cluster else label(client, asyncio=True)
+        if Valkey.owns(client):
+            settings = Settings.from_valkey(client, cluster=self.is_cluster)
+            self._pipe: Any = (PipelinedCluster.for_client(client, settings) if self.is_cluster
+                               else _pipeline.PipelinedConnection(settings))
         else:
             self._pipe = (PipelinedCluster.for_client(client) if self.is_cluster
                           else _pipeline.PipelinedConnection.for_client(client))
@@ -554,9 +330,9 @@ class AsyncRedisBackend:
         ``RedisBackend.from_url``."""
         spec = urls.parse(url)
         if spec.kind == "memory":
-            return _memory(redis_kwargs)
-        _require_redis()
-        kwargs = _client_kwargs(spec, redis_kwargs, asyncio=True)
+            return memory_backend(redis_kwargs)
+        require_redis()
+        kwargs = client_kwargs(spec, redis_kwargs, asyncio=True)
         if spec.kind == "cluster":
             if "retry_on_timeout" not in redis_kwargs and "retry_on_timeout" not in spec.options:
                 # redis.asyncio.RedisCluster has no such argument (TypeError); the `retry`
@@ -566,7 +342,7 @@ class AsyncRedisBackend:
         if spec.kind == "sentinel":
             return cls(_sentinel.client(spec, kwargs, asyncio=True))
         kwargs.setdefault("db", spec.db)
-        return cls(redis.asyncio.Redis(connection_pool=_blocking_pool(
+        return cls(redis.asyncio.Redis(connection_pool=blocking_pool(
             redis.asyncio.BlockingConnectionPool, spec.client_url, kwargs)))
 
     def __repr__(self) -> str:
@@ -590,8 +366,9 @@ class AsyncRedisBackend:
             if self.is_cluster:
                 return await pipe.evalsha(call.keys, call.args, deadline)  # type: ignore[no-any-return]
             packed = pack(call)
-            protocol = pipe.ready()
-            if protocol is not None:
+            # `pipe.ready()`, asked of its protocol: the send below is the protocol's too.
+            protocol = pipe.protocol
+            if protocol is not None and protocol.ready():
                 loop = protocol.loop
                 give_up = loop.time() + deadline
                 try:
@@ -638,20 +415,20 @@ class AsyncRedisBackend:
             pipe = self._pipe
             if self.is_cluster:
                 return await self._aping_pipelined_cluster(pipe)
-            rtt = await _aping_pipelined(pipe)
-            return ping_report(self._label, **_server(await pipe.command("INFO", "server")),
+            rtt = await aping_pipelined(pipe)
+            return ping_report(self._label, **server_of(await pipe.command("INFO", "server")),
                                nodes=1, rtt_s=rtt, script_sha=scripts.sha1())
         except STORE_ERRORS as exc:
-            raise _unreachable(self.client, exc) from exc
+            raise unreachable(self.client, exc) from exc
 
     @staticmethod
     async def _aping_pipelined_cluster(cluster: Any) -> dict[str, Any]:
         primaries = await cluster.primaries()
         rtt = 0.0
         for address in primaries:
-            rtt = max(rtt, await _aping_pipelined(cluster.connection(address)))
+            rtt = max(rtt, await aping_pipelined(cluster.connection(address)))
         info = await cluster.connection(primaries[0]).command("INFO", "server")
-        return ping_report("redis-cluster", **_server(info), nodes=len(primaries),
+        return ping_report("redis-cluster", **server_of(info), nodes=len(primaries),
                            rtt_s=rtt, script_sha=scripts.sha1())
 
     async def aclose(self) -> None:

@@ -22,7 +22,9 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.http.response import HttpResponseBase
 
+from ratelimit_mw._async import slots as slots_async
 from ratelimit_mw._async.handler import handler_async
+from ratelimit_mw._sync import slots as slots_sync
 from ratelimit_mw._sync.handler import handler_sync
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.django import conf
@@ -50,7 +52,7 @@ async def _renewing_async(chunks: AsyncIterator[Any], guard: Guard, limiter: Any
     third of a lease after the last renewal."""
     async for chunk in chunks:
         if held.due():
-            await guard.renew_async(limiter, held)
+            await slots_async.renew_async(guard, limiter, held)
         yield chunk
 
 
@@ -201,7 +203,7 @@ class RateLimitMiddleware:
             if self.guard.holding(admit) is not None:
                 self._hold_sync(admit, response)
             else:
-                self.guard.refund_sync(self.limiter,
+                slots_sync.refund_sync(self.guard, self.limiter,
                                        self.guard.given_back(admit, response.status_code))
         return response
 
@@ -218,7 +220,7 @@ class RateLimitMiddleware:
         def release() -> None:
             if not held.done:
                 held.done = True
-                guard.release_sync(limiter, admit, status)
+                slots_sync.release_sync(guard, limiter, admit, status)
 
         if response.streaming and not response.is_async:  # type: ignore[attr-defined]
             response.streaming_content = renewing(  # type: ignore[attr-defined]
@@ -247,7 +249,7 @@ class RateLimitMiddleware:
             if self.guard.holding(admit) is not None:
                 self._hold_async(admit, response)
             else:
-                await self.guard.refund_async(
+                await slots_async.refund_async(self.guard,
                     self.limiter, self.guard.given_back(admit, response.status_code))
         return response
 
@@ -263,7 +265,7 @@ class RateLimitMiddleware:
         loop = asyncio.get_running_loop()
 
         def start() -> None:
-            task = loop.create_task(guard.release_async(limiter, admit, status))
+            task = loop.create_task(slots_async.release_async(guard, limiter, admit, status))
             _RELEASES.add(task)  # the loop keeps only a weak reference to a task
             task.add_done_callback(_RELEASES.discard)
 

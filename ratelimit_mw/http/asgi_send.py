@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from ratelimit_mw._async import slots as slots_async
 from ratelimit_mw.core.plans import Check
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
@@ -66,7 +67,7 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
                                    or guard.count_when is not None):
             back = guard.given_back(verdict, status)
             if back:
-                await guard.refund_async(limiter, back)
+                await slots_async.refund_async(guard, limiter, back)
 
 
 async def serve_connection(guard: Guard, limiter: AsyncLimiter, verdict: Admit | None,
@@ -193,7 +194,7 @@ class Holding(Watch):
         body = message["type"] == "http.response.body"
         more = body and message.get("more_body", False)
         if more and self.held.due():  # renewed first: a chunk goes out only with its slot
-            await self.guard.renew_async(self.limiter, self.held)
+            await slots_async.renew_async(self.guard, self.limiter, self.held)
         await super().send(message)
         if body and not more:
             await self.end()
@@ -207,7 +208,7 @@ class Holding(Watch):
     async def _renew(self) -> None:
         # A lost slot with on_lease_lost="end" ends the response at its next message (`send`).
         with contextlib.suppress(LeaseLost):
-            await self.guard.renew_async(self.limiter, self.held)
+            await slots_async.renew_async(self.guard, self.limiter, self.held)
 
     async def end(self) -> None:
         """Give the slots back (once), with what the response's status gives back: the
@@ -223,7 +224,7 @@ class Holding(Watch):
                   if self.http and guard.given_back(held.admit, self.status) else held.checks)
         holders = self.holders
         if holders is None:
-            await guard.refund_async(self.limiter, checks, held.token)
+            await slots_async.refund_async(guard, self.limiter, checks, held.token)
         elif holders.give_back(self, checks, held.token):
             try:
                 await asyncio.sleep(0)  # a turn of the loop: the others of this one join
@@ -301,4 +302,4 @@ class Holders:
         for limiter, checks, token in hits:
             by_limiter.setdefault(id(limiter), (limiter, []))[1].append((checks, token))
         for limiter, given in by_limiter.values():
-            await self.guard.refund_all_async(limiter, given)
+            await slots_async.give_back_async(self.guard, limiter, given)

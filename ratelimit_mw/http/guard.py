@@ -20,12 +20,11 @@ anything a client sends.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from ratelimit_mw import keys as _keys
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy, SharedLogs
 from ratelimit_mw.hooks import (
     Answers,
@@ -47,9 +46,9 @@ from ratelimit_mw.http.selection import (
     other_verb,
 )
 from ratelimit_mw.http.slots import IN_FLIGHT
-from ratelimit_mw.http.verdict import Admit, Held, Plan
+from ratelimit_mw.http.verdict import Plan
 from ratelimit_mw.keys import KeyFunc
-from ratelimit_mw.limiter import SWITCH, AsyncLimiter, Limiter
+from ratelimit_mw.limiter import SWITCH
 from ratelimit_mw.log import ThrottledLog, logger
 from ratelimit_mw.routing import (
     EXEMPT,
@@ -382,63 +381,3 @@ class Guard(Outcomes, AfterResponse):
         except Exception as exc:
             self.log_failure("ratelimit_mw exempt_when raised; limiting the request", exc)
             return False
-
-    # -- after the response, the one I/O step: unasync: the async source
-    async def refund_async(self, limiter: AsyncLimiter, checks: Sequence[Check],
-                           token: str | None = None) -> None:
-        """After the response: give back the hits its status gives back (`given_back`,
-        asked by the caller: most responses give nothing back, and then nothing is called)
-        and the slots it held, by the hit's `token`, in one call; never raises."""
-        if checks:
-            await self.refund_all_async(limiter, ((checks, token),))
-
-    async def refund_all_async(self, limiter: AsyncLimiter,
-                               hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
-        """`refund_async` of several responses (those that ended in one turn of the event
-        loop), in one call; never raises. Slots the store misses are owed to it, slots
-        taken in the memory fallback go back there (`slots.give_back_async`)."""
-        await _slots.give_back_async(self, limiter, hits)
-
-    async def release_async(self, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
-        """After an admitted response with this status has ended, however it ended: what it
-        gives back (`released`), in at most one call; never raises."""
-        plan = admit.refund
-        if plan is not None:
-            await self.refund_async(limiter, self.released(admit, status), plan.token)
-
-    async def renew_async(self, limiter: AsyncLimiter, held: Held) -> None:
-        """Push the leases of the slots a long response holds (a lease that could not be
-        renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
-        only where the slot has gone to another request and ``on_lease_lost="end"``."""
-        await _slots.renew_async(self, limiter, held)
-
-    # -- unasync: its sync twin, generated: do not edit
-    def refund_sync(self, limiter: Limiter, checks: Sequence[Check],
-                    token: str | None = None) -> None:
-        """After the response: give back the hits its status gives back (`given_back`,
-        asked by the caller: most responses give nothing back, and then nothing is called)
-        and the slots it held, by the hit's `token`, in one call; never raises."""
-        if checks:
-            self.refund_all_sync(limiter, ((checks, token),))
-
-    def refund_all_sync(self, limiter: Limiter,
-                        hits: Sequence[tuple[Sequence[Check], str | None]]) -> None:
-        """`refund_sync` of several responses (those that ended in one turn of the event
-        loop), in one call; never raises. Slots the store misses are owed to it, slots
-        taken in the memory fallback go back there (`slots.give_back_sync`)."""
-        _slots.give_back_sync(self, limiter, hits)
-
-    def release_sync(self, limiter: Limiter, admit: Admit, status: int) -> None:
-        """After an admitted response with this status has ended, however it ended: what it
-        gives back (`released`), in at most one call; never raises."""
-        plan = admit.refund
-        if plan is not None:
-            self.refund_sync(limiter, self.released(admit, status), plan.token)
-
-    def renew_sync(self, limiter: Limiter, held: Held) -> None:
-        """Push the leases of the slots a long response holds (a lease that could not be
-        renewed ends, and its slot comes back, when its time is up); raises `LeaseLost`
-        only where the slot has gone to another request and ``on_lease_lost="end"``."""
-        _slots.renew_sync(self, limiter, held)
-
-    # -- unasync: end

@@ -70,7 +70,7 @@ class Selection:
         self.holds = any(item.policy is not None and item.policy.algorithm == IN_FLIGHT
                          for item in applied)
         # The async hooks the plan asks (fallback's included): an ASGI adapter awaits them
-        # first (`hooks.answer_all_async`).
+        # first (`ratelimit_mw._async.hooks.answer_all_async`).
         self.hooks: tuple[Callable[[Any], Any], ...] = tuple(dict.fromkeys(
             hook for item in applied
             for hook in (item.exempt_when, item.key,

@@ -1,7 +1,8 @@
 """The in-flight slots a guard answers for beyond a response's own calls, for every adapter.
 
 A slot is taken in the request's one call and given back, renewed, in one call each
-(`ratelimit_mw.http.guard`). Three cases a lease alone would settle late, or never report:
+(`ratelimit_mw.http.guard`, through `ratelimit_mw._async.slots` and its sync twin). Three
+cases a lease alone would settle late, or never report:
 
 - **A give-back the store missed** (it was down, or the breaker skipped it): the slots are
   owed to the store (`Slots.owed`), and given back with the next give-back this guard sends,
@@ -30,7 +31,7 @@ from ratelimit_mw.metrics import LEASE_LOST
 if TYPE_CHECKING:
     from ratelimit_mw.http.guard import Guard
     from ratelimit_mw.http.verdict import Held
-    from ratelimit_mw.limiter import AsyncLimiter, Limiter
+    from ratelimit_mw.limiter import Limiter
 
 IN_FLIGHT = "concurrency"  # the algorithm of in-flight slots
 # Give-backs kept for a store that is out: a worker's in-flight responses of a few leases
@@ -56,7 +57,8 @@ class Owed(NamedTuple):
     token: str
 
 
-def _lease(checks: Iterable[Check]) -> float:
+def lease_of(checks: Iterable[Check]) -> float:
+    """The longest lease of these slots, in seconds."""
     return max(check.policy.rates[0].period_ms for check in checks) / 1000
 
 
@@ -78,7 +80,7 @@ class Slots:
     def keep(self, limiter: Any, hits: Hits) -> None:
         """The give-back of `hits` failed: keep their slots for the store's return."""
         now = limiter._monotonic()
-        kept = [Owed(now + _lease(held), limiter, held, token) for checks, token in hits
+        kept = [Owed(now + lease_of(held), limiter, held, token) for checks, token in hits
                 if token for held in (tuple(c for c in checks
                                             if c.policy.algorithm == IN_FLIGHT),) if held]
         if kept:
@@ -113,7 +115,7 @@ class Slots:
             if len(local) >= OWED_MAX:  # responses that never ended: their leases did
                 for stale in [t for t, until in local.items() if until <= now]:
                     del local[stale]
-            local[token] = now + _lease(c for c in checks if c.policy.algorithm == IN_FLIGHT)
+            local[token] = now + lease_of(c for c in checks if c.policy.algorithm == IN_FLIGHT)
 
     def release_here(self, fallback: Limiter, hits: Hits) -> Hits:
         """Give back in the fallback's memory the slots among `hits` that were taken there;
@@ -158,116 +160,3 @@ class Slots:
         if guard.config.on_lease_lost == "end":
             raise LeaseLost("the response's in-flight slot went to another request while "
                             "its lease had ended (on_lease_lost=\"end\")")
-
-
-# -- unasync: the async source
-async def give_back_async(guard: Guard, limiter: AsyncLimiter, hits: Hits) -> None:
-    """`Guard.refund_all_async`: the slots taken in memory given back there; the rest, with
-    any give-backs owed to the store, in one call (kept if the store misses them)."""
-    slots = guard.slots
-    if slots.local and guard._fallback is not None:
-        hits = slots.release_here(guard._fallback, hits)
-        if not hits:
-            return
-    if not guard.may_refund():
-        slots.keep(limiter, hits)
-        return
-    owed = slots.due(limiter) if slots.owed else []
-    try:
-        await limiter._give_back_all([*hits, *((each.checks, each.token) for each in owed)]
-                                     if owed else hits, guard.timeout)
-    except Exception as exc:
-        slots.keep(limiter, hits)
-        slots.put_back(owed)
-        guard.refund_failed(exc)
-
-
-async def settle_owed_async(guard: Guard, limiter: AsyncLimiter) -> None:
-    """Before a request's call to the store: the give-backs it missed while it was out, in
-    one call. If that fails they stay owed, and the error is the request's (the store is
-    out: its failure policy, without a second deadline)."""
-    owed = guard.slots.due(limiter)
-    if not owed:
-        return
-    try:
-        await limiter._give_back_all([(each.checks, each.token) for each in owed],
-                                     guard.timeout)
-    except BaseException:
-        guard.slots.put_back(owed)
-        raise
-
-
-async def renew_async(guard: Guard, limiter: AsyncLimiter, held: Held) -> None:
-    """`Guard.renew_async`: in the memory fallback for a slot taken there, else in the store;
-    a lease found lost is reported (`Slots.renewed`); raises `LeaseLost` only then, with
-    ``on_lease_lost="end"``."""
-    slots = guard.slots
-    token = held.token
-    try:
-        if token in slots.local:
-            kept = guard._fallback._renew(held.checks, token)
-            slots.local[token] = limiter._monotonic() + _lease(held.checks)
-        else:
-            kept = await limiter._renew(held.checks, token, guard.timeout)
-    except Exception as exc:
-        guard.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
-        return
-    slots.renewed(guard, held, kept)
-
-
-# -- unasync: its sync twin, generated: do not edit
-def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
-    """`Guard.refund_all_sync`: the slots taken in memory given back there; the rest, with
-    any give-backs owed to the store, in one call (kept if the store misses them)."""
-    slots = guard.slots
-    if slots.local and guard._fallback is not None:
-        hits = slots.release_here(guard._fallback, hits)
-        if not hits:
-            return
-    if not guard.may_refund():
-        slots.keep(limiter, hits)
-        return
-    owed = slots.due(limiter) if slots.owed else []
-    try:
-        limiter._give_back_all([*hits, *((each.checks, each.token) for each in owed)]
-                                     if owed else hits, guard.timeout)
-    except Exception as exc:
-        slots.keep(limiter, hits)
-        slots.put_back(owed)
-        guard.refund_failed(exc)
-
-
-def settle_owed_sync(guard: Guard, limiter: Limiter) -> None:
-    """Before a request's call to the store: the give-backs it missed while it was out, in
-    one call. If that fails they stay owed, and the error is the request's (the store is
-    out: its failure policy, without a second deadline)."""
-    owed = guard.slots.due(limiter)
-    if not owed:
-        return
-    try:
-        limiter._give_back_all([(each.checks, each.token) for each in owed],
-                                     guard.timeout)
-    except BaseException:
-        guard.slots.put_back(owed)
-        raise
-
-
-def renew_sync(guard: Guard, limiter: Limiter, held: Held) -> None:
-    """`Guard.renew_sync`: in the memory fallback for a slot taken there, else in the store;
-    a lease found lost is reported (`Slots.renewed`); raises `LeaseLost` only then, with
-    ``on_lease_lost="end"``."""
-    slots = guard.slots
-    token = held.token
-    try:
-        if token in slots.local:
-            kept = guard._fallback._renew(held.checks, token)
-            slots.local[token] = limiter._monotonic() + _lease(held.checks)
-        else:
-            kept = limiter._renew(held.checks, token, guard.timeout)
-    except Exception as exc:
-        guard.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
-        return
-    slots.renewed(guard, held, kept)
-
-
-# -- unasync: end

@@ -19,7 +19,7 @@ from backends.loops import event_loops, io_callback, run_on
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import ratelimit_mw as rl
-from ratelimit_mw.backends import pipeline as _pipeline
+from ratelimit_mw.backends.protocol import RedisProtocol
 from ratelimit_mw.core import scripts
 from tests.conftest import REDIS_URL, other_db_url
 
@@ -176,7 +176,7 @@ async def test_a_silent_server_times_out_and_the_connection_is_dropped() -> None
     try:
         with pytest.raises(rl.BackendError, match="Timeout reading"):
             await rl.AsyncLimiter(backend).hit(policy(), "ip:1")
-        assert backend._pipe._protocol.lost is not None
+        assert backend._pipe.protocol.lost is not None
     finally:
         server.close()
         await backend.aclose()
@@ -197,7 +197,7 @@ async def test_a_server_silent_from_the_start_times_out_and_is_hung_up_on() -> N
         with pytest.raises(rl.BackendError, match="Timeout"):
             await rl.AsyncLimiter(backend).hit(policy(), "ip:1")
         await asyncio.wait_for(hung_up.wait(), 10)  # no half-set-up connection is kept
-        assert backend._pipe._protocol is None
+        assert backend._pipe.protocol is None
     finally:
         server.close()
         await backend.aclose()
@@ -216,7 +216,7 @@ async def test_a_burst_leaves_in_two_writes_the_first_check_at_once(prefix: str)
     limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
     shared = policy("fixed-window")
     await limiter.hit(shared, "ip:warm")  # connected, script loaded
-    transport = backend._pipe._protocol.transport
+    transport = backend._pipe.protocol.transport
     writes: list[int] = []
     real_write = transport.write
 
@@ -385,7 +385,7 @@ def test_replies_still_arriving_for_others_buy_an_overdue_call_one_look_only(
     async def main() -> tuple[BaseException | None, int]:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_connection(
-            lambda: _pipeline._Protocol(loop, None), "127.0.0.1", port)
+            lambda: RedisProtocol(loop, None), "127.0.0.1", port)
         ahead = [protocol.send(PING) for _ in range(queued)]
         late = protocol.send(PING, give_up=loop.time() + 0.05)
         await asyncio.wait([late], timeout=30)  # the fence only turns a hang into a failure

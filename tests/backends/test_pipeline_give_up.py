@@ -20,6 +20,7 @@ import redis.asyncio
 import ratelimit_mw as rl
 from ratelimit_mw.backends import pipeline as _pipeline
 from ratelimit_mw.backends.base import LOOK, TURNS
+from ratelimit_mw.backends.protocol import RedisProtocol
 from ratelimit_mw.core import plans
 from ratelimit_mw.core.plans import Check
 from tests.conftest import REDIS_URL
@@ -73,8 +74,8 @@ class _Transport:
         pass
 
 
-def _protocol(loop: _Loop, timeout: float | None = None) -> _pipeline._Protocol:
-    protocol = _pipeline._Protocol(loop, timeout)  # type: ignore[arg-type]
+def _protocol(loop: _Loop, timeout: float | None = None) -> RedisProtocol:
+    protocol = RedisProtocol(loop, timeout)  # type: ignore[arg-type]
     protocol.connection_made(_Transport())  # type: ignore[arg-type]
     return protocol
 
@@ -303,13 +304,13 @@ async def test_a_cold_connect_on_a_loop_busy_past_the_connect_timeout_still_conn
     # loop is busy for 300 ms once the socket is connected, three times the connect timeout,
     # before the set-up's round trip. The connect follows the deadline rule of every call:
     # the server is given its look (a plain timer failed it: "Timeout connecting").
-    made = _pipeline._Protocol.connection_made
+    made = RedisProtocol.connection_made
 
     def busy_after(self: Any, transport: Any) -> None:
         made(self, transport)
         time.sleep(0.3)
 
-    monkeypatch.setattr(_pipeline._Protocol, "connection_made", busy_after)
+    monkeypatch.setattr(RedisProtocol, "connection_made", busy_after)
     backend = rl.AsyncRedisBackend.from_url(REDIS_URL)
     assert backend._pipe.settings.connect_timeout == pytest.approx(0.1)
     try:

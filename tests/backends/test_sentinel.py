@@ -279,7 +279,8 @@ async def test_a_switch_announced_while_connecting_is_followed_and_survives_a_fa
     not lost: that connection is given up and the retry goes to the announced one. One
     whose first connect fails is still where the next connect goes (the sentinels asked
     instead may still name the old primary)."""
-    from ratelimit_mw.backends.pipeline import PipelinedConnection, Settings
+    from ratelimit_mw.backends.pipeline import PipelinedConnection
+    from ratelimit_mw.backends.settings import Settings
     from tests.conftest import REDIS_URL
 
     old = ("127.0.0.1", redis.Redis.from_url(REDIS_URL).connection_pool.connection_kwargs[
@@ -295,14 +296,14 @@ async def test_a_switch_announced_while_connecting_is_followed_and_survives_a_fa
                                               timeout=2, connect_timeout=2))
     try:
         assert await connection.command("PING") == b"PONG"
-        assert connection._protocol.address == ("127.0.0.1", new.port)  # type: ignore[union-attr]
+        assert connection.protocol.address == ("127.0.0.1", new.port)  # type: ignore[union-attr]
         new.stop()
         connection._switched("127.0.0.1", new.port)  # announced, and down for a moment
         with pytest.raises(redis.ConnectionError):
             await connection.command("PING")
         new.start()
         assert await connection.command("PING") == b"PONG"
-        assert connection._protocol.address == ("127.0.0.1", new.port)  # type: ignore[union-attr]
+        assert connection.protocol.address == ("127.0.0.1", new.port)  # type: ignore[union-attr]
     finally:
         await connection.aclose()
         new.kill()
