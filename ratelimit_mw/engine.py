@@ -156,7 +156,7 @@ class _Shared:
         self._metrics_failed = ThrottledLog()
         # Sliding-log policies of one name share one log in the store: every policy
         # configured on this limiter (decorators, a middleware's) must keep it as long.
-        self._shared_logs = SharedLogs()
+        self.shared_logs = SharedLogs()
         self._rng = random.Random()
         if isinstance(deny_cache, bool) or not isinstance(deny_cache, int) or deny_cache < 0:
             raise ConfigurationError(
@@ -216,7 +216,7 @@ class _Shared:
         return limit_decorator(RouteLimit.make(rates, key=key, cost=cost, name=name,
                                                methods=methods, exempt_when=exempt_when,
                                                count_when=count_when, concurrency=concurrency),
-                               self._shared_logs)
+                               self.shared_logs)
 
     def exempt(self, func: F) -> F:
         """Exempt one route from the middleware's default limits."""
@@ -231,7 +231,7 @@ class _Shared:
     def _clock_ms(self) -> int:
         return int((self.clock or time.time)() * 1000)
 
-    def _monotonic(self) -> float:
+    def monotonic(self) -> float:
         return time.monotonic() if self.clock is None else self.clock()
 
     def _cache_now(self) -> int:
@@ -241,7 +241,7 @@ class _Shared:
         return time.monotonic_ns() // 1000 if self.clock is None else round(self.clock() * 1e6)
 
     # -- building calls ----------------------------------------------------------------------
-    def _compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
+    def compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
         """The `Compiled` calls of these (policy, cost) pairs under this limiter's prefix, built
         once per distinct set (a bounded cache: dynamic limits and costs make new sets)."""
         key = tuple(items)
@@ -275,12 +275,12 @@ class _Shared:
                 or cost < 1 or cost > policy.max_cost):
             policy = _check(policy, identity, cost).policy
         items = ((policy, cost),)
-        found = self._compiled.get(items)  # `_compile`, its cache asked here
-        return found if found is not None else self._compile(items)
+        found = self._compiled.get(items)  # `compile`, its cache asked here
+        return found if found is not None else self.compile(items)
 
-    def _compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
+    def compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
         """`checks` as the compiled calls and their identities."""
-        return (self._compile([(check.policy, check.cost) for check in checks]),
+        return (self.compile([(check.policy, check.cost) for check in checks]),
                 tuple(check.identity for check in checks))
 
     def _call(self, compiled: Compiled, identities: Sequence[str], op: str = plans.HIT,
@@ -294,7 +294,7 @@ class _Shared:
         """The calls of `op` for `checks`: one, or on a cluster one per identity's slot."""
         groups: Sequence[Sequence[Check]] = (plans.group_by_slot(checks)
                                              if self._backend.is_cluster else [checks])
-        return [self._call(*self._compiled_checks(group), op, at, token) for group in groups]
+        return [self._call(*self.compiled_checks(group), op, at, token) for group in groups]
 
     def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]],
                        charge: str | None = None) -> list[ScriptCall]:
@@ -334,7 +334,7 @@ class _Shared:
                 f'Policy("1/minute;5/hour;10/day", algorithm="sliding-log")'
             )
         self._forget((check,))
-        return self._call(self._compile(((check.policy, check.cost),)), (identity,), op,
+        return self._call(self.compile(((check.policy, check.cost),)), (identity,), op,
                           None if at is None else _at_ms(at), token)
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:
@@ -375,7 +375,7 @@ class _Shared:
         """How the store decides `compiled` when it is in this process (the memory store's
         own typed hit, `Compiled.hitter`), with this limiter's deny cache and metrics around
         it: ``here(identities, token, cached)``, no I/O and no deadline, the same on both
-        sides. None: the store is elsewhere, and `_decide` asks it. Built once per compiled
+        sides. None: the store is elsewhere, and `hit_compiled` asks it. Built once per compiled
         hit and store (a middleware's handler keeps it while `generation` stands)."""
         hit = compiled.hitter(self._backend)
         if hit is None:

@@ -176,7 +176,7 @@ class RateLimitDependency:
         self.guard = Guard(self.config, self.limiter, timeout=self.config.backend_timeout)
         self._shared = None if shared is None else self._selection_of(shared, shared.name)
         if shared is not None:  # one quota under a name: it may meet the limiter's others
-            self.limiter._shared_logs.add((shared,))
+            self.limiter.shared_logs.add((shared,))
         # endpoint id -> (endpoint, Selection); the endpoint is kept so its id stays its own.
         self._per_endpoint: dict[int, tuple[object, Selection]] = {}
         self._resolver = RouteResolver(always=True) if needs_route(self.key) else None

@@ -180,7 +180,7 @@ def _limits_of(handler: Any, limiter: AsyncLimiter) -> RouteMeta:
         except ConfigurationError as exc:
             raise ConfigurationError(f"opt[{OPT_LIMIT!r}] of {where}: {exc}") from None
         if limit.policy is not None:  # as the decorator does: names must agree on algorithms
-            limiter._shared_logs.add((limit.policy,))
+            limiter.shared_logs.add((limit.policy,))
         limits.append(limit)
     return tuple(limits)
 

@@ -122,7 +122,7 @@ class _Refunding:
         self._admit = admit
         plan = admit.refund
         self._held = (None if plan is None or plan.token is None
-                      else Held(admit, middleware.limiter._monotonic))
+                      else Held(admit, middleware.limiter.monotonic))
 
     def __iter__(self) -> Iterator[bytes]:
         held = self._held

@@ -174,9 +174,9 @@ async def test_async_cluster_gives_back_a_turn_of_slots_per_slot_and_past_a_fail
     names = ["alice", "bob", "carol"]
     hits = []
     for name in names:
-        compiled = limiter._compile([(slots, 1)])
+        compiled = limiter.compile([(slots, 1)])
         token = compiled.token()
-        assert (await limiter._decide(compiled, (name,), None, token=token)).allowed
+        assert (await limiter.hit_compiled(compiled, (name,), None, token=token)).allowed
         hits.append(((rl.Check(slots, name),), token))
     sent: list[plans.ScriptCall] = []
     arun = async_cluster_backend.arun
@@ -191,7 +191,7 @@ async def test_async_cluster_gives_back_a_turn_of_slots_per_slot_and_past_a_fail
     async_cluster_backend.arun = alice_s_node_fails  # type: ignore[method-assign]
     try:
         with pytest.raises(rl.BackendError):
-            await limiter._give_back_all(hits)
+            await limiter.give_back_all(hits)
     finally:
         del async_cluster_backend.arun
     assert sorted(call.layout[0][1] for call in sent) == names  # one call each, all tried

@@ -109,8 +109,8 @@ def test_a_sliding_log_hit_is_named_by_a_fresh_token_each_time() -> None:
 def test_a_limiter_compiles_each_set_once() -> None:
     limiter = rl.Limiter()
     policy = rl.Policy("1/second")
-    assert limiter._compile([(policy, 1)]) is limiter._compile([(policy, 1)])
-    assert limiter._compile([(policy, 2)]) is not limiter._compile([(policy, 1)])
+    assert limiter.compile([(policy, 1)]) is limiter.compile([(policy, 1)])
+    assert limiter.compile([(policy, 2)]) is not limiter.compile([(policy, 1)])
 
 
 @pytest.mark.parametrize("rates", ["4/second", "4/second;9/minute"])
@@ -169,9 +169,9 @@ async def test_a_cold_start_connects_then_writes_at_once(prefix: str) -> None:
     hit = _compiled(prefix)
     sent: list[bytes] = []
     try:
-        first = await limiter._decide(hit, ("ip:1",), 1.0)  # no connection yet: it connects
+        first = await limiter.hit_compiled(hit, ("ip:1",), 1.0)  # no connection yet: it connects
         _on_send(backend, sent.append)
-        second = await limiter._decide(hit, ("ip:1",), 1.0)
+        second = await limiter.hit_compiled(hit, ("ip:1",), 1.0)
         assert (first.remaining, second.remaining) == (4, 3)
         assert sent == [pack(hit.call(("ip:1",)))]
     finally:
@@ -198,14 +198,14 @@ async def test_a_refusal_is_counted_down_from_the_moment_its_call_was_sent(
     _on_send(backend, pausing)
     try:
         sent_at = clock.us
-        assert (await limiter._decide(hit, ("ip:1",), 1.0)).allowed
+        assert (await limiter.hit_compiled(hit, ("ip:1",), 1.0)).allowed
         pauses.append(100)
-        refused = await limiter._decide(hit, ("ip:1",), 1.0)
+        refused = await limiter.hit_compiled(hit, ("ip:1",), 1.0)
         assert not refused.allowed and refused.retry_after == 1.0
         assert limiter._deny is not None
         assert [entry.decided for entry in limiter._deny.entries.values()] == [sent_at]
         clock.us = sent_at + 1_000_000  # when the store admits again
-        assert (await limiter._decide(hit, ("ip:1",), 1.0)).allowed
+        assert (await limiter.hit_compiled(hit, ("ip:1",), 1.0)).allowed
     finally:
         await backend.aclose()
 
@@ -215,9 +215,9 @@ async def test_after_a_script_flush_the_script_is_loaded_and_the_hit_counted_onc
 ) -> None:
     hit = _compiled(prefix)
     async with _connected(prefix) as limiter:
-        assert (await limiter._decide(hit, ("ip:1",), 1.0)).remaining == 4
+        assert (await limiter.hit_compiled(hit, ("ip:1",), 1.0)).remaining == 4
         redis_client.script_flush()
-        assert (await limiter._decide(hit, ("ip:1",), 1.0)).remaining == 3
+        assert (await limiter.hit_compiled(hit, ("ip:1",), 1.0)).remaining == 3
         assert (await limiter.peek(hit.policies[0], "ip:1")).remaining == 3
 
 
@@ -226,9 +226,9 @@ async def test_a_dropped_connection_is_reopened_and_the_hit_counted_once(
 ) -> None:
     hit = _compiled(prefix)
     async with _connected(prefix) as limiter:
-        assert (await limiter._decide(hit, ("ip:1",), 1.0)).remaining == 4
+        assert (await limiter.hit_compiled(hit, ("ip:1",), 1.0)).remaining == 4
         redis_client.client_kill_filter(_type="normal", skipme=True)
-        decisions = await asyncio.gather(*(limiter._decide(hit, ("ip:1",), 1.0)
+        decisions = await asyncio.gather(*(limiter.hit_compiled(hit, ("ip:1",), 1.0)
                                            for _ in range(3)))
         assert sorted(d.remaining for d in decisions) == [1, 2, 3]
         assert (await limiter.peek(hit.policies[0], "ip:1")).remaining == 1
@@ -242,10 +242,10 @@ async def test_a_call_past_the_deadline_fails_and_is_never_sent_again(
         try:
             redis_client.execute_command("CLIENT", "PAUSE", 200, "WRITE")
             with pytest.raises(TimeoutError):
-                await limiter._decide(hit, ("ip:1",), 0.05)
+                await limiter.hit_compiled(hit, ("ip:1",), 0.05)
             # Redis ran it once the pause ended (a call that gave up may still have been
             # applied); the limiter did not send it a second time.
-            assert (await limiter._decide(hit, ("ip:1",), 5.0)).remaining == 3
+            assert (await limiter.hit_compiled(hit, ("ip:1",), 5.0)).remaining == 3
         finally:
             redis_client.execute_command("CLIENT", "UNPAUSE")
 
@@ -280,7 +280,7 @@ async def test_every_backend_answers_the_compiled_hit(prefix: str) -> None:
                     rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS, protocol=3))):
         limiter = rl.AsyncLimiter(backend, prefix=prefix)  # type: ignore[arg-type]
         hit = _compiled(prefix, "2/minute")
-        answers = [await limiter._decide(hit, ("ip:1",), 1.0) for _ in range(3)]
+        answers = [await limiter.hit_compiled(hit, ("ip:1",), 1.0) for _ in range(3)]
         assert [d.allowed for d in answers] == [True, True, False]
         await limiter.reset(hit.policies[0], "ip:1")
 
@@ -298,7 +298,7 @@ def test_a_metrics_hook_sees_each_compiled_hit() -> None:
 
     limiter = rl.Limiter(rl.MemoryBackend(), metrics=Hook())
     hit = Compiled([(rl.Policy("1/minute", name="m"), 1)], "rl")
-    assert [limiter._decide(hit, ("u",)).allowed for _ in range(2)] == [True, False]
+    assert [limiter.hit_compiled(hit, ("u",)).allowed for _ in range(2)] == [True, False]
     assert seen == [("admitted", "m"), ("refused", "m")]
 
 
@@ -312,10 +312,10 @@ async def test_an_admitted_hit_forgets_the_refusals_held_for_its_identity(
     big, small = Compiled([(policy, 3)], prefix), Compiled([(policy, 1)], prefix)
 
     sync = rl.Limiter(rl.MemoryBackend(), prefix=prefix)
-    assert sync._decide(small, ("u",)).remaining == 2
-    assert not sync._decide(big, ("u",)).allowed
+    assert sync.hit_compiled(small, ("u",)).remaining == 2
+    assert not sync.hit_compiled(big, ("u",)).allowed
     assert sync._deny is not None and len(sync._deny) == 1
-    assert sync._decide(small, ("u",)).remaining == 1
+    assert sync.hit_compiled(small, ("u",)).remaining == 1
     assert len(sync._deny) == 0
 
     backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS))
@@ -323,10 +323,10 @@ async def test_an_admitted_hit_forgets_the_refusals_held_for_its_identity(
     try:
         for limiter in (rl.AsyncLimiter(rl.MemoryBackend(), prefix=prefix),
                         rl.AsyncLimiter(backend, prefix=prefix)):
-            assert (await limiter._decide(small, ("u",), 1.0)).remaining == 2
-            assert not (await limiter._decide(big, ("u",), 1.0)).allowed
+            assert (await limiter.hit_compiled(small, ("u",), 1.0)).remaining == 2
+            assert not (await limiter.hit_compiled(big, ("u",), 1.0)).allowed
             assert limiter._deny is not None and len(limiter._deny) == 1
-            assert (await limiter._decide(small, ("u",), 1.0)).remaining == 1
+            assert (await limiter.hit_compiled(small, ("u",), 1.0)).remaining == 1
             assert len(limiter._deny) == 0
             await limiter.reset(policy, "u")
     finally:
@@ -349,7 +349,7 @@ async def test_a_refusal_recorded_while_a_hit_was_out_is_forgotten_by_its_admiss
         small, big = Compiled([(policy, 1)], prefix + tag), Compiled([(policy, 5)], prefix + tag)
 
         async def hit(compiled: Compiled) -> rl.Decision:
-            return await limiter._decide(compiled, ("u",), 1.0)
+            return await limiter.hit_compiled(compiled, ("u",), 1.0)
 
         try:
             for _ in range(3):
@@ -384,9 +384,9 @@ async def test_a_sliding_log_hit_sent_again_after_a_drop_is_the_same_call(
     monkeypatch.setattr(RedisProtocol, "_write", write_then_drop)
     hit = _compiled(prefix, "10/hour", "sliding-log")
     async with _connected(prefix) as limiter:
-        await limiter._decide(hit, ("u",), 1.0)
+        await limiter.hit_compiled(hit, ("u",), 1.0)
         armed[0] = True
-        decision = await limiter._decide(hit, ("u",), 1.0)
+        decision = await limiter.hit_compiled(hit, ("u",), 1.0)
         # The copy sent again saw the first copy's entry (remaining 7), and wrote the same
         # member over it: two entries for two requests.
         assert decision.allowed and decision.remaining == 7
@@ -404,5 +404,5 @@ async def test_a_memory_backend_with_an_arun_of_its_own_is_asked_through_it() ->
 
     limiter = rl.AsyncLimiter(Watched())
     hit = Compiled([(rl.Policy("2/minute"), 1)], "rl")
-    assert (await limiter._decide(hit, ("u",))).remaining == 1
+    assert (await limiter.hit_compiled(hit, ("u",))).remaining == 1
     assert len(asked) == 1

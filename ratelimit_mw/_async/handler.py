@@ -136,7 +136,7 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
             else:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.
-                decision = await limiter._decide(hit, identities, timeout,
+                decision = await limiter.hit_compiled(hit, identities, timeout,
                                                  cached=not node.open_until, token=token)
         except Exception as exc:  # anything from the store: never a 500
             return guard.failed(request, plan or _new(Plan, (hit, identities, selection,

@@ -29,7 +29,7 @@ class Slot:
         self.limiter = limiter
         self.timeout = timeout
         self._check = Check(policy, "slots", 1)
-        self._compiled = limiter._compile(((policy, 1),))
+        self._compiled = limiter.compile(((policy, 1),))
         self._token = ""
         self._renewal: Any = None
         self.decision: Decision | None = None
@@ -49,7 +49,7 @@ class Slot:
         return self.decision
 
     async def _renew(self) -> None:
-        await self.limiter._renew((self._check,), self._token)
+        await self.limiter.renew((self._check,), self._token)
 
     async def __aexit__(self, *exc: object) -> None:
         renewal, self._renewal = self._renewal, None
@@ -117,7 +117,7 @@ class AsyncTicket:
     async def renew(self) -> None:
         """Push the lease of the in-flight slot on (a response that runs long)."""
         if self.held:
-            await self.limiter._renew(self.held, self.token)
+            await self.limiter.renew(self.held, self.token)
 
 
 class Messages:

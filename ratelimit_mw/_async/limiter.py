@@ -55,10 +55,10 @@ class AsyncLimiter(_Shared):
                          needs="arun", sleep=sleep or sleep_async, **options)
         self._flights = AsyncFlights()
 
-    async def _decide(self, compiled: Compiled, identities: Sequence[str],
+    async def hit_compiled(self, compiled: Compiled, identities: Sequence[str],
                      timeout: float | None = None, *, cached: bool = True,
                      token: str | None = None) -> Decision:
-        """The hit of `compiled` (`_compile`) for these identities, one per check, all or
+        """The hit of `compiled` (`compile`) for these identities, one per check, all or
         nothing: the deny cache's answer (no I/O, no deadline), else the store's within
         `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
         takes this way. `cached` False: the store answers, and the cache is neither asked
@@ -197,15 +197,15 @@ class AsyncLimiter(_Shared):
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing."""
         checks = [_check(*check) for check in checks]
-        return await self._decide(*self._compiled_checks(checks))
+        return await self.hit_compiled(*self.compiled_checks(checks))
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
         compiled = self._compiled_hit(policy, identity, cost)
-        kept = compiled.here  # in process: `_decide`'s first step, taken here
+        kept = compiled.here  # in process: `hit_compiled`'s first step, taken here
         if kept[0] is self._backend and kept[1] is not None:
             return kept[1]((identity,), None, True)  # type: ignore[no-any-return]
-        return await self._decide(compiled, (identity,))
+        return await self.hit_compiled(compiled, (identity,))
 
     def messages(self, policy: Policy | str) -> handles.Messages:
         """A budget for the messages of one connection (a WebSocket, a stream), counted
@@ -220,9 +220,9 @@ class AsyncLimiter(_Shared):
         """Give back what an admitted `check` recorded (the middleware's count_when, the
         slots a response held), each call within `timeout`; by the hit's `token`, exactly
         what it recorded; `charge` (a settle's): only within the window it was charged in."""
-        await self._give_back_all(((checks, token),), timeout, charge)
+        await self.give_back_all(((checks, token),), timeout, charge)
 
-    async def _give_back_all(self, hits: Sequence[tuple[Sequence[Check], str | None]],
+    async def give_back_all(self, hits: Sequence[tuple[Sequence[Check], str | None]],
                              timeout: float | None = None, charge: str | None = None) -> None:
         """`_give_back` of several admitted hits (the responses that ended in one turn of
         the event loop) in one call, or on a cluster one per identity's slot: every call is
@@ -236,7 +236,7 @@ class AsyncLimiter(_Shared):
         if failed is not None:
             raise failed
 
-    async def _renew(self, checks: Sequence[Check], token: str,
+    async def renew(self, checks: Sequence[Check], token: str,
                      timeout: float | None = None) -> bool:
         """Push the leases of the in-flight slots that the hit named `token` holds; False
         when one had ended and its slot has gone to someone else meanwhile (one that ended
@@ -271,7 +271,7 @@ class AsyncLimiter(_Shared):
         check = _check(policy, identity, 1)
         self._forget((check,))
         reply = await self._backend.arun(self._call(
-            self._compile(((check.policy, 1),)), (identity,), plans.PAUSE,
+            self.compile(((check.policy, 1),)), (identity,), plans.PAUSE,
             math.ceil(seconds * 1000)))
         return int(reply[1]) / 1000
 
@@ -301,15 +301,15 @@ class AsyncLimiter(_Shared):
         to 200 ms: a holder may give its slot back at any moment."""
         if timeout is not None and (isinstance(timeout, bool) or not timeout >= 0):
             raise ConfigurationError(f"timeout must be None or >= 0 seconds, got {timeout!r}")
-        started = self._monotonic()
+        started = self.monotonic()
         failures = 0
         poll = 0.01
         while True:
             try:
-                decision = await self._decide(compiled, identities, token=token)
+                decision = await self.hit_compiled(compiled, identities, token=token)
             except BackendError:
                 failures += 1
-                left = None if timeout is None else timeout - (self._monotonic() - started)
+                left = None if timeout is None else timeout - (self.monotonic() - started)
                 backoff = plans.backoff_wait(failures, left, self._rng)
                 if backoff is None:
                     raise
@@ -321,7 +321,7 @@ class AsyncLimiter(_Shared):
             cap = None
             if decision.policy is not None and decision.policy.algorithm == "concurrency":
                 cap, poll = poll, min(poll * 2, 0.2)
-            wait = plans.acquire_wait(decision, self._monotonic() - started, timeout, self._rng,
+            wait = plans.acquire_wait(decision, self.monotonic() - started, timeout, self._rng,
                                       cap, wait_out)
             if wait is None:
                 raise RateLimitExceeded(decision)
@@ -370,7 +370,7 @@ class AsyncLimiter(_Shared):
                                          f"Policy.in_flight(...), got {concurrency!r}")
             held = (Check(slots, identity, 1),)
             items.append((slots, 1))
-        compiled = self._compile(items)
+        compiled = self.compile(items)
         token = compiled.token() or ""
         decision = await self._wait(compiled, (identity,) * len(items), timeout, token,
                                     wait_out=wait_out)

@@ -39,8 +39,8 @@ async def give_back_async(guard: Guard, limiter: AsyncLimiter, hits: Hits) -> No
     never raising: the slots taken in memory given back there; the rest, with any
     give-backs owed to the store, in one call (kept if the store misses them)."""
     slots = guard.slots
-    if slots.local and guard._fallback is not None:
-        hits = slots.release_here(guard._fallback, hits)
+    if slots.local and guard.fallback is not None:
+        hits = slots.release_here(guard.fallback, hits)
         if not hits:
             return
     if not guard.may_refund():
@@ -48,7 +48,7 @@ async def give_back_async(guard: Guard, limiter: AsyncLimiter, hits: Hits) -> No
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        await limiter._give_back_all([*hits, *((each.checks, each.token) for each in owed)]
+        await limiter.give_back_all([*hits, *((each.checks, each.token) for each in owed)]
                                      if owed else hits, guard.timeout)
     except Exception as exc:
         slots.keep(limiter, hits)
@@ -64,7 +64,7 @@ async def settle_owed_async(guard: Guard, limiter: AsyncLimiter) -> None:
     if not owed:
         return
     try:
-        await limiter._give_back_all([(each.checks, each.token) for each in owed],
+        await limiter.give_back_all([(each.checks, each.token) for each in owed],
                                      guard.timeout)
     except BaseException:
         guard.slots.put_back(owed)
@@ -80,10 +80,10 @@ async def renew_async(guard: Guard, limiter: AsyncLimiter, held: Held) -> None:
     token = held.token
     try:
         if token in slots.local:
-            kept = guard._fallback._renew(held.checks, token)
-            slots.local[token] = limiter._monotonic() + lease_of(held.checks)
+            kept = guard.fallback.renew(held.checks, token)
+            slots.local[token] = limiter.monotonic() + lease_of(held.checks)
         else:
-            kept = await limiter._renew(held.checks, token, guard.timeout)
+            kept = await limiter.renew(held.checks, token, guard.timeout)
     except Exception as exc:
         guard.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
         return

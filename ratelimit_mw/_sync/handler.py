@@ -137,7 +137,7 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
             else:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.
-                decision = limiter._decide(hit, identities, timeout,
+                decision = limiter.hit_compiled(hit, identities, timeout,
                                                  cached=not node.open_until, token=token)
         except Exception as exc:  # anything from the store: never a 500
             return guard.failed(request, plan or _new(Plan, (hit, identities, selection,

@@ -30,7 +30,7 @@ class Slot:
         self.limiter = limiter
         self.timeout = timeout
         self._check = Check(policy, "slots", 1)
-        self._compiled = limiter._compile(((policy, 1),))
+        self._compiled = limiter.compile(((policy, 1),))
         self._token = ""
         self._renewal: Any = None
         self.decision: Decision | None = None
@@ -50,7 +50,7 @@ class Slot:
         return self.decision
 
     def _renew(self) -> None:
-        self.limiter._renew((self._check,), self._token)
+        self.limiter.renew((self._check,), self._token)
 
     def __exit__(self, *exc: object) -> None:
         renewal, self._renewal = self._renewal, None
@@ -118,7 +118,7 @@ class Ticket:
     def renew(self) -> None:
         """Push the lease of the in-flight slot on (a response that runs long)."""
         if self.held:
-            self.limiter._renew(self.held, self.token)
+            self.limiter.renew(self.held, self.token)
 
 
 class Messages:

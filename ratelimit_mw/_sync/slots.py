@@ -40,8 +40,8 @@ def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
     never raising: the slots taken in memory given back there; the rest, with any
     give-backs owed to the store, in one call (kept if the store misses them)."""
     slots = guard.slots
-    if slots.local and guard._fallback is not None:
-        hits = slots.release_here(guard._fallback, hits)
+    if slots.local and guard.fallback is not None:
+        hits = slots.release_here(guard.fallback, hits)
         if not hits:
             return
     if not guard.may_refund():
@@ -49,7 +49,7 @@ def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        limiter._give_back_all([*hits, *((each.checks, each.token) for each in owed)]
+        limiter.give_back_all([*hits, *((each.checks, each.token) for each in owed)]
                                      if owed else hits, guard.timeout)
     except Exception as exc:
         slots.keep(limiter, hits)
@@ -65,7 +65,7 @@ def settle_owed_sync(guard: Guard, limiter: Limiter) -> None:
     if not owed:
         return
     try:
-        limiter._give_back_all([(each.checks, each.token) for each in owed],
+        limiter.give_back_all([(each.checks, each.token) for each in owed],
                                      guard.timeout)
     except BaseException:
         guard.slots.put_back(owed)
@@ -81,10 +81,10 @@ def renew_sync(guard: Guard, limiter: Limiter, held: Held) -> None:
     token = held.token
     try:
         if token in slots.local:
-            kept = guard._fallback._renew(held.checks, token)
-            slots.local[token] = limiter._monotonic() + lease_of(held.checks)
+            kept = guard.fallback.renew(held.checks, token)
+            slots.local[token] = limiter.monotonic() + lease_of(held.checks)
         else:
-            kept = limiter._renew(held.checks, token, guard.timeout)
+            kept = limiter.renew(held.checks, token, guard.timeout)
     except Exception as exc:
         guard.log_failure("ratelimit_mw: could not renew an in-flight lease", exc)
         return

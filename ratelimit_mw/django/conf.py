@@ -117,7 +117,7 @@ class Limiters:
 
     def _adopt(self, limiter: Any) -> Any:
         # Decorators and the settings record their sliding logs in one place.
-        limiter._shared_logs = SHARED_LOGS
+        limiter.shared_logs = SHARED_LOGS
         return limiter
 
     def _shared_memory(self) -> MemoryBackend | None:

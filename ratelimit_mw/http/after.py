@@ -60,7 +60,7 @@ class AfterResponse:
         plan = admit.refund
         if plan is None or plan.token is None:
             return None
-        return Held(admit, self.limiter._monotonic)
+        return Held(admit, self.limiter.monotonic)
 
     def _given_back(self, count_when: Callable[[int], bool] | None, status: int) -> bool:
         if count_when is None:

@@ -45,7 +45,7 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
             await app(scope, receive, send)
             return
     elif refund.token is not None:  # it holds in-flight slots
-        await serve_holding(guard, limiter, Held(verdict, limiter._monotonic), app, scope,
+        await serve_holding(guard, limiter, Held(verdict, limiter.monotonic), app, scope,
                             receive, send)
         return
     status = 500  # an exception before the response starts will be a server error

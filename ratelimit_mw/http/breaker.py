@@ -165,7 +165,7 @@ class Breakers:
     def per_node(cls, default: Breaker, limiter: object) -> Breakers | None:
         """A breaker per node for a limiter on a cluster backend (one that says which node
         serves an identity, ``node_of``), else None: `default` alone guards the store."""
-        backend = getattr(limiter, "_backend", None)
+        backend = getattr(limiter, "backend", None)
         route = getattr(backend, "node_of", None) if getattr(backend, "is_cluster", 0) else None
         return None if route is None else cls(default, route)
 

@@ -131,7 +131,7 @@ class Guard(Outcomes, AfterResponse):
             for p in config.defaults
         ) + (() if config.in_flight is None else (Applied(config.in_flight, key, 1, "default"),))
         self.rules: tuple[Rule, ...] = config.rule_list
-        logs = getattr(limiter, "_shared_logs", None)
+        logs = getattr(limiter, "shared_logs", None)
         if isinstance(logs, SharedLogs):
             # The limiter's decorators, and any other middleware on it, count in the same
             # logs: config.py checked the default and rules among themselves only.
@@ -224,7 +224,7 @@ class Guard(Outcomes, AfterResponse):
             if made is None:
                 continue
             if all(item.policy is not None and type(item.cost) is int for item in made.applied):
-                made.compiled = self.limiter._compile([(item.policy, item.cost)
+                made.compiled = self.limiter.compile([(item.policy, item.cost)
                                                       for item in made.applied])
             made.scope_only = made.scope_only and not self._request_hooks
         # The key holds ids of objects that live as long as the app (routes, rules).
@@ -315,7 +315,7 @@ class Guard(Outcomes, AfterResponse):
             if not identities:
                 return None
             if items is not None:
-                compiled = self.limiter._compile(items)
+                compiled = self.limiter.compile(items)
             token = None
             if selection.holds:  # slots are named by a token, to give them back by it
                 if compiled is None:  # every selection that holds slots compiles its hit

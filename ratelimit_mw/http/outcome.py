@@ -59,7 +59,7 @@ class Outcomes:
         self.nodes = Breakers.per_node(self.breaker, limiter)  # None but on a cluster
         # on_backend_error="memory": the store's stand-in while it is out, counting on
         # across outages (see `_decide_in_memory`).
-        self._fallback: Any = self._fresh_fallback() if policy == "memory" else None
+        self.fallback: Any = self._fresh_fallback() if policy == "memory" else None
         retry = self.breaker.retry_after()
         self.unavailable = Unavailable(
             503, [_JSON, _NO_STORE, ("Retry-After", str(retry))], unavailable_body(retry)
@@ -84,7 +84,7 @@ class Outcomes:
             return self.admitter(selection)(decision, plan if refundable else None)
         self._notify_refusal(request, decision)
         if self.shadow:
-            self._observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
+            self.observe(SHADOW_REFUSED, [check.policy.name for check in plan.checks
                                            if check.policy is decision.policy],
                           perf_counter() - started if started else 0.0)
             if not self.headers:
@@ -131,19 +131,19 @@ class Outcomes:
         plan was only asked about, so the memory stand-in asks too."""
         names = [policy.name for policy in plan.compiled.policies]
         if exc is None:
-            self._observe(BREAKER_OPEN if self._fallback is None else FALLBACK, names, 0.0)
+            self.observe(BREAKER_OPEN if self.fallback is None else FALLBACK, names, 0.0)
             error: BaseException = self._cooling
         else:
             if not isinstance(exc, BackendError):
                 # The limiter reports the BackendErrors it raises; a call cut off by the
                 # deadline (or anything else) it never saw end: one event per request.
-                self._observe(BACKEND_ERROR, names,
+                self.observe(BACKEND_ERROR, names,
                               self.timeout if isinstance(exc, TimeoutError) and self.timeout
                               else 0.0)
             (self.breaker if self.nodes is None else self.nodes.of(plan.identities)).failed(
                 describe(exc, self.timeout), exc)
             error = exc
-        if self._fallback is not None:
+        if self.fallback is not None:
             return self._decide_in_memory(request, plan, peek)
         return PASS if self._admit_on_error(request, error) else self.unavailable
 
@@ -161,14 +161,14 @@ class Outcomes:
         (N + 1) x the limit however often the store fails). What it admits is never given
         back (count_when): the store never recorded it. In-flight slots are taken in it too
         (per worker, as the rates), and given back and renewed there (`slots.Slots.local`)."""
-        checks, fallback, token = plan.checks, self._fallback, plan.token
+        checks, fallback, token = plan.checks, self.fallback, plan.token
         try:
             if peek:
                 decision = fallback.peek(*checks[0][:2])
             elif token is None:
                 decision = fallback.check(checks)
             else:
-                decision = fallback._decide(*fallback._compiled_checks(checks), token=token)
+                decision = fallback.hit_compiled(*fallback.compiled_checks(checks), token=token)
         except Exception as exc:  # the memory backend's own failure: admit, as "allow"
             self.log_failure("ratelimit_mw in-memory fallback failed; admitting", exc)
             return PASS
@@ -199,7 +199,7 @@ class Outcomes:
         except Exception as exc:
             self.log_failure("ratelimit_mw on_refusal hook raised", exc)
 
-    def _observe(self, event: Any, policies: list[str], seconds: float) -> None:
+    def observe(self, event: Any, policies: list[str], seconds: float) -> None:
         hook = getattr(self.limiter, "metrics", None)
         if hook is None:
             return

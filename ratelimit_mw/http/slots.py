@@ -79,7 +79,7 @@ class Slots:
     # -- owed to the store ---------------------------------------------------------------
     def keep(self, limiter: Any, hits: Hits) -> None:
         """The give-back of `hits` failed: keep their slots for the store's return."""
-        now = limiter._monotonic()
+        now = limiter.monotonic()
         kept = [Owed(now + lease_of(held), limiter, held, token) for checks, token in hits
                 if token for held in (tuple(c for c in checks
                                             if c.policy.algorithm == IN_FLIGHT),) if held]
@@ -98,7 +98,7 @@ class Slots:
     def due(self, limiter: Any) -> list[Owed]:
         """Take the give-backs owed by `limiter` whose leases have not ended (the ended
         ones are dropped: the store has freed them)."""
-        now = limiter._monotonic()
+        now = limiter.monotonic()
         with self._lock:
             owed, self.owed = self.owed, []
             mine = [each for each in owed if each.limiter is limiter]
@@ -109,7 +109,7 @@ class Slots:
 
     # -- taken in the memory fallback ----------------------------------------------------
     def taken_here(self, limiter: Any, checks: Sequence[Check], token: str) -> None:
-        now = limiter._monotonic()
+        now = limiter.monotonic()
         with self._lock:
             local = self.local
             if len(local) >= OWED_MAX:  # responses that never ended: their leases did
@@ -132,7 +132,7 @@ class Slots:
                     rest.append((checks, token))
         if mine:
             try:
-                fallback._give_back_all(mine)
+                fallback.give_back_all(mine)
             except Exception as exc:  # the memory backend's own failure: the lease frees it
                 self.log("ratelimit_mw: could not give back a slot held in memory", exc)
         return rest
@@ -150,7 +150,7 @@ class Slots:
         if not held.lost:
             held.lost = True
             names = [check.policy.name for check in held.checks]
-            guard._observe(LEASE_LOST, names, 0.0)
+            guard.observe(LEASE_LOST, names, 0.0)
             choice = guard.config.on_lease_lost
             self.log(f"ratelimit_mw: an in-flight lease ({', '.join(dict.fromkeys(names))}) "
                      f"ended before its renewal (the process paused past it?) and its slot "

@@ -285,11 +285,11 @@ async def test_the_middleware_deadline_through_the_limiter_says_timed_out(prefix
                                                                           ) -> None:
     backend = rl.AsyncRedisBackend(redis.asyncio.Redis.from_url(REDIS_URL))
     limiter = rl.AsyncLimiter(backend, prefix=prefix)
-    compiled = limiter._compile([(rl.Policy("10/minute", name=uuid.uuid4().hex[:8]), 1)])
+    compiled = limiter.compile([(rl.Policy("10/minute", name=uuid.uuid4().hex[:8]), 1)])
     try:
-        await limiter._decide(compiled, ("ip:1",))
+        await limiter.hit_compiled(compiled, ("ip:1",))
         redis_client.execute_command("CLIENT", "PAUSE", 300, "ALL")
-        outcomes = await asyncio.gather(*(limiter._decide(compiled, ("ip:1",), 0.05)
+        outcomes = await asyncio.gather(*(limiter.hit_compiled(compiled, ("ip:1",), 0.05)
                                           for _ in range(5)), return_exceptions=True)
         assert all(type(o) is TimeoutError and not str(o) for o in outcomes)
     finally:

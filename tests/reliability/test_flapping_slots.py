@@ -71,7 +71,7 @@ def _server(private_redis: Callable[..., PrivateRedis], tmp_path: Path) -> Priva
 def _in_memory_free(guard: Any, client: str) -> int:
     """Free slots of the /hold rule, for this X-Client, in the guard's memory fallback."""
     policy = guard.rules[0].in_flight
-    return int(guard._fallback.peek(policy, f"h:x-client:{client}").remaining)
+    return int(guard.fallback.peek(policy, f"h:x-client:{client}").remaining)
 
 
 async def test_asgi_slots_that_end_during_outages_go_back_to_redis_once_it_answers(
