@@ -56,8 +56,8 @@ class AsyncLimiter(_Shared):
         self._flights = AsyncFlights()
 
     async def hit_compiled(self, compiled: Compiled, identities: Sequence[str],
-                     timeout: float | None = None, *, cached: bool = True,
-                     token: str | None = None) -> Decision:
+                           timeout: float | None = None, *, cached: bool = True,
+                           token: str | None = None, asked: bool = False) -> Decision:
         """The hit of `compiled` (`compile`) for these identities, one per check, all or
         nothing: the deny cache's answer (no I/O, no deadline), else the store's within
         `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
@@ -67,14 +67,15 @@ class AsyncLimiter(_Shared):
         a sliding log's entries, in-flight slots), to give them back by it later.
 
         A refusal of this very hit that has just lapsed is asked about once for every
-        request that comes while the question is out (`_refresh`)."""
+        request that comes while the question is out (`_refresh`, which sends that one
+        call with `asked`: the cache told, not asked)."""
         backend = self._backend
         kept = compiled.here  # in process: decided here, the deny cache asked there
         here = kept[1] if kept[0] is backend else self._here(compiled)
         if here is not None:
             return here(identities, token, cached)
         checks = None
-        if cached:
+        if cached and not asked:
             deny = self._deny
             if deny is not None and deny.entries:
                 checks = compiled.checks(identities)
@@ -83,24 +84,17 @@ class AsyncLimiter(_Shared):
                     self._report(checks, REFUSED, 0.0)
                     return found
                 if isinstance(found, Lapsed):
-                    return await bounded_async(self._refresh(compiled, identities, checks, token),
-                                         timeout)
+                    return await bounded_async(
+                        self._refresh(compiled, identities, checks, token), timeout)
             if self._flights:
                 checks = checks or compiled.checks(identities)
                 if checks in self._flights:
-                    return await bounded_async(self._refresh(compiled, identities, checks, token),
-                                         timeout)
+                    return await bounded_async(
+                        self._refresh(compiled, identities, checks, token), timeout)
         if backend.is_cluster and compiled.spans_slots(identities):
             return await bounded_async(
                 self._across_slots(checks or compiled.checks(identities), cached, token),
                 timeout)
-        return await self._asked(compiled, identities, checks, cached, timeout, token)
-
-    async def _asked(self, compiled: Compiled, identities: Sequence[str],
-                     checks: tuple[Check, ...] | None, cached: bool,
-                     timeout: float | None, token: str | None = None) -> Decision:
-        """The remote store's answer to one call, within `timeout`."""
-        backend = self._backend
         deny, metrics, clock = self._deny, self.metrics, self.clock
         now_us = None if clock is None else round(clock() * 1_000_000)
         # Read before the write: a refusal is counted down from the moment its call was
@@ -134,7 +128,8 @@ class AsyncLimiter(_Shared):
             leader = flights.lead(checks)
             answered = False
             try:
-                decision = await self._asked(compiled, identities, checks, True, None, token)
+                decision = await self.hit_compiled(compiled, identities, token=token,
+                                                   asked=True)
                 answered = True
                 return decision
             finally:
@@ -145,7 +140,7 @@ class AsyncLimiter(_Shared):
         found = None if deny is None else deny.find(checks, self._cache_now())
         if type(found) is Decision:
             return found
-        return await self._asked(compiled, identities, checks, True, None, token)
+        return await self.hit_compiled(compiled, identities, token=token, asked=True)
 
     async def _across_slots(self, checks: tuple[Check, ...], cached: bool,
                             token: str | None = None) -> Decision:
