@@ -370,6 +370,19 @@ class _Shared:
         compiled.here = (self._backend, here)
         return here
 
+    def _released_here(self, compiled: Compiled) -> Callable[[Sequence[str], str,
+                                                             int | None], None] | None:
+        """The in-process store's own give-back of a hit of `compiled` (its ``releaser``),
+        kept on it with the store it is of; None: the store runs the refund's call."""
+        backend = self._backend
+        kept = compiled.release_of
+        if kept[0] is backend:
+            return kept[1]  # type: ignore[no-any-return]
+        make = getattr(backend, "releaser", None)
+        release = make(compiled) if make is not None else None
+        compiled.release_of = (backend, release)
+        return release
+
     def in_process(self, compiled: Compiled) -> Callable[[Sequence[str], str | None, bool],
                                                          Decision] | None:
         """How the store decides `compiled` when it is in this process (the memory store's

@@ -1,5 +1,5 @@
-"""The memory backend's typed hit (`MemoryBackend.hitter`, what `Limiter.hit` and the
-middleware take) and its ARGV adapter (`run`, what peeks, resets, bookings, the CLI and the
+"""The memory backend's typed hit and give-back (`MemoryBackend.hitter` and `releaser`, what
+`Limiter.hit`, the middleware and its give-backs take) and its ARGV adapter (`run`, what peeks, resets, bookings, the CLI and the
 Lua differential test take) are one implementation: hypothesis plays the same operations on
 two backends, every hit through the typed path on one and through `run` on the other; each
 answer (the Decision of an admitted hit, a refusal's reply as main.lua's) and the state they
@@ -53,7 +53,13 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
             held, token = tokens.pop() if op.kind != "renew" else tokens[-1]
             call = plans.build(plans.REFUND if op.kind != "renew" else plans.RENEW, held, "t",
                                now_us=now_us, token=token)
-            assert typed.run(call) == adapter.run(call)
+            release = (typed.releaser(Compiled([(c.policy, c.cost) for c in held], "t"))
+                       if op.kind != "renew" else None)
+            if release is None:
+                assert typed.run(call) == adapter.run(call)
+            else:  # the typed give-back, held to run's by the peeks below
+                release([c.identity for c in held], token, now_us)
+                adapter.run(call)
         elif op.kind == "reset":
             call = plans.build(plans.RESET, checks[:1], "t", now_us=now_us)
             assert typed.run(call) == adapter.run(call)

@@ -222,6 +222,14 @@ class AsyncLimiter(_Shared):
         """`_give_back` of several admitted hits (the responses that ended in one turn of
         the event loop) in one call, or on a cluster one per identity's slot: every call is
         sent, a node that fails one does not keep the others; then the first error."""
+        if len(hits) == 1 and charge is None:  # one response's, on a store in process
+            checks, token = hits[0]
+            compiled, identities = self.compiled_checks(checks)
+            release = self._released_here(compiled)
+            if release is not None:
+                self._forget(checks)
+                release(identities, token or "", self._now_us())
+                return
         failed: Exception | None = None
         for call in self._release_calls(hits, charge):
             try:

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 # A compiled hit on this store: (identities, now µs or None, token or None) -> the Decision
 # of an admitted hit, or a refusal's reply (main.lua's).
 Hitter = Callable[[Sequence[str], "int | None", "str | None"], "Decision | list[int]"]
+# One tier of a compiled call as `run` reads it from ARGV, before its key is known.
+_Typed = tuple[str, int, int, int, int, str, str]
 _new = tuple.__new__
 _KEYS_KEPT = 16_384  # per selection, as encode_short's cache
 
@@ -104,50 +106,23 @@ class MemoryBackend(_Script):
         request (a penalty's end, a calendar's schedule) or a policy is named twice: then
         the limiter builds the call and `run` answers it, as it does for a subclass with a
         `run` or `arun` of its own."""
-        cls = type(self)
-        if (not compiled.static or cls.run is not MemoryBackend.run
-                or cls.arun is not MemoryBackend.arun):  # a subclass watching its calls
+        tiers = self._tiers_of(compiled)
+        if tiers is None:
             return None
-        tail = compiled.tail
-        prefix = compiled.prefix
-        suffixes = compiled.key_suffixes
-        n = int(tail[0])
-        tiers: list[tuple[str, int, int, int, int, str, str]] = [
-            tuple(tail[1 + 7 * i: 8 + 7 * i]) for i in range(n)]  # type: ignore[misc]
         # Per tier: which identity it reads, its policy and rate (the Decision's layout).
         owners = [(i, policy, rate) for i, policy in enumerate(compiled.policies)
                   for rate in policy.rates]
-        if n == 1:
+        if len(tiers) == 1:
             return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2])
         lock = self._lock
         log = compiled.log
-
-        # One identity's keys and typed tiers, kept as `_one_tier` keeps its keys.
-        kept: dict[str, tuple[list[str], list[_Tier]]] = {}
+        keyed = self._keyed(compiled, tiers)
 
         def hit(identities: Sequence[str], now_us: int | None,
                 token: str | None) -> Decision | list[int]:
             if log and not token:
                 token = new_token()
-            if len(identities) == 1 and (found := kept.get(identities[0])) is not None:
-                keys, typed = found
-            else:
-                if len(identities) == 1:
-                    identity = identities[0]
-                    # encode_identity, its cache asked here: the same clients come back.
-                    encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
-                               else encode_identity(identity))
-                    head = f"{prefix}:{{{encoded}}}:"
-                    keys = [head + suffix for suffix in suffixes[0]]
-                else:
-                    keys = [f"{prefix}:{{{encode_identity(identity)}}}:{suffix}"
-                            for identity, each in zip(identities, suffixes, strict=True)
-                            for suffix in each]
-                typed = [(*tier, key) for tier, key in zip(tiers, keys, strict=True)]
-                if len(identities) == 1 and len(identities[0]) <= CACHED_LENGTH:
-                    if len(kept) >= _KEYS_KEPT:
-                        kept.clear()
-                    kept[identities[0]] = (keys, typed)
+            keys, typed = keyed(identities)
             lock.acquire()
             try:
                 now_us = self._tick(now_us)
@@ -168,6 +143,73 @@ class MemoryBackend(_Script):
             return admitted_decision(states, now_us)
 
         return hit
+
+    def releaser(self, compiled: Compiled) -> Callable[[Sequence[str], str, int | None],
+                                                       None] | None:
+        """The give-back of what a hit of `compiled` recorded, by its token, on this store:
+        `run`'s refund (R) with the tiers typed once; None where `hitter` is None."""
+        tiers = self._tiers_of(compiled)
+        if tiers is None:
+            return None
+        lock = self._lock
+        keyed = self._keyed(compiled, tiers)
+
+        def release(identities: Sequence[str], token: str, now_us: int | None) -> None:
+            keys, typed = keyed(identities)
+            lock.acquire()
+            try:
+                now_us = self._tick(now_us)
+                self._upkeep("R", keys, typed, token, now_us // 1000, now_us)
+            finally:
+                lock.release()
+
+        return release
+
+    def _tiers_of(self, compiled: Compiled) -> list[_Typed] | None:
+        """`compiled`'s tiers as `run` reads them from ARGV, read once; None where the
+        arguments vary per request (a penalty's end, a calendar's schedule) or for a
+        subclass with a `run` or `arun` of its own (one watching its calls)."""
+        cls = type(self)
+        if (not compiled.static or cls.run is not MemoryBackend.run
+                or cls.arun is not MemoryBackend.arun):
+            return None
+        tail = compiled.tail
+        return [tuple(tail[1 + 7 * i: 8 + 7 * i])  # type: ignore[misc]
+                for i in range(int(tail[0]))]
+
+    @staticmethod
+    def _keyed(compiled: Compiled, tiers: list[_Typed]
+               ) -> Callable[[Sequence[str]], tuple[list[str], list[_Tier]]]:
+        """The keys and typed tiers of a call of `compiled` for some identities, kept per
+        identities as `_one_tier` keeps its keys (bounded likewise)."""
+        prefix, suffixes = compiled.prefix, compiled.key_suffixes
+        kept: dict[tuple[str, ...], tuple[list[str], list[_Tier]]] = {}
+
+        def keyed(identities: Sequence[str]) -> tuple[list[str], list[_Tier]]:
+            if type(identities) is not tuple:
+                identities = tuple(identities)
+            found = kept.get(identities)
+            if found is not None:
+                return found
+            if len(identities) == 1:
+                identity = identities[0]
+                # encode_identity, its cache asked here: the same clients come back.
+                encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
+                           else encode_identity(identity))
+                head = f"{prefix}:{{{encoded}}}:"
+                keys = [head + suffix for suffix in suffixes[0]]
+            else:
+                keys = [f"{prefix}:{{{encode_identity(identity)}}}:{suffix}"
+                        for identity, each in zip(identities, suffixes, strict=True)
+                        for suffix in each]
+            typed = [(*tier, key) for tier, key in zip(tiers, keys, strict=True)]
+            if all(len(identity) <= CACHED_LENGTH for identity in identities):
+                if len(kept) >= _KEYS_KEPT:
+                    kept.clear()
+                kept[identities] = (keys, typed)
+            return keys, typed
+
+        return keyed
 
     def _one_tier(self, compiled: Compiled, tier: tuple[str, int, int, int, int, str, str],
                   policy: Policy, rate: Rate) -> Hitter:

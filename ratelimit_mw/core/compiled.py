@@ -56,9 +56,26 @@ def bulk(value: Arg) -> bytes:
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
-    __slots__ = ("_hit_args", "after_key", "after_token", "costs", "head", "here", "hit_of",
-                 "in_flight", "items", "key_suffixes", "log", "policies", "prefix", "rate",
-                 "renew_every", "static", "tail")
+    __slots__ = (
+        "_hit_args",
+        "after_key",
+        "after_token",
+        "costs",
+        "head",
+        "here",
+        "hit_of",
+        "in_flight",
+        "items",
+        "key_suffixes",
+        "log",
+        "policies",
+        "prefix",
+        "rate",
+        "release_of",
+        "renew_every",
+        "static",
+        "tail",
+    )
 
     def __init__(self, items: Sequence[tuple[Policy, int]], prefix: str) -> None:
         if not items:
@@ -103,6 +120,8 @@ class Compiled:
         self.hit_of: tuple[Any, Any] = (None, None)
         # The limiter's in-process decision of it (`in_process`), and the store it is of.
         self.here: tuple[Any, Any] = (None, None)
+        # The store's own give-back of a hit of it (`releaser`), and the store it is of.
+        self.release_of: tuple[Any, Any] = (None, None)
 
     def __repr__(self) -> str:
         return f"Compiled({list(self.items)!r}, prefix={self.prefix!r})"
