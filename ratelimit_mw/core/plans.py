@@ -113,8 +113,8 @@ def cost_bound_message(cost: int, policy: Policy, what: str = "cost") -> str:
             f"exactly: at most {policy.max_cost:,}; see docs/guarantees.md (numeric bounds)")
 
 
-# NamedTuples built once per request skip their generated Python __new__ (a third of their
-# cost): the fields are given in order, exactly as the class declares them.
+# NamedTuples built once per request skip their generated Python __new__ (a Python-level
+# call per build): the fields are given in order, exactly as the class declares them.
 _new = tuple.__new__
 
 
