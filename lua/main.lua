@@ -1,4 +1,4 @@
--- The entry point, appended after the four algorithm files into ONE script, so that every
+-- The entry point, appended after the five algorithm files into ONE script, so that every
 -- tier of every policy that applies to a request is decided in one atomic call.
 --
 -- KEYS: one per tier (tiers of one sliding-log policy share their log key), then the ban keys
@@ -64,8 +64,8 @@ local values  -- MGET of every key (false where none): fw/sw/gc state and bans, 
 -- The common shape first: a hit on one tier without a penalty, admitted, decided without the
 -- loop's bookkeeping (the tables of a reply that may be refused, ban lookups) and without a
 -- call: each algorithm's check is written out here by scripts.py from the algorithm's own file
--- (`--@inline`), together about a tenth of the call's time inside Redis
--- (benchmarks/lua_ab.py); tests/test_lua_fast_path.py holds the path to the loop. (A sliding
+-- (`--@inline`), since a Lua call costs more than the check (docs/performance.md, "Why the
+-- code is shaped so"); tests/test_lua_fast_path.py holds the path to the loop. (A sliding
 -- log's hit of a cost above one, and a fixed window of local days, call the algorithm's
 -- check.) A refusal, or a booking ahead in a sliding log, goes on to the general path below
 -- with what was read here (`values`, the built checks), so it reads nothing twice but the

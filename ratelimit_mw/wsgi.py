@@ -6,9 +6,13 @@
     limiter = Limiter(RedisBackend.from_url("redis://localhost:6379/0"))
     app = RateLimitMiddleware(app, limiter, config=Config(default="100/minute"))
 
-What to do with a request is decided by the shared guard (`ratelimit_mw.http.guard`); this
-module reads ``environ``, makes the one backend call and answers through
-``start_response``. It also holds what the Flask extension renders alike.
+What to do with a request is decided by the shared guard (`ratelimit_mw.http.guard`: the
+request's selection, the one backend call, the verdict); this module reads ``environ``, asks
+the guard for the verdict, answers through ``start_response`` and, when the server closes the
+body, gives back what the final status gives back and the in-flight slots the request held.
+It also holds what the Flask extension and the Django middleware share with it: the guard a
+sync adapter builds (`sync_guard`), a refusal's JSON headers, the headers an app's own 429
+lacks, whether a status gives the hit back, a body that renews its slots' lease.
 
 A plain WSGI app has no router the middleware could ask, so only ``default`` and ``rules``
 apply here; route decorators and route templates need the Flask extension

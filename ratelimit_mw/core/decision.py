@@ -46,8 +46,8 @@ class Decision(NamedTuple):
     ``at_us`` is the store's clock (µs since the epoch) when it admitted the call, 0 when not
     known (a refusal): a `Ticket` gives back only within the window it was charged in.
 
-    A NamedTuple because one is built for every request: it builds in a third of the time of
-    a frozen dataclass. ``bool(decision)`` is ``decision.allowed``.
+    A NamedTuple because one is built for every request, and a tuple builds faster than a
+    frozen dataclass. ``bool(decision)`` is ``decision.allowed``.
     """
 
     allowed: bool

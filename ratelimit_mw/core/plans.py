@@ -24,12 +24,13 @@ from ratelimit_mw.core.identity import identity_head
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.core.wire import Arg, ban_end, wire
 
-HIT = "H"
-PEEK = "P"
-REFUND = "R"
-RESET = "X"
-BOOK = "B"
-CANCEL = "C"
+# The ops, ARGV[1] of lua/main.lua (which says what each replies).
+HIT = "H"  # decide every tier; record the hit only if every tier admits
+PEEK = "P"  # decide as a hit would, recording nothing
+REFUND = "R"  # give back what a hit recorded (its slots, for an in-flight tier)
+RESET = "X"  # forget the identity's counters and bans
+BOOK = "B"  # a hit at a time ahead (reserve)
+CANCEL = "C"  # take back a booking
 RENEW = "N"  # push an in-flight holder's leases on
 CHARGE = "F"  # a hit recorded whether or not admitted: what a settled cost overshot
 PAUSE = "Z"  # start (or lengthen) the ban of each check's policy, without a refusal
@@ -113,8 +114,8 @@ def cost_bound_message(cost: int, policy: Policy, what: str = "cost") -> str:
             f"exactly: at most {policy.max_cost:,}; see docs/guarantees.md (numeric bounds)")
 
 
-# NamedTuples built once per request skip their generated Python __new__ (a third of their
-# cost): the fields are given in order, exactly as the class declares them.
+# NamedTuples built once per request skip their generated Python __new__ (a Python-level
+# call per build): the fields are given in order, exactly as the class declares them.
 _new = tuple.__new__
 
 

@@ -1,8 +1,10 @@
 """The wire format: what a policy becomes on its way to lua/main.lua.
 
 `Policy` holds what a user configures; this module turns it into what the script reads: the
-algorithm's two-letter code, the key segment (``<name>.<code>``), the key suffix and the
-seven arguments of each tier, the ban argument and the calendar argument. What does not
+algorithm's two-letter code (`CODES`: fw, sl, sw, gc, cc), the key segment (``<name>.<code>``),
+the key suffix and the seven arguments of each tier, the ban argument and the calendar
+argument. The call's first argument, the op (H hit, P peek, R refund, X reset, B book,
+C cancel, N renew, F charge, Z pause), is `ratelimit_mw.core.plans`'s. What does not
 depend on the request is computed once per policy (`Wire`, kept in the policy's reserved slot,
 so it lives exactly as long as the policy).
 
@@ -170,7 +172,7 @@ def wire(policy: Policy) -> Wire:
 
 
 def code(policy: Policy) -> str:
-    """The algorithm's code in keys and arguments: fw, sl, sw or gc."""
+    """The algorithm's code in keys and arguments: fw, sl, sw, gc or cc (in-flight slots)."""
     return CODES[policy.algorithm]
 
 
