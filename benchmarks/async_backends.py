@@ -26,7 +26,7 @@ from pathlib import Path
 from _util import BENCH_DIR, log, private_redis
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 
 sys.path.insert(0, str(BENCH_DIR.parent / "tests"))
 from cluster import LocalCluster  # tests/cluster.py: the tests' own cluster
@@ -43,7 +43,7 @@ async def measure(url: str, rounds: int, checks: int, burst: int) -> dict[str, f
         await limiter.hit(POLICY, identity)
     sequential, concurrent, failed = [], [], 0
     sequential_cpu, concurrent_cpu, backend_cpu = [], [], []
-    calls = [plans.build(plans.HIT, [rl.Check(POLICY, identity)], limiter.prefix)
+    calls = [codec.build(codec.HIT, [rl.Check(POLICY, identity)], limiter.prefix)
              for identity in IDENTITIES]
     batches = max(1, checks // burst)
     for _ in range(rounds):

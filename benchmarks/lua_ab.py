@@ -25,7 +25,7 @@ import redis
 from _util import private_redis, rotated
 
 from ratelimit_mw import Policy
-from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core import codec, scripts
 
 ALGORITHMS = ("fixed-window", "sliding-log", "sliding-window", "gcra")
 TIERS = {1: "1000000/minute", 3: "100000/second;1000000/minute;10000000/hour"}
@@ -60,7 +60,7 @@ PIPELINE = 1  # calls per round trip: 1 as in production and redis_time (caches 
 #              between calls, which is most of a script's cost); more is faster to run
 
 
-def batch(client: redis.Redis, sha: str, calls: list[plans.ScriptCall], start: int,
+def batch(client: redis.Redis, sha: str, calls: list[codec.ScriptCall], start: int,
           n: int) -> float:
     """n calls, PIPELINE per round trip; Redis's usec of EVALSHA per call."""
     before = evalsha_usec(client)
@@ -96,7 +96,7 @@ def main() -> None:
             for tiers, rates in TIERS.items():
                 policy = Policy(rates, algorithm=algorithm, name=f"{algorithm}-{tiers}")
                 calls = {
-                    name: [plans.build("H", [plans.Check(policy, f"u{i}")], f"ab{name}")
+                    name: [codec.build("H", [codec.Check(policy, f"u{i}")], f"ab{name}")
                            for i in range(IDENTITIES)]
                     for name in variants
                 }

@@ -9,9 +9,9 @@ from ratelimit_mw import keys
 from ratelimit_mw._async.handles import AsyncTicket
 from ratelimit_mw._sync.handles import Ticket
 from ratelimit_mw.backends import AsyncRedisBackend, MemoryBackend, RedisBackend
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.decision import Booking, Decision, TierState
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
-from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import ALGORITHMS, Policy
 from ratelimit_mw.core.rates import Rate
 from ratelimit_mw.limiter import AsyncLimiter, Limiter

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from ratelimit_mw.backends.base import bounded as bounded_async
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.codec import Check
 
 __all__ = ["AsyncEvery", "AsyncFlights", "Every", "Flights", "bounded_async", "bounded_sync",
            "every_async", "every_sync", "side_async", "side_sync", "sleep_async", "sleep_sync"]

@@ -41,7 +41,7 @@ from ratelimit_mw.http.asgi_routes import (
     routes_of,
 )
 from ratelimit_mw.http.asgi_send import (
-    Answers,
+    DefaultResponses,
     Watch,
     deny_handshake,
     is_preflight,
@@ -283,7 +283,7 @@ class RateLimitMiddleware:
         # scope["app"], which Starlette sets before running its middleware stack.
         self._root: object = app if routes_of(app) is not None else None
         self._resolver = RouteResolver(always=any(map(needs_route, self.guard.keys_in_use)))
-        self._answers = Answers()  # the default 429 and 503
+        self._defaults = DefaultResponses()  # the default 429 and 503
         # (method, path[, host]) -> what `_entry` worked out for them.
         self._entries: dict[tuple[str, ...], tuple[str | None, Handler | None, bool]] = {}
         # The app the requests come through (scope["app"]; or the app wrapped here): a FastAPI
@@ -331,9 +331,7 @@ class RateLimitMiddleware:
         template, handle, scope_only = entry
         if template is not None:
             scope[ROUTE_SCOPE_KEY] = template
-        state = scope.get("state")
-        if state is None:
-            state = scope["state"] = {}
+        state = scope.get("state") or scope.setdefault("state", {})
         state["ratelimit"] = None
         if handle is None:
             await self.app(scope, receive, send)
@@ -393,9 +391,7 @@ class RateLimitMiddleware:
         template, meta = self._resolved(scope, method, path)
         if template is not None:
             scope[ROUTE_SCOPE_KEY] = template
-        state = scope.get("state")
-        if state is None:
-            state = scope["state"] = {}
+        state = scope.get("state") or scope.setdefault("state", {})
         state["ratelimit"] = None
         return state, meta
 
@@ -414,7 +410,7 @@ class RateLimitMiddleware:
             return
         if isinstance(verdict, Refuse):
             state["ratelimit"] = verdict.decision
-        await deny_handshake(verdict, scope, receive, send, self._answers)
+        await deny_handshake(verdict, scope, receive, send, self._defaults)
 
     async def _refuse(self, request: Any, refusal: Refuse, scope: Scope, receive: Receive,
                       send: Send) -> None:
@@ -441,7 +437,7 @@ class RateLimitMiddleware:
 
     async def _answer(self, verdict: Refuse | Unavailable, send: Send) -> None:
         """The default 429 or 503, as JSON."""
-        await self._answers.send(verdict, send)
+        await self._defaults.send(verdict, send)
 
 
 class _ScopeView:

@@ -17,12 +17,12 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, TypeVar
 
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
+from ratelimit_mw.core.codec import Check, ScriptCall
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
-from ratelimit_mw.core.plans import Check, ScriptCall
 from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
 from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.log import ThrottledLog
@@ -103,9 +103,9 @@ def _check(policy: Policy | str, identity: str, cost: int) -> Check:
         raise ConfigurationError(
             f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
         )
-    plans.validate_cost(cost)
+    codec.validate_cost(cost)
     parsed = policy if isinstance(policy, Policy) else _policy_from_text(policy)
-    plans.validate_cost(cost, parsed)
+    codec.validate_cost(cost, parsed)
     return Check(parsed, identity, cost)
 
 
@@ -283,7 +283,7 @@ class _Shared:
         return (self.compile([(check.policy, check.cost) for check in checks]),
                 tuple(check.identity for check in checks))
 
-    def _call(self, compiled: Compiled, identities: Sequence[str], op: str = plans.HIT,
+    def _call(self, compiled: Compiled, identities: Sequence[str], op: str = codec.HIT,
               at_ms: int | str | None = None, token: str | None = None) -> ScriptCall:
         """`compiled`'s call of `op` for these identities, on this limiter's clock."""
         return compiled.call(identities, self._now_us(), token,
@@ -292,7 +292,7 @@ class _Shared:
     def _slot_calls(self, op: str, checks: Sequence[Check], token: str | None = None,
                     at: str | None = None) -> list[ScriptCall]:
         """The calls of `op` for `checks`: one, or on a cluster one per identity's slot."""
-        groups: Sequence[Sequence[Check]] = (plans.group_by_slot(checks)
+        groups: Sequence[Sequence[Check]] = (codec.group_by_slot(checks)
                                              if self._backend.is_cluster else [checks])
         return [self._call(*self.compiled_checks(group), op, at, token) for group in groups]
 
@@ -305,20 +305,20 @@ class _Shared:
         if len(hits) == 1:
             checks, token = hits[0]
             self._forget(checks)
-            return self._slot_calls(plans.REFUND, checks, token, charge)
+            return self._slot_calls(codec.REFUND, checks, token, charge)
         calls: list[ScriptCall] = []
         batches: dict[str, tuple[list[Check], list[str]]] = {}
         cluster = self._backend.is_cluster
         for checks, token in hits:
             self._forget(checks)
             if not token:
-                calls += self._slot_calls(plans.REFUND, checks)
+                calls += self._slot_calls(codec.REFUND, checks)
                 continue
             for check in checks:
                 batch = batches.setdefault(check.identity if cluster else "", ([], []))
                 batch[0].append(check)
                 batch[1].append(token)
-        return calls + [plans.build(plans.REFUND, checks, self.prefix, now_us=self._now_us(),
+        return calls + [codec.build(codec.REFUND, checks, self.prefix, now_us=self._now_us(),
                                     clock_ms=self._clock_ms, tokens=tokens)
                         for checks, tokens in batches.values()]
 
@@ -327,7 +327,7 @@ class _Shared:
         """The call of `op` (peek, reset, refund, book, cancel) for one check; the deny
         cache forgets that check, since the store is asked, never the cache."""
         check = _check(policy, identity, cost)
-        if op == plans.BOOK and check.policy.algorithm != "sliding-log":
+        if op == codec.BOOK and check.policy.algorithm != "sliding-log":
             raise ConfigurationError(
                 f"reserve needs a sliding-log policy (it checks every window around the "
                 f"booked time), got algorithm={check.policy.algorithm!r}; write "
@@ -338,7 +338,7 @@ class _Shared:
                           None if at is None else _at_ms(at), token)
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:
-        return self._single(plans.CANCEL, booking.policy, booking.identity, booking.cost,
+        return self._single(codec.CANCEL, booking.policy, booking.identity, booking.cost,
                             token=booking.token)
 
     # -- around each hit: the deny cache and the metrics -----------------------------------
@@ -357,7 +357,7 @@ class _Shared:
             checks = compiled.checks(identities)
         if cached and deny is not None and (reply[0] != 1 or deny.index):
             deny.record(checks, call.layout, reply, sent)
-        decision = plans.decide(call, reply)
+        decision = codec.decoded(call, reply)
         if self.metrics is not None:
             self._report(checks, ADMITTED if decision.allowed else REFUSED,
                          time.perf_counter() - started)

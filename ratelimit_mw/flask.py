@@ -38,8 +38,8 @@ if TYPE_CHECKING:  # annotations only (strings at run time)
 
 from ratelimit_mw._sync import slots as slots_sync
 from ratelimit_mw._sync.handler import handler_sync
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.http.config import Config, ConfigOptions, build_config
@@ -111,7 +111,7 @@ class _Refund:
         self.response = response
         self.erred = sys.exc_info()[1] is not None
         guard = self.guard
-        plan = self.admit.refund
+        plan = self.admit.plan
         if plan is None or plan.token is None:  # no slots: what the status gives back
             back = guard.given_back(self.admit, response.status_code)
         else:
@@ -127,7 +127,7 @@ class _Refund:
         if self.done or response is not self.response:
             return
         self.done = True
-        plan = self.admit.refund
+        plan = self.admit.plan
         slots_sync.refund_sync(self.guard, self.limiter, back, None if plan is None else plan.token)
 
 
@@ -260,7 +260,7 @@ class _AppState:
         if isinstance(verdict, Admit):
             if verdict.headers:
                 environ[_PENDING] = (verdict.headers, False)
-            if verdict.refund is not None:
+            if verdict.plan is not None:
                 environ[_REFUND] = (_Refund(self.guard, self.limiter, verdict)
                                     if may_give_back(verdict, 500, self.guard) else verdict)
         elif verdict is not None:

@@ -46,7 +46,7 @@ from ratelimit_mw._async.handler import handler_async
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.asgi_routes import RouteMeta, endpoint_meta
 from ratelimit_mw.http.asgi_send import (
-    Answers,
+    DefaultResponses,
     deny_handshake,
     is_preflight,
     serve_admitted,
@@ -258,7 +258,7 @@ class RateLimitMiddleware:
         self.guard = _guard_of(limiter, config, dict(options))
         self.limiter: AsyncLimiter = self.guard.limiter
         self.config = self.guard.config
-        self._answers = Answers()
+        self._defaults = DefaultResponses()
         # id(handler) -> (handler, what it carries, its mount path): filled for the route's
         # handlers now, so that a mistyped opt stops the app from starting.
         self._handlers: dict[int, tuple[object, RouteMeta, str | None]] = {}
@@ -343,7 +343,7 @@ class RateLimitMiddleware:
             await serve_connection(self.guard, self.limiter, verdict, self.app, scope, receive,
                                    send)
             return
-        await deny_handshake(verdict, scope, receive, send, self._answers)
+        await deny_handshake(verdict, scope, receive, send, self._defaults)
 
 
 class RateLimitPlugin(InitPluginProtocol):

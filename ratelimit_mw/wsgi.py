@@ -124,7 +124,7 @@ class _Refunding:
         self._status = status
         self._middleware = middleware
         self._admit = admit
-        plan = admit.refund
+        plan = admit.plan
         self._held = (None if plan is None or plan.token is None
                       else Held(admit, middleware.limiter.monotonic))
 
@@ -208,7 +208,7 @@ class RateLimitMiddleware:
             return _answer(start_response, verdict.status, verdict.headers, verdict.body)
         environ[DECISION_KEY] = verdict.decision
         extra = verdict.headers
-        if verdict.refund is None and not extra:
+        if verdict.plan is None and not extra:
             return self.app(environ, start_response)
         status: list[str] = []
         unwrapped = False  # the body went out as the app made it: no close of ours
@@ -222,7 +222,7 @@ class RateLimitMiddleware:
             # A new list: the app may reuse its own header list for every response.
             return start_response(status_line, headers + extra if extra else headers, exc_info)
 
-        if verdict.refund is None:
+        if verdict.plan is None:
             return self.app(environ, start)
         try:
             body = self.app(environ, start)
@@ -239,7 +239,7 @@ class RateLimitMiddleware:
     def _refund(self, admit: Admit, status: str) -> None:
         """Give back what a response with this status line gives back, and its slots."""
         code = _code(status)
-        plan = admit.refund
+        plan = admit.plan
         if plan is not None and plan.token is not None:  # with its in-flight slots
             slots_sync.release_sync(self.guard, self.limiter, admit, code)
         else:
@@ -271,7 +271,7 @@ def may_give_back(admit: Admit, status: int, guard: Guard) -> bool:
     the request has nothing to give back). Most give nothing back, and the WSGI middleware
     and the Flask extension then keep nothing for them. (Here rather than on the guard: the
     WSGI middleware asks it without leaving its module.)"""
-    plan = admit.refund
+    plan = admit.plan
     return plan is not None and (plan.token is not None or plan.whens is not None
                                  or guard.count_when is not None or status == 405)
 

@@ -19,7 +19,7 @@ import redis.cluster
 from redis.crc import key_slot
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 
 if TYPE_CHECKING:
     from conftest import StepClock
@@ -178,10 +178,10 @@ async def test_async_cluster_gives_back_a_turn_of_slots_per_slot_and_past_a_fail
         token = compiled.token()
         assert (await limiter.hit_compiled(compiled, (name,), None, token=token)).allowed
         hits.append(((rl.Check(slots, name),), token))
-    sent: list[plans.ScriptCall] = []
+    sent: list[codec.ScriptCall] = []
     arun = async_cluster_backend.arun
 
-    async def alice_s_node_fails(call: plans.ScriptCall,
+    async def alice_s_node_fails(call: codec.ScriptCall,
                                  deadline: float | None = None) -> list[int]:
         sent.append(call)
         if call.layout[0][1] == "alice":
@@ -274,8 +274,8 @@ def test_one_call_per_identity_on_a_cluster(prefix: str) -> None:
     a = rl.Policy("1/second;5/minute", name="a", penalty=5)
     b = rl.Policy("2/second", name="b", algorithm="gcra")
     checks = [rl.Check(a, "x"), rl.Check(b, "y"), rl.Check(b, "x")]
-    groups = plans.group_by_slot(checks)
+    groups = codec.group_by_slot(checks)
     for group in groups:
-        call = plans.build(plans.HIT, group, prefix)
+        call = codec.build(codec.HIT, group, prefix)
         assert len({key_slot(key.encode()) for key in call.keys}) == 1
     assert len(groups) == 2

@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.errors import BackendError
-from ratelimit_mw.core.plans import Check
 from tests.conftest import REDIS_URL, StepClock
 from tests.test_deny_cache import policies
 

@@ -5,7 +5,7 @@ parts of its call and of its bytes on the wire. `Limiter.decide` and `AsyncLimit
 take it for every hit, on every backend; the pipelined connection writes its bytes at once
 and the backend awaits the connection's future itself. So:
 
-- pure: the compiled call and its bytes against `plans.build` and hiredis's packing on
+- pure: the compiled call and its bytes against `codec.build` and hiredis's packing on
   random selections (several policies, penalties, calendars, a policy given twice),
   identities, costs and clocks;
 - the failures of a call sent on an open connection: NOSCRIPT, a dropped connection, the
@@ -30,9 +30,9 @@ from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends.redis import pack
-from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core import codec, scripts
+from ratelimit_mw.core.codec import Check, ScriptCall
 from ratelimit_mw.core.compiled import Compiled
-from ratelimit_mw.core.plans import Check, ScriptCall
 from tests.conftest import REDIS_URL, StepClock
 from tests.test_differential import policies
 
@@ -47,7 +47,7 @@ def _pack(call: ScriptCall) -> bytes:
 # -- pure ---------------------------------------------------------------------------------
 
 
-def _fields(call: plans.ScriptCall) -> tuple[object, ...]:
+def _fields(call: codec.ScriptCall) -> tuple[object, ...]:
     """What a call says (a memoised hit's arguments are a shared tuple, the plain builder's a
     list: compared as values)."""
     return (call.keys, list(call.args), *call[2:5])
@@ -75,18 +75,18 @@ def test_a_compiled_call_builds_and_packs_as_the_plain_builder(
     checks = tuple(Check(policy, identity, cost)
                    for (policy, cost), identity in zip(items, identities, strict=True))
     assert compiled.checks(identities) == checks
-    token = plans.new_token() if compiled.log else None
-    plain = plans.build(plans.HIT, checks, prefix, now_us=now_us, clock_ms=clock_ms,
+    token = codec.new_token() if compiled.log else None
+    plain = codec.build(codec.HIT, checks, prefix, now_us=now_us, clock_ms=clock_ms,
                         token=token or "")
     call = compiled.call(identities, now_us, token, clock_ms)
     assert _fields(call) == _fields(plain)
     assert pack(call) == pack(plain) == _pack(plain)
-    for op in (plans.PEEK, plans.REFUND, plans.RESET):
-        assert compiled.call(identities, now_us, None, clock_ms, op) == plans.build(
+    for op in (codec.PEEK, codec.REFUND, codec.RESET):
+        assert compiled.call(identities, now_us, None, clock_ms, op) == codec.build(
             op, checks, prefix, now_us=now_us, clock_ms=clock_ms)
-    for op in (plans.REFUND, plans.RENEW):  # by a hit's token: the hit's call, memoised
+    for op in (codec.REFUND, codec.RENEW):  # by a hit's token: the hit's call, memoised
         made = compiled.call(identities, now_us, "tok", clock_ms, op)
-        built = plans.build(op, checks, prefix, now_us=now_us, clock_ms=clock_ms, token="tok")
+        built = codec.build(op, checks, prefix, now_us=now_us, clock_ms=clock_ms, token="tok")
         assert _fields(made) == _fields(built)
         assert pack(made) == pack(built) == _pack(built)
 

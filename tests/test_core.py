@@ -12,12 +12,12 @@ from collections.abc import Sequence
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 
 NOW_US = 1_800_000_000_000_000
 
 
-def tier_args(call: plans.ScriptCall) -> list[list[object]]:
+def tier_args(call: codec.ScriptCall) -> list[list[object]]:
     n = int(call.args[4])
     rest = call.args[5:]
     assert len(rest) == 7 * n
@@ -27,72 +27,72 @@ def tier_args(call: plans.ScriptCall) -> list[list[object]]:
 # -- build ----------------------------------------------------------------------------------
 def test_a_hit_carries_op_now_token_and_seven_values_per_tier() -> None:
     policy = rl.Policy("2/second;5/minute", algorithm="gcra", name="api")
-    call = plans.build(plans.HIT, [plans.Check(policy, "u", 3)], "rl", now_us=NOW_US)
-    assert call.op == plans.HIT
-    assert call.args[:5] == [plans.HIT, NOW_US, "", "", 2]
+    call = codec.build(codec.HIT, [codec.Check(policy, "u", 3)], "rl", now_us=NOW_US)
+    assert call.op == codec.HIT
+    assert call.args[:5] == [codec.HIT, NOW_US, "", "", 2]
     assert call.keys == ["rl:{u}:api.gc:1000", "rl:{u}:api.gc:60000"]
     assert tier_args(call) == [["gc", 2, 1000, 3, 0, "", ""], ["gc", 5, 60_000, 3, 0, "", ""]]
 
 
 def test_without_a_clock_the_script_reads_redis_time() -> None:
-    call = plans.build(plans.HIT, [plans.Check(rl.Policy("1/second"), "u")], "rl")
+    call = codec.build(codec.HIT, [codec.Check(rl.Policy("1/second"), "u")], "rl")
     assert call.args[1] == ""
 
 
 def test_sliding_log_hits_carry_a_fresh_token_and_other_ops_none() -> None:
     log = rl.Policy("3/minute")
-    tokens = {plans.build(plans.HIT, [plans.Check(log, "u")], "rl").args[2] for _ in range(100)}
+    tokens = {codec.build(codec.HIT, [codec.Check(log, "u")], "rl").args[2] for _ in range(100)}
     assert len(tokens) == 100 and "" not in tokens
-    assert plans.build(plans.PEEK, [plans.Check(log, "u")], "rl").args[2] == ""
-    assert plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute", algorithm="gcra"), "u")],
+    assert codec.build(codec.PEEK, [codec.Check(log, "u")], "rl").args[2] == ""
+    assert codec.build(codec.HIT, [codec.Check(rl.Policy("3/minute", algorithm="gcra"), "u")],
                       "rl").args[2] == ""
 
 
 def test_a_peek_asks_about_a_cost_of_one() -> None:
-    call = plans.build(plans.PEEK, [plans.Check(rl.Policy("5/minute"), "u", 4)], "rl")
+    call = codec.build(codec.PEEK, [codec.Check(rl.Policy("5/minute"), "u", 4)], "rl")
     assert [t[3] for t in tier_args(call)] == [1]
 
 
 def test_ban_keys_follow_the_tier_keys_and_tiers_point_at_them() -> None:
     plain = rl.Policy("5/minute", name="plain")
     banned = rl.Policy("1/second;9/hour", name="b", penalty=30, algorithm="fixed-window")
-    call = plans.build(plans.HIT, [plans.Check(plain, "u"), plans.Check(banned, "v")], "rl",
+    call = codec.build(codec.HIT, [codec.Check(plain, "u"), codec.Check(banned, "v")], "rl",
                       now_us=NOW_US)
     assert call.keys == ["rl:{u}:plain.sl:log", "rl:{v}:b.fw:1000", "rl:{v}:b.fw:3600000",
                          "rl:{v}:b.fw:ban"]
     assert [t[4] for t in tier_args(call)] == [0, 4, 4]
     assert [t[5] for t in tier_args(call)] == ["", "d30000", "d30000"]
-    peek = plans.build(plans.PEEK, [plans.Check(banned, "v")], "rl")
+    peek = codec.build(codec.PEEK, [codec.Check(banned, "v")], "rl")
     assert [t[4:6] for t in tier_args(peek)] == [[3, ""], [3, ""]]  # reads the ban, starts none
 
 
 def test_a_calendar_policy_sends_its_zone_s_offset_schedule_for_day_tiers_only() -> None:
     policy = rl.Policy("5/hour;100/day", algorithm="fixed-window", tz="Asia/Shanghai")
     clock_ms = NOW_US // 1000
-    call = plans.build(plans.HIT, [plans.Check(policy, "u")], "rl", clock_ms=clock_ms)
+    call = codec.build(codec.HIT, [codec.Check(policy, "u")], "rl", clock_ms=clock_ms)
     hour, day = tier_args(call)
     assert hour[6] == ""
     assert day[6] == "28800000"  # UTC+8 all along: no boundary, no change of offset
     plain = rl.Policy("100/day", algorithm="fixed-window")
-    assert tier_args(plans.build(plans.HIT, [plans.Check(plain, "u")], "rl"))[0][6] == ""
+    assert tier_args(codec.build(codec.HIT, [codec.Check(plain, "u")], "rl"))[0][6] == ""
 
 
 def test_a_batch_gives_back_several_hits_in_one_call_each_tier_with_its_hit_s_token() -> None:
     slots = rl.Policy.in_flight(4, name="export")
     rate = rl.Policy("2/minute;5/hour", algorithm="fixed-window", penalty=60)
-    checks = [plans.Check(slots, "u"), plans.Check(rate, "u"), plans.Check(slots, "u")]
-    call = plans.build(plans.REFUND, checks, "rl", tokens=["t1", "t1", "t2"])
+    checks = [codec.Check(slots, "u"), codec.Check(rate, "u"), codec.Check(slots, "u")]
+    call = codec.build(codec.REFUND, checks, "rl", tokens=["t1", "t1", "t2"])
     # Both hits of the same slots count (the same policy and identity, two tokens); every
     # tier carries its hit's token; the ban key follows the tier keys, as in any call.
     assert call.args[2:5] == ["t1 t1 t1 t2", "", 4]
     assert call.keys[0] == call.keys[3] and len(call.keys) == 5
     assert call.layout == tuple((check.policy, check.identity) for check in checks)
     # One hit's batch is its plain give-back.
-    assert plans.build(plans.REFUND, checks[:2], "rl", tokens=["t1", "t1"]).args[2] == "t1"
-    for op, tokens in [(plans.HIT, ["t1", "t1", "t2"]), (plans.REFUND, ["t1", "", "t2"]),
-                       (plans.REFUND, ["t1", "t1"]), (plans.REFUND, ["t1", "t 1", "t2"])]:
+    assert codec.build(codec.REFUND, checks[:2], "rl", tokens=["t1", "t1"]).args[2] == "t1"
+    for op, tokens in [(codec.HIT, ["t1", "t1", "t2"]), (codec.REFUND, ["t1", "", "t2"]),
+                       (codec.REFUND, ["t1", "t1"]), (codec.REFUND, ["t1", "t 1", "t2"])]:
         with pytest.raises(ValueError):
-            plans.build(op, checks, "rl", tokens=tokens)
+            codec.build(op, checks, "rl", tokens=tokens)
 
 
 def test_the_lua_source_is_read_at_first_use_not_at_import() -> None:
@@ -107,15 +107,15 @@ def test_the_lua_source_is_read_at_first_use_not_at_import() -> None:
 
 def test_the_same_policy_object_for_the_same_identity_counts_once() -> None:
     policy = rl.Policy("5/minute")
-    call = plans.build(plans.HIT, [plans.Check(policy, "u"), plans.Check(policy, "u"),
-                                 plans.Check(policy, "w")], "rl")
+    call = codec.build(codec.HIT, [codec.Check(policy, "u"), codec.Check(policy, "u"),
+                                 codec.Check(policy, "w")], "rl")
     assert call.args[4] == 2
     assert call.keys == ["rl:{u}:5/minute.sl:log", "rl:{w}:5/minute.sl:log"]
 
 
 def test_a_booking_call_carries_the_time_and_remembers_its_token() -> None:
     policy = rl.Policy("1/minute")
-    call = plans.build(plans.BOOK, [plans.Check(policy, "u", 2)], "rl", at_ms=1_900_000_000_000)
+    call = codec.build(codec.BOOK, [codec.Check(policy, "u", 2)], "rl", at_ms=1_900_000_000_000)
     assert call.args[3] == 1_900_000_000_000
     assert call.booking == rl.Booking(policy, "u", call.args[2], 2, 1_900_000_000_000)
     assert call.args[2]
@@ -123,24 +123,24 @@ def test_a_booking_call_carries_the_time_and_remembers_its_token() -> None:
 
 def test_building_nothing_is_a_configuration_error() -> None:
     with pytest.raises(rl.ConfigurationError):
-        plans.build(plans.HIT, [], "rl")
+        codec.build(codec.HIT, [], "rl")
 
 
 def test_tokens_are_unique_within_a_process_and_renewed_after_fork() -> None:
-    tokens = {plans.new_token() for _ in range(10_000)}
+    tokens = {codec.new_token() for _ in range(10_000)}
     assert len(tokens) == 10_000
     if not hasattr(os, "fork"):
         pytest.skip("no fork here")
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
-        os.write(write, plans.new_token().encode())
+        os.write(write, codec.new_token().encode())
         os._exit(0)
     os.waitpid(pid, 0)
     child = os.read(read, 100).decode()
     os.close(read)
     os.close(write)
-    parent = plans.new_token()
+    parent = codec.new_token()
     assert child and child[:8] != parent[:8]
 
 
@@ -151,8 +151,8 @@ def _reply(allowed: int, *tiers: tuple[int, int, int, int, int]) -> list[int]:
 
 def test_decide_reads_an_admitted_reply_governed_by_the_least_remaining() -> None:
     policy = rl.Policy("5/minute;3/hour", algorithm="gcra")
-    call = plans.build(plans.HIT, [plans.Check(policy, "u")], "rl")
-    decision = plans.decide(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 2, 0, 1_200_000, 0)))
+    call = codec.build(codec.HIT, [codec.Check(policy, "u")], "rl")
+    decision = codec.decoded(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 2, 0, 1_200_000, 0)))
     assert decision.allowed and bool(decision)
     assert (decision.limit, decision.remaining, decision.reset_after) == (3, 2, 1200.0)
     assert decision.rate == rl.Rate(3, 3_600_000) and decision.retry_after == 0.0
@@ -161,46 +161,46 @@ def test_decide_reads_an_admitted_reply_governed_by_the_least_remaining() -> Non
 
 def test_decide_on_equal_remaining_prefers_the_later_reset() -> None:
     policy = rl.Policy("5/minute;5/hour", algorithm="gcra")
-    call = plans.build(plans.HIT, [plans.Check(policy, "u")], "rl")
-    decision = plans.decide(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 4, 0, 720_000, 0)))
+    call = codec.build(codec.HIT, [codec.Check(policy, "u")], "rl")
+    decision = codec.decoded(call, _reply(1, (1, 4, 0, 12_000, 0), (1, 4, 0, 720_000, 0)))
     assert decision.rate == rl.Rate(5, 3_600_000)
 
 
 def test_decide_picks_the_refusing_tier_with_the_longest_wait() -> None:
     a = rl.Policy("1/second", name="a")
     b = rl.Policy("2/minute", name="b")
-    call = plans.build(plans.HIT, [plans.Check(a, "u"), plans.Check(b, "v")], "rl")
-    decision = plans.decide(call, _reply(0, (0, 0, 400, 400, 0), (0, 0, 30_000, 59_000, 0)))
+    call = codec.build(codec.HIT, [codec.Check(a, "u"), codec.Check(b, "v")], "rl")
+    decision = codec.decoded(call, _reply(0, (0, 0, 400, 400, 0), (0, 0, 30_000, 59_000, 0)))
     assert not decision.allowed and decision.policy is b and decision.identity == "v"
     assert decision.retry_after == 30.0 and decision.reset_after == 59.0
-    only_a = plans.decide(call, _reply(0, (0, 0, 400, 400, 0), (1, 1, 0, 2_000, 0)))
+    only_a = codec.decoded(call, _reply(0, (0, 0, 400, 400, 0), (1, 1, 0, 2_000, 0)))
     assert only_a.policy is a and only_a.retry_after == 0.4
 
 
 def test_decide_reads_never_as_infinity_and_clamps_remaining() -> None:
-    call = plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute"), "u", 9)], "rl")
-    decision = plans.decide(call, _reply(0, (0, -2, -1, 0, 0)))
+    call = codec.build(codec.HIT, [codec.Check(rl.Policy("3/minute"), "u", 9)], "rl")
+    decision = codec.decoded(call, _reply(0, (0, -2, -1, 0, 0)))
     assert decision.retry_after == math.inf and decision.remaining == 0
 
 
 def test_decide_reports_a_ban() -> None:
-    call = plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute", penalty=60), "u")], "rl")
-    decision = plans.decide(call, _reply(0, (0, 0, 60_000, 60_000, 1)))
+    call = codec.build(codec.HIT, [codec.Check(rl.Policy("3/minute", penalty=60), "u")], "rl")
+    decision = codec.decoded(call, _reply(0, (0, 0, 60_000, 60_000, 1)))
     assert decision.banned and decision.retry_after == 60.0
 
 
 # -- several slots (cluster) ----------------------------------------------------------------
 def test_checks_are_grouped_by_identity_in_first_seen_order() -> None:
     p, q = rl.Policy("1/second"), rl.Policy("2/second")
-    checks = [plans.Check(p, "a"), plans.Check(q, "b"), plans.Check(q, "a")]
-    assert plans.group_by_slot(checks) == [[checks[0], checks[2]], [checks[1]]]
+    checks = [codec.Check(p, "a"), codec.Check(q, "b"), codec.Check(q, "a")]
+    assert codec.group_by_slot(checks) == [[checks[0], checks[2]], [checks[1]]]
 
 
 def test_refund_of_a_call_keeps_its_keys_costs_and_token() -> None:
-    call = plans.build(plans.HIT, [plans.Check(rl.Policy("3/minute"), "u", 2)], "rl",
+    call = codec.build(codec.HIT, [codec.Check(rl.Policy("3/minute"), "u", 2)], "rl",
                       now_us=NOW_US)
-    refund = plans.refund_of(call)
-    assert refund.op == plans.REFUND and refund.args[0] == plans.REFUND
+    refund = codec.refund_of(call)
+    assert refund.op == codec.REFUND and refund.args[0] == codec.REFUND
     assert refund.keys == call.keys and refund.args[1:] == call.args[1:]
 
 
@@ -214,12 +214,12 @@ class Scripted:
         self.replies = iter(replies)
         self.asked: list[str] = []
 
-    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+    def run(self, call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
         self.asked.append(call.op)
-        return [1] if call.op == plans.REFUND else next(self.replies)
+        return [1] if call.op == codec.REFUND else next(self.replies)
 
 
-def _across(checks: Sequence[plans.Check], replies: Sequence[list[int]]
+def _across(checks: Sequence[codec.Check], replies: Sequence[list[int]]
             ) -> tuple[rl.Decision, list[str]]:
     """A hit of `checks`, one identity per cluster slot: its decision and the ops asked."""
     backend = Scripted(replies)
@@ -228,12 +228,12 @@ def _across(checks: Sequence[plans.Check], replies: Sequence[list[int]]
 
 def test_a_refusal_in_one_slot_gives_back_what_the_others_recorded() -> None:
     p = rl.Policy("5/minute", name="p")
-    decision, asked = _across([plans.Check(p, identity) for identity in "abc"],
+    decision, asked = _across([codec.Check(p, identity) for identity in "abc"],
                               [_reply(1, (1, 4, 0, 60_000, 0)), _reply(0, (0, 0, 9_000, 60_000, 0)),
                                _reply(1, (1, 2, 0, 60_000, 0))])
     # Every slot is asked, as one script asks every tier, but after the refusal as a peek,
     # which records nothing: only the first slot has a hit to give back.
-    assert asked == [plans.HIT, plans.HIT, plans.PEEK, plans.REFUND]
+    assert asked == [codec.HIT, codec.HIT, codec.PEEK, codec.REFUND]
     assert not decision.allowed and decision.identity == "b" and decision.retry_after == 9.0
     assert len(decision.tiers) == 3
 
@@ -242,25 +242,25 @@ def test_slots_that_refuse_after_the_first_refusal_still_govern_the_retry() -> N
     # Stopping at the first refusal answered its 1 s wait where a later slot refused for an
     # hour: a client obeying Retry-After was refused again.
     short, long = rl.Policy("5/second", name="short"), rl.Policy("5/hour", name="long")
-    decision, asked = _across([plans.Check(short, "a"), plans.Check(long, "b")],
+    decision, asked = _across([codec.Check(short, "a"), codec.Check(long, "b")],
                               [_reply(0, (0, 0, 1_000, 1_000, 0)),
                                _reply(0, (0, 0, 3_600_000, 3_600_000, 0))])
-    assert asked == [plans.HIT, plans.PEEK]  # nothing recorded, nothing to give back
+    assert asked == [codec.HIT, codec.PEEK]  # nothing recorded, nothing to give back
     assert decision.retry_after == 3600.0 and decision.policy is long
 
 
-def _short_then_banning() -> list[plans.Check]:
+def _short_then_banning() -> list[codec.Check]:
     """Two slots: a 5/second policy refusing for 1 s, then a 5/hour one with a penalty."""
     short = rl.Policy("5/second", name="short")
     banning = rl.Policy("5/hour", name="banning", penalty="2 hours")
-    return [plans.Check(short, "a"), plans.Check(banning, "b")]
+    return [codec.Check(short, "a"), codec.Check(banning, "b")]
 
 
 def test_a_later_slot_refusing_under_a_penalty_is_hit_to_start_its_ban() -> None:
     decision, asked = _across(_short_then_banning(), [
         _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
         _reply(0, (0, 0, 7_200_000, 7_200_000, 1))])
-    assert asked == [plans.HIT, plans.PEEK, plans.HIT]
+    assert asked == [codec.HIT, codec.PEEK, codec.HIT]
     assert decision.banned and decision.retry_after == 7200.0
 
 
@@ -268,15 +268,15 @@ def test_a_later_slot_that_admits_its_penalty_hit_after_all_gives_it_back() -> N
     decision, asked = _across(_short_then_banning(), [
         _reply(0, (0, 0, 1_000, 1_000, 0)), _reply(0, (0, 0, 3_600_000, 3_600_000, 0)),
         _reply(1, (1, 0, 0, 3_600_000, 0))])  # a refund elsewhere came in between
-    assert asked == [plans.HIT, plans.PEEK, plans.HIT, plans.REFUND]
+    assert asked == [codec.HIT, codec.PEEK, codec.HIT, codec.REFUND]
     assert not decision.allowed and decision.retry_after == 1.0
 
 
 def test_merged_slots_are_governed_like_tiers() -> None:
     p = rl.Policy("5/minute", name="p")
-    decision, asked = _across([plans.Check(p, identity) for identity in "ab"],
+    decision, asked = _across([codec.Check(p, identity) for identity in "ab"],
                               [_reply(1, (1, 4, 0, 60_000, 0)), _reply(1, (1, 1, 0, 30_000, 0))])
-    assert asked == [plans.HIT, plans.HIT]
+    assert asked == [codec.HIT, codec.HIT]
     assert decision.allowed and decision.identity == "b" and decision.remaining == 1
 
 
@@ -288,7 +288,7 @@ def _refused(retry: float) -> rl.Decision:
 @pytest.mark.parametrize("retry", [0.001, 0.3, 5.0, 120.0])
 def test_acquire_waits_retry_after_plus_a_little_jitter(retry: float) -> None:
     rng = random.Random(1)
-    waits = [plans.acquire_wait(_refused(retry), 0.0, None, rng) for _ in range(200)]
+    waits = [codec.acquire_wait(_refused(retry), 0.0, None, rng) for _ in range(200)]
     assert all(w is not None and retry <= w <= retry + min(0.05, retry * 0.1 + 0.001)
                for w in waits)
     assert len(set(waits)) > 1
@@ -296,9 +296,9 @@ def test_acquire_waits_retry_after_plus_a_little_jitter(retry: float) -> None:
 
 def test_acquire_gives_up_on_never_and_past_its_timeout() -> None:
     rng = random.Random(1)
-    assert plans.acquire_wait(_refused(math.inf), 0.0, None, rng) is None
-    assert plans.acquire_wait(_refused(3.0), 8.0, 10.0, rng) is None
-    assert plans.acquire_wait(_refused(2.0), 8.0, 10.0, rng) is not None
+    assert codec.acquire_wait(_refused(math.inf), 0.0, None, rng) is None
+    assert codec.acquire_wait(_refused(3.0), 8.0, 10.0, rng) is None
+    assert codec.acquire_wait(_refused(2.0), 8.0, 10.0, rng) is not None
 
 
 @pytest.mark.parametrize("timeout", [-1, True])
@@ -315,5 +315,5 @@ def test_acquire_jitter_never_carries_a_wait_past_the_timeout(
     # A retry due just inside the timeout is still taken, and the jitter (up to 50 ms) that
     # spreads a fleet out is cut to what is left: acquire(timeout=1.0) answered after 1.025 s.
     rng = random.Random(7)
-    waits = [plans.acquire_wait(_refused(retry), waited, timeout, rng) for _ in range(200)]
+    waits = [codec.acquire_wait(_refused(retry), waited, timeout, rng) for _ in range(200)]
     assert all(w is not None and retry <= w <= timeout - waited for w in waits)

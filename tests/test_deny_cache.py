@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
+from ratelimit_mw.core.codec import Check, Layout
 from ratelimit_mw.core.deny_cache import DenyCache
-from ratelimit_mw.core.plans import Check, Layout
 from tests.conftest import FakeClock, StepClock
 from tests.test_differential import run_extending
 
@@ -59,7 +59,7 @@ class FrozenTtlRedis:
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
 
-    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+    def run(self, call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
         return run_extending(self.client, call)
 
 
@@ -201,7 +201,7 @@ def test_a_bad_age_bound_is_a_configuration_error(bad: object) -> None:
 def _refused(limiter: rl.Limiter, policy: rl.Policy, identity: str,
              clock: StepClock) -> tuple[Layout, list[int], int]:
     limiter.hit(policy, identity)
-    call = plans.build(plans.HIT, [Check(policy, identity)], "dc", now_us=clock.us)
+    call = codec.build(codec.HIT, [Check(policy, identity)], "dc", now_us=clock.us)
     return call.layout, limiter.backend.run(call), clock.us
 
 
@@ -481,7 +481,7 @@ def test_a_ban_started_by_one_policy_binds_its_namesake_in_the_same_reply(
         answer = cached.check(checks)
         assert answer == plain.check(checks)
         assert [(t.allowed, t.banned) for t in answer.tiers] == [(False, True), (False, True)]
-    call = plans.build(plans.HIT, checks, "rl")
+    call = codec.build(codec.HIT, checks, "rl")
     assert call.keys.count(call.keys[-1]) == 1  # one KEYS entry for the shared ban key
     for limiter in (cached, plain):
         limiter.reset(pair[0], "ip:0")

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.codec import Check
 from tests._deny_cache_worker import Counting
 from tests.conftest import StepClock
 

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from redis.exceptions import NoScriptError
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core import codec, scripts
 
 START_MS = 1_800_000_000_000
 # Starts a few hours before DST changes: New York springs forward on 2027-03-14 at 07:00Z,
@@ -128,7 +128,7 @@ return 1
 """
 
 
-def run_extending(client: redis.Redis, call: plans.ScriptCall) -> list[int]:
+def run_extending(client: redis.Redis, call: codec.ScriptCall) -> list[int]:
     """Run `call` on the real Redis with EXTEND in the same transaction (see EXTEND)."""
     for attempt in (1, 2):
         pipe = client.pipeline(transaction=True)
@@ -156,18 +156,18 @@ class Twin:
         self.skew_ms = skew_ms
         self.log: list[str] = []
 
-    def run_redis(self, call: plans.ScriptCall) -> list[int]:
+    def run_redis(self, call: codec.ScriptCall) -> list[int]:
         return run_extending(self.client, call)
 
-    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+    def run(self, call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
         expected = self.memory.run(call)
         actual = self.run_redis(call)
         self.log.append(f"{call.args} -> memory {expected} redis {actual}")
         assert actual == expected, "\n".join(self.log[-12:])
         return actual
 
-    def build(self, op: str, checks: list[plans.Check], **kw: object) -> plans.ScriptCall:
-        return plans.build(op, checks, self.prefix, now_us=self.now_ms * 1000,
+    def build(self, op: str, checks: list[codec.Check], **kw: object) -> codec.ScriptCall:
+        return codec.build(op, checks, self.prefix, now_us=self.now_ms * 1000,
                           clock_ms=self.now_ms + self.skew_ms, **kw)  # type: ignore[arg-type]
 
 
@@ -188,11 +188,11 @@ def _client(store: str, request: pytest.FixtureRequest) -> redis.Redis:
     return fakeredis.FakeRedis(server=fakeredis.FakeServer())
 
 
-def _checks(call: plans.ScriptCall) -> list[plans.Check]:
+def _checks(call: codec.ScriptCall) -> list[codec.Check]:
     """The checks a hit's call was built from (its costs are in its tier arguments)."""
     out, b = [], 5
     for policy, identity in call.layout:
-        out.append(plans.Check(policy, identity, int(call.args[b + 3])))
+        out.append(codec.Check(policy, identity, int(call.args[b + 3])))
         b += 7 * len(policy.rates)
     return out
 
@@ -201,33 +201,33 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
           setting: Setting = Setting(START_MS, 0)) -> None:
     twin = Twin(client, "d" + uuid.uuid4().hex[:12], setting.start_ms, setting.skew_ms)
     bookings: list[rl.Booking] = []
-    admitted: list[plans.ScriptCall] = []
+    admitted: list[codec.ScriptCall] = []
     try:
         for op in sequence:
             twin.now_ms += op.advance_ms
-            checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i],
+            checks = [codec.Check(pool[p % len(pool)], IDENTITIES[i],
                                   _cost(pool[p % len(pool)], cost))
                       for p, i, cost in op.picks]
             single = checks[:1]
             if op.kind == "hit":
-                call = twin.build(plans.HIT, checks)
-                decision = plans.decide(call, twin.run(call))
+                call = twin.build(codec.HIT, checks)
+                decision = codec.decoded(call, twin.run(call))
                 if decision.allowed:
                     admitted.append(call)
             elif op.kind == "peek":
-                twin.run(twin.build(plans.PEEK, single))
+                twin.run(twin.build(codec.PEEK, single))
             elif op.kind == "refund":
-                twin.run(twin.build(plans.REFUND, single))
+                twin.run(twin.build(codec.REFUND, single))
             elif op.kind == "uncheck" and admitted:
                 hit = admitted.pop()
-                twin.run(twin.build(plans.REFUND, _checks(hit), token=hit.args[2]))
+                twin.run(twin.build(codec.REFUND, _checks(hit), token=hit.args[2]))
             elif op.kind == "release" and any(hit.args[2] for hit in admitted):
                 # The responses that ended in one turn of the loop: their hits (those with a
                 # token: a sliding log's, or holding slots) given back in ONE call.
                 tokened = [hit for hit in admitted if hit.args[2]][-1 - op.offset_ms % 3:]
                 for hit in tokened:
                     admitted.remove(hit)
-                twin.run(twin.build(plans.REFUND,
+                twin.run(twin.build(codec.REFUND,
                                     [check for hit in tokened for check in _checks(hit)],
                                     tokens=[hit.args[2] for hit in tokened
                                             for _ in _checks(hit)]))
@@ -236,31 +236,31 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
                 # clock when it was admitted, its cost), as a Ticket's does.
                 hit = admitted.pop()
                 first = _checks(hit)[0]
-                back = plans.Check(first.policy, first.identity, max(1, first.cost // 2))
-                twin.run(twin.build(plans.REFUND, [back], token=hit.args[2],
+                back = codec.Check(first.policy, first.identity, max(1, first.cost // 2))
+                twin.run(twin.build(codec.REFUND, [back], token=hit.args[2],
                                     at_ms=f"{hit.args[1]}:{first.cost}"))
             elif op.kind == "renew" and admitted:
                 hit = admitted[-1]
-                twin.run(twin.build(plans.RENEW, _checks(hit), token=hit.args[2]))
+                twin.run(twin.build(codec.RENEW, _checks(hit), token=hit.args[2]))
             elif op.kind == "charge":
-                twin.run(twin.build(plans.CHARGE, checks))
+                twin.run(twin.build(codec.CHARGE, checks))
             elif op.kind == "pause":
                 # For as long as a booking's offset (a non-positive one: a millisecond).
-                twin.run(twin.build(plans.PAUSE, checks, at_ms=max(op.offset_ms, 1)))
+                twin.run(twin.build(codec.PAUSE, checks, at_ms=max(op.offset_ms, 1)))
             elif op.kind == "reset":
-                twin.run(twin.build(plans.RESET, single))
+                twin.run(twin.build(codec.RESET, single))
             elif op.kind == "book" and single[0].policy.algorithm == "sliding-log":
-                call = twin.build(plans.BOOK, single, at_ms=twin.now_ms + op.offset_ms)
-                decision = plans.decide(call, twin.run(call))
+                call = twin.build(codec.BOOK, single, at_ms=twin.now_ms + op.offset_ms)
+                decision = codec.decoded(call, twin.run(call))
                 if decision.allowed and call.booking is not None:
                     bookings.append(call.booking)
             elif op.kind == "cancel" and bookings:
                 booking = bookings.pop(0)
-                check = plans.Check(booking.policy, booking.identity, booking.cost)
-                twin.run(twin.build(plans.CANCEL, [check], token=booking.token))
+                check = codec.Check(booking.policy, booking.identity, booking.cost)
+                twin.run(twin.build(codec.CANCEL, [check], token=booking.token))
             # After every step both sides must also agree on the state as it stands.
             for check in checks:
-                twin.run(twin.build(plans.PEEK, [check]))
+                twin.run(twin.build(codec.PEEK, [check]))
     finally:
         stale = list(client.scan_iter(match=f"{twin.prefix}:*", count=1000))
         if stale:

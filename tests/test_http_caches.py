@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.asgi import RateLimitMiddleware, Rule
-from ratelimit_mw.http.asgi_send import Answers
+from ratelimit_mw.http.asgi_send import DefaultResponses
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.routing import RouteLimit
@@ -78,7 +78,7 @@ class _Fresh:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.middleware.guard._last_refusal = None
-        self.middleware._answers = Answers()
+        self.middleware._defaults = DefaultResponses()
         await self.middleware(scope, receive, send)
 
 

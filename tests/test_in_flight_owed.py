@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import ratelimit_mw as rl
-from ratelimit_mw.core.plans import Check
-from ratelimit_mw.http import slots
+from ratelimit_mw.core.codec import Check
+from ratelimit_mw.core.policy import CONCURRENCY
 from ratelimit_mw.http.slots import OWED_MAX, Slots
 
 
@@ -51,4 +51,4 @@ def test_another_limiters_owed_give_backs_wait_for_a_call_of_their_own(clock: An
 
 
 def test_the_module_names_the_in_flight_algorithm() -> None:
-    assert rl.Policy.in_flight(1).algorithm == slots.IN_FLIGHT
+    assert rl.Policy.in_flight(1).algorithm == CONCURRENCY

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from redis.crc import key_slot
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 from ratelimit_mw.core.identity import encode_identity, encode_segment, identity_head
 from ratelimit_mw.core.rates import GCRA_SPAN_US
 
@@ -69,10 +69,10 @@ def test_long_or_unusual_identities_are_hashed(identity: str) -> None:
 def test_the_hash_tag_depends_only_on_the_identity(
     identity: str, prefix: str, name: str, algorithm: str, other_name: str, other_prefix: str
 ) -> None:
-    first = plans.build(plans.HIT, [plans.Check(rl.Policy("1/minute;5/hour", algorithm=algorithm,
+    first = codec.build(codec.HIT, [codec.Check(rl.Policy("1/minute;5/hour", algorithm=algorithm,
                                                        name=name, penalty=60), identity)],
                        prefix)
-    second = plans.build(plans.PEEK, [plans.Check(rl.Policy("3/day", name=other_name), identity)],
+    second = codec.build(codec.PEEK, [codec.Check(rl.Policy("3/day", name=other_name), identity)],
                         other_prefix)
     tags = {hash_tag(key) for key in first.keys + second.keys}
     assert tags == {encode_identity(identity)}
@@ -87,7 +87,7 @@ def test_every_key_fits_in_200_bytes(identity: str, prefix: str, name: str,
     longest = GCRA_SPAN_US // 1000 if algorithm == "gcra" else 10**15 // 2
     policy = rl.Policy([rl.Rate(1, 1), rl.Rate(1, longest)], algorithm=algorithm, name=name,
                        penalty=1)
-    call = plans.build(plans.HIT, [plans.Check(policy, identity)], prefix)
+    call = codec.build(codec.HIT, [codec.Check(policy, identity)], prefix)
     for key in call.keys:
         assert len(key.encode("utf-8", "surrogatepass")) <= MAX_KEY_BYTES
 
@@ -99,7 +99,7 @@ def test_keys_of_different_identities_or_policies_never_collide(
 ) -> None:
     def keys(identity: str, name: str, algorithm: str) -> set[str]:
         policy = rl.Policy("1/minute;2/hour", algorithm=algorithm, name=name, penalty=5)
-        return set(plans.build(plans.HIT, [plans.Check(policy, identity)], "rl").keys)
+        return set(codec.build(codec.HIT, [codec.Check(policy, identity)], "rl").keys)
 
     if a == b:
         assert keys(*a) == keys(*b)
@@ -124,7 +124,7 @@ def test_the_identity_head_is_prefix_then_hash_tag() -> None:
 def test_key_layout_per_algorithm() -> None:
     def keys(algorithm: str) -> list[str]:
         policy = rl.Policy("1/minute;5/hour", algorithm=algorithm, name="p", penalty=9)
-        return plans.build(plans.HIT, [plans.Check(policy, "u")], "rl").keys
+        return codec.build(codec.HIT, [codec.Check(policy, "u")], "rl").keys
 
     assert keys("fixed-window") == ["rl:{u}:p.fw:60000", "rl:{u}:p.fw:3600000", "rl:{u}:p.fw:ban"]
     assert keys("sliding-log") == ["rl:{u}:p.sl:log", "rl:{u}:p.sl:log", "rl:{u}:p.sl:ban"]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 from ratelimit_mw.core.rates import parse_rates
 from tests.conftest import StepClock
 
@@ -34,14 +34,14 @@ class Flaky:
         self.down = down
         self.calls = 0
 
-    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+    def run(self, call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
         self.calls += 1
         if self.down:
             self.down -= 1
             raise rl.BackendError("Redis call failed: ConnectionError: refused")
         return self.inner.run(call)
 
-    async def arun(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+    async def arun(self, call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
         return self.run(call)
 
 
@@ -67,7 +67,7 @@ def test_admitted_and_refused_once_per_policy_with_the_calls_latency(
     assert limiter.metrics is hook
     a = rl.Policy("1/minute", name="a")
     b = rl.Policy("5/minute", name="b")
-    checks = [plans.Check(a, "u"), plans.Check(b, "u"), plans.Check(b, "v")]
+    checks = [codec.Check(a, "u"), codec.Check(b, "u"), codec.Check(b, "v")]
     limiter.check(checks)
     limiter.check(checks)  # refused by a: the store decides
     limiter.check(checks)  # refused again: the deny cache answers
@@ -119,10 +119,10 @@ class Pinging:
     def __init__(self, answer: Any) -> None:
         self.answer = answer
 
-    def run(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+    def run(self, call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
         raise AssertionError("ping runs no script call")
 
-    async def arun(self, call: plans.ScriptCall, deadline: float | None = None) -> list[int]:
+    async def arun(self, call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
         raise AssertionError("ping runs no script call")
 
     def _answer(self) -> dict[str, Any]:
@@ -205,16 +205,16 @@ async def test_async_acquire_retries_backend_errors_too(step_clock: StepClock) -
 
 def test_backoff_grows_is_jittered_capped_and_stops_at_the_deadline() -> None:
     rng = random.Random(7)
-    waits = [plans.backoff_wait(n, 100.0, rng) for n in range(1, 12)]
+    waits = [codec.backoff_wait(n, 100.0, rng) for n in range(1, 12)]
     assert all(w is not None for w in waits)
-    firsts = [plans.BACKOFF_FIRST * 2 ** (n - 1) for n in range(1, 12)]
+    firsts = [codec.BACKOFF_FIRST * 2 ** (n - 1) for n in range(1, 12)]
     for w, full in zip(waits, firsts, strict=True):
-        top = min(full, plans.BACKOFF_CAP)
+        top = min(full, codec.BACKOFF_CAP)
         assert w is not None and top / 2 <= w <= top
     assert len({round(w, 9) for w in waits if w is not None}) == len(waits)  # jittered
-    assert plans.backoff_wait(20, 0.003, rng) == 0.003
-    assert plans.backoff_wait(1, 0.0, rng) is None
-    assert plans.backoff_wait(1, None, rng) is None
+    assert codec.backoff_wait(20, 0.003, rng) == 0.003
+    assert codec.backoff_wait(1, 0.0, rng) is None
+    assert codec.backoff_wait(1, None, rng) is None
 
 
 # -- rate spellings and bounds ----------------------------------------------------------------

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from test_differential import EXTEND
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core import codec, scripts
 
 START_MS = 1_800_000_000_000
 # The first line of each shortcut block in lua/main.lua: one tier, then several fixed windows.
@@ -72,7 +72,7 @@ def state(client: redis.Redis) -> dict[bytes, tuple[bytes, object, int]]:
     return held
 
 
-def run(client: redis.Redis, source: str, call: plans.ScriptCall, own_clock: bool) -> list[int]:
+def run(client: redis.Redis, source: str, call: codec.ScriptCall, own_clock: bool) -> list[int]:
     pipe = client.pipeline(transaction=True)
     pipe.eval(source, len(call.keys), *call.keys, *call.args)
     if not own_clock:
@@ -81,7 +81,7 @@ def run(client: redis.Redis, source: str, call: plans.ScriptCall, own_clock: boo
     return list(pipe.execute()[0])
 
 
-def compare(fast: redis.Redis, loop: redis.Redis, call: plans.ScriptCall, now_ms: int,
+def compare(fast: redis.Redis, loop: redis.Redis, call: codec.ScriptCall, now_ms: int,
             own_clock: bool) -> None:
     """Run `call` through the script and through the reference: same replies, same keys."""
     with wall_clock(now_ms):
@@ -123,13 +123,13 @@ def test_one_tier_path_answers_as_the_general_loop(
     now_ms = START_MS
     for advance, kind, cost, ahead in steps:
         now_ms += advance
-        check = [plans.Check(policy, "a", cost)]
+        check = [codec.Check(policy, "a", cost)]
         now_us = None if own_clock else now_ms * 1000
         if kind == "book" and algorithm == "sliding-log":
-            call = plans.build(plans.BOOK, check, "f", now_us=now_us, at_ms=now_ms + ahead,
+            call = codec.build(codec.BOOK, check, "f", now_us=now_us, at_ms=now_ms + ahead,
                                clock_ms=now_ms)
         else:
-            call = plans.build(plans.PEEK if kind == "peek" else plans.HIT, check, "f",
+            call = codec.build(codec.PEEK if kind == "peek" else codec.HIT, check, "f",
                                now_us=now_us, clock_ms=now_ms)
         compare(fast, loop, call, now_ms, own_clock)
 
@@ -175,19 +175,19 @@ def test_several_fixed_window_tiers_answer_as_the_general_loop(
     fast = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     loop = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     now_ms = START_MS
-    held: list[tuple[plans.ScriptCall, list[plans.Check]]] = []  # hits that hold slots
+    held: list[tuple[codec.ScriptCall, list[codec.Check]]] = []  # hits that hold slots
     for advance, kind, picks in steps:
         now_ms += advance
         now_us = None if own_clock else now_ms * 1000
         if kind == "release":
             if held:
                 hit, checks = held.pop()
-                compare(fast, loop, plans.build(plans.REFUND, checks, "f", now_us=now_us,
+                compare(fast, loop, codec.build(codec.REFUND, checks, "f", now_us=now_us,
                                                 token=hit.args[2]), now_ms, own_clock)
             continue
-        checks = [plans.Check(policies[index % len(policies)], identity, cost)
+        checks = [codec.Check(policies[index % len(policies)], identity, cost)
                   for index, identity, cost in picks]
-        call = plans.build(plans.PEEK if kind == "peek" else plans.HIT, checks, "f",
+        call = codec.build(codec.PEEK if kind == "peek" else codec.HIT, checks, "f",
                            now_us=now_us, clock_ms=now_ms)
         compare(fast, loop, call, now_ms, own_clock)
         if kind == "hit" and call.args[2]:

@@ -1,10 +1,11 @@
-"""The memory backend's typed hit and give-back (`MemoryBackend.hitter` and `releaser`, what
-`Limiter.hit`, the middleware and its give-backs take) and its ARGV adapter (`run`, what peeks, resets, bookings, the CLI and the
-Lua differential test take) are one implementation: hypothesis plays the same operations on
-two backends, every hit through the typed path on one and through `run` on the other; each
-answer (the Decision of an admitted hit, a refusal's reply as main.lua's) and the state they
-leave (a peek of every check after every step) must be equal. `run` itself is held to the Lua
-by tests/test_differential.py."""
+"""The memory backend's typed hit and give-back (`MemoryBackend.hitter` and `releaser`,
+what `Limiter.hit`, the middleware and its give-backs take) and its ARGV adapter (`run`,
+what peeks, resets, bookings, the CLI and the Lua differential test take) are one
+implementation: hypothesis plays the same operations on two backends, every hit and
+give-back through the typed path on one and through `run` on the other; each answer (the
+Decision of an admitted hit, a refusal's reply as main.lua's) and the state they leave (a
+peek of every check after every step) must be equal. `run` itself is held to the Lua by
+tests/test_differential.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends.memory import MemoryBackend
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Decision
 from tests.test_differential import IDENTITIES, START_MS, Op, _cost, ops, policies
@@ -22,12 +23,12 @@ from tests.test_differential import IDENTITIES, START_MS, Op, _cost, ops, polici
 def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
     typed, adapter = MemoryBackend(), MemoryBackend()
     now_ms = START_MS
-    tokens: list[tuple[list[plans.Check], str]] = []
+    tokens: list[tuple[list[codec.Check], str]] = []
     typed_hits = 0
     for op in sequence:
         now_ms += op.advance_ms
         now_us = now_ms * 1000 + 137
-        checks = [plans.Check(pool[p % len(pool)], IDENTITIES[i],
+        checks = [codec.Check(pool[p % len(pool)], IDENTITIES[i],
                               _cost(pool[p % len(pool)], cost)) for p, i, cost in op.picks]
         compiled = Compiled([(check.policy, check.cost) for check in checks], "t")
         identities = [check.identity for check in checks]
@@ -44,14 +45,14 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
             answer = hit(identities, now_us, token)
             if type(answer) is Decision:
                 assert expected[0] == 1
-                assert answer == plans.decide(call, expected)
+                assert answer == codec.decoded(call, expected)
                 if token:
                     tokens.append((checks, token))
             else:
                 assert answer == expected
         elif op.kind in ("refund", "uncheck", "release", "renew") and tokens:
             held, token = tokens.pop() if op.kind != "renew" else tokens[-1]
-            call = plans.build(plans.REFUND if op.kind != "renew" else plans.RENEW, held, "t",
+            call = codec.build(codec.REFUND if op.kind != "renew" else codec.RENEW, held, "t",
                                now_us=now_us, token=token)
             release = (typed.releaser(Compiled([(c.policy, c.cost) for c in held], "t"))
                        if op.kind != "renew" else None)
@@ -61,10 +62,10 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
                 release([c.identity for c in held], token, now_us)
                 adapter.run(call)
         elif op.kind == "reset":
-            call = plans.build(plans.RESET, checks[:1], "t", now_us=now_us)
+            call = codec.build(codec.RESET, checks[:1], "t", now_us=now_us)
             assert typed.run(call) == adapter.run(call)
         for check in checks:
-            peek = plans.build(plans.PEEK, [check], "t", now_us=now_us)
+            peek = codec.build(codec.PEEK, [check], "t", now_us=now_us)
             assert typed.run(peek) == adapter.run(peek)
     return typed_hits
 

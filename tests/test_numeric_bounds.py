@@ -20,7 +20,7 @@ import pytest
 import redis
 
 import ratelimit_mw as rl
-from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.codec import ScriptCall
 from ratelimit_mw.core.policy import MAX_LEASE, MAX_PENALTY_MS
 from ratelimit_mw.core.rates import GCRA_SPAN_US, MAX_COST, MAX_LIMIT, emission_us
 

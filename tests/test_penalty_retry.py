@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core import codec
+from ratelimit_mw.core.codec import Check
 from tests.conftest import StepClock
 
 RATE = "3/10 seconds"
@@ -179,23 +179,23 @@ def test_the_deny_cache_replays_a_banned_refusal_as_the_store_answers_it_later(
     policy = rl.Policy(RATE, algorithm=algorithm, name="pen", penalty=penalty)
     check = [Check(policy, "u")]
 
-    def run(op: str, now_us: int) -> tuple[plans.ScriptCall, list[int]]:
-        call = plans.build(op, check, prefix, now_us=now_us)
+    def run(op: str, now_us: int) -> tuple[codec.ScriptCall, list[int]]:
+        call = codec.build(op, check, prefix, now_us=now_us)
         return call, list(backend.run(call))
 
     for _ in range(3):
-        assert run(plans.HIT, START_US)[1][0] == 1
+        assert run(codec.HIT, START_US)[1][0] == 1
     for first_us in (START_US, START_US + 700_123):  # the ban's start, and a hit during it
-        call, reply = run(plans.HIT, first_us)
-        window = plans.replay_window(reply)
+        call, reply = run(codec.HIT, first_us)
+        window = codec.replay_window(reply)
         ban_end_us = (START_US // 1000 + penalty * 1000) * 1000
         # Until the ban ends (then a hit may start a new ban, or be admitted).
         assert window == ban_end_us - first_us
         for elapsed in (0, 1, 999, 1_000, 123_457, window // 2, window - 1):
-            replayed, _ = plans.replay(call.layout, reply, elapsed)
-            _, later = run(plans.HIT, first_us + elapsed)
-            assert replayed == plans.decide(call, later), elapsed
-            assert replayed.tiers == plans.decide(call, later).tiers
+            replayed, _ = codec.replay(call.layout, reply, elapsed)
+            _, later = run(codec.HIT, first_us + elapsed)
+            assert replayed == codec.decoded(call, later), elapsed
+            assert replayed.tiers == codec.decoded(call, later).tiers
 
 
 def test_an_obedient_http_client_is_refused_once_and_waits_the_windows_wait() -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 
 POLICY = rl.Policy("1000/minute", name="costs")
 
@@ -107,7 +107,7 @@ def test_a_log_written_before_the_upgrade_keeps_working(
     limiter.refund(policy, "u", 3)
     assert limiter.peek(policy, "u").remaining == 7
     # By its token, an old hit gives back its own members.
-    back = plans.build(plans.REFUND, [plans.Check(policy, "u", 2)], prefix, token="T1",
+    back = codec.build(codec.REFUND, [codec.Check(policy, "u", 2)], prefix, token="T1",
                        now_us=round(clock() * 1_000_000))
     rl.RedisBackend(redis_client).run(back)
     assert sorted(redis_client.zrange(key, 0, -1)) == [b"T1:3"]

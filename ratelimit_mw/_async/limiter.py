@@ -2,7 +2,7 @@
 
 A call is built by the core (`Compiled.call`), run by the backend (``await
 backend.arun(call, deadline)``: the backend keeps the deadline, cold or warm) and read back by
-the core (`plans.decide`); a store in process answers a hit by its own typed hit instead
+the core (`codec.decoded`); a store in process answers a hit by its own typed hit instead
 (`in_process`: the memory backend's, straight to the Decision, no call). A hit asks the
 deny cache first, once. The one source of
 both limiters is `ratelimit_mw/_async/limiter.py`: `_sync/limiter.py` (`Limiter`) is generated
@@ -22,12 +22,12 @@ from ratelimit_mw._async import handles
 from ratelimit_mw._synchronization import AsyncFlights, bounded_async, side_async, sleep_async
 from ratelimit_mw.backends.base import AsyncBackend
 from ratelimit_mw.backends.memory import MemoryBackend
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
-from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import DEFAULT_LEASE, Policy
 from ratelimit_mw.engine import LimiterOptions, _check, _Shared, ping_failed, pinger
 from ratelimit_mw.metrics import ADMITTED, REFUSED
@@ -111,7 +111,7 @@ class AsyncLimiter(_Shared):
             self._failed(checks or compiled.checks(identities), started)
             raise
         if reply[0] == 1 and metrics is None and (deny is None or not deny.index):
-            return plans.decide(call, reply)  # admitted, nothing held to forget
+            return codec.decoded(call, reply)  # admitted, nothing held to forget
         return self._settled(call, compiled, identities, checks, reply, sent, cached, started)
 
     async def _refresh(self, compiled: Compiled, identities: Sequence[str],
@@ -158,33 +158,33 @@ class AsyncLimiter(_Shared):
         started = time.perf_counter()
         backend = self._backend
         decisions: list[Decision] = []
-        recorded: list[plans.ScriptCall] = []
+        recorded: list[codec.ScriptCall] = []
         refused = False
         try:
-            for call in self._slot_calls(plans.HIT, checks, token):
+            for call in self._slot_calls(codec.HIT, checks, token):
                 if not refused:
-                    decision = plans.decide(call, await backend.arun(call))
+                    decision = codec.decoded(call, await backend.arun(call))
                     if decision.allowed:
                         recorded.append(call)
                 else:
-                    decision = plans.decide(call, await backend.arun(plans.peek_of(call)))
+                    decision = codec.decoded(call, await backend.arun(codec.peek_of(call)))
                     if not decision.allowed and any(policy.penalty is not None
                                                     for policy, _ in call.layout):
-                        decision = plans.decide(call, await backend.arun(call))
+                        decision = codec.decoded(call, await backend.arun(call))
                         if decision.allowed:
                             recorded.append(call)
                 decisions.append(decision)
                 refused = refused or not decision.allowed
             if refused:
                 for call in recorded:
-                    await backend.arun(plans.refund_of(call))
+                    await backend.arun(codec.refund_of(call))
         except BackendError:
             self._failed(checks, started)
             raise
         finally:
             if cached:
                 self._forget(checks)
-        decision = plans.merge(decisions)
+        decision = codec.merge(decisions)
         self._report(checks, ADMITTED if decision.allowed else REFUSED,
                      time.perf_counter() - started)
         return decision
@@ -245,7 +245,7 @@ class AsyncLimiter(_Shared):
         when one had ended and its slot has gone to someone else meanwhile (one that ended
         and is still free is taken again)."""
         held = True
-        for call in self._slot_calls(plans.RENEW, checks, token):
+        for call in self._slot_calls(codec.RENEW, checks, token):
             reply = await self._backend.arun(call, timeout)
             held = held and bool(reply[0])
         return held
@@ -253,12 +253,12 @@ class AsyncLimiter(_Shared):
     async def peek(self, policy: Policy | str, identity: str,
                    timeout: float | None = None) -> Decision:
         """The state as it stands: would a hit of cost 1 be admitted? Records nothing."""
-        call = self._single(plans.PEEK, policy, identity)
-        return plans.decide(call, await self._backend.arun(call, timeout))
+        call = self._single(codec.PEEK, policy, identity)
+        return codec.decoded(call, await self._backend.arun(call, timeout))
 
     async def reset(self, policy: Policy | str, identity: str) -> None:
         """Forget every counter and any ban of this identity under this policy."""
-        await self._backend.arun(self._single(plans.RESET, policy, identity))
+        await self._backend.arun(self._single(codec.RESET, policy, identity))
 
     async def pause(self, policy: Policy | str, identity: str, seconds: float) -> float:
         """Refuse this identity under this policy for `seconds` from now, on every limiter
@@ -274,13 +274,13 @@ class AsyncLimiter(_Shared):
         check = _check(policy, identity, 1)
         self._forget((check,))
         reply = await self._backend.arun(self._call(
-            self.compile(((check.policy, 1),)), (identity,), plans.PAUSE,
+            self.compile(((check.policy, 1),)), (identity,), codec.PAUSE,
             math.ceil(seconds * 1000)))
         return int(reply[1]) / 1000
 
     async def refund(self, policy: Policy | str, identity: str, cost: int = 1) -> None:
         """Give back an admitted hit of `cost` (e.g. a login that turned out to succeed)."""
-        await self._backend.arun(self._single(plans.REFUND, policy, identity, cost))
+        await self._backend.arun(self._single(codec.REFUND, policy, identity, cost))
 
     async def acquire(self, policy: Policy | str, identity: str, cost: int = 1,
                       timeout: float | None = None, wait_out: bool = False) -> Decision:
@@ -289,8 +289,8 @@ class AsyncLimiter(_Shared):
         A refusal whose wait would end past the timeout raises at once (its
         ``retry_after`` says how long the quota is away), unless `wait_out`: then the rest
         of the timeout is slept and the hit tried once more before raising. The wait is
-        each refusal's retry_after with jitter (`plans.acquire_wait`). Backend
-        errors are retried with backoff while `timeout` leaves time (`plans.backoff_wait`),
+        each refusal's retry_after with jitter (`codec.acquire_wait`). Backend
+        errors are retried with backoff while `timeout` leaves time (`codec.backoff_wait`),
         then raised as BackendError; at once when no timeout is given, since waiting for
         quota must not turn into waiting forever for a store that is down."""
         return await self._wait(self._compiled_hit(policy, identity, cost), (identity,),
@@ -313,7 +313,7 @@ class AsyncLimiter(_Shared):
             except BackendError:
                 failures += 1
                 left = None if timeout is None else timeout - (self.monotonic() - started)
-                backoff = plans.backoff_wait(failures, left, self._rng)
+                backoff = codec.backoff_wait(failures, left, self._rng)
                 if backoff is None:
                     raise
                 await self._sleep(backoff)
@@ -324,7 +324,7 @@ class AsyncLimiter(_Shared):
             cap = None
             if decision.policy is not None and decision.policy.algorithm == "concurrency":
                 cap, poll = poll, min(poll * 2, 0.2)
-            wait = plans.acquire_wait(decision, self.monotonic() - started, timeout, self._rng,
+            wait = codec.acquire_wait(decision, self.monotonic() - started, timeout, self._rng,
                                       cap, wait_out)
             if wait is None:
                 raise RateLimitExceeded(decision)
@@ -333,8 +333,8 @@ class AsyncLimiter(_Shared):
     async def reserve(self, policy: Policy | str, identity: str, at: _dt.datetime,
                       cost: int = 1) -> Decision:
         """Book `cost` at time `at` if every window containing `at` stays within its limit."""
-        call = self._single(plans.BOOK, policy, identity, cost, at)
-        return plans.decide(call, await self._backend.arun(call))
+        call = self._single(codec.BOOK, policy, identity, cost, at)
+        return codec.decoded(call, await self._backend.arun(call))
 
     async def cancel(self, booking: Booking) -> None:
         """Take back an admitted reservation (``decision.booking``)."""

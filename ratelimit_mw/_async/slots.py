@@ -12,7 +12,7 @@ from ratelimit_mw.http.slots import Hits, lease_of
 
 if TYPE_CHECKING:
     from ratelimit_mw._async.limiter import AsyncLimiter
-    from ratelimit_mw.core.plans import Check
+    from ratelimit_mw.core.codec import Check
     from ratelimit_mw.http.guard import Guard
     from ratelimit_mw.http.verdict import Admit, Held
 
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 async def release_async(guard: Guard, limiter: AsyncLimiter, admit: Admit, status: int) -> None:
     """After an admitted response with this status has ended, however it ended: what it
     gives back (`Guard.released`), in at most one call; never raises."""
-    plan = admit.refund
+    plan = admit.plan
     if plan is not None:
         await refund_async(guard, limiter, guard.released(admit, status), plan.token)
 

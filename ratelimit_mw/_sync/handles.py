@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ratelimit_mw._synchronization import every_sync
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.plans import Check
 from ratelimit_mw.core.policy import Policy
 
 if TYPE_CHECKING:  # its annotations only: the limiter builds these, and imports this module
@@ -88,7 +88,7 @@ class Ticket:
                                      "e.g. ticket.settle(usage.total_tokens)")
         policy, identity, estimate = self.check
         if actual > policy.max_cost:  # refused before any I/O: the ticket stays unsettled
-            raise ConfigurationError(plans.cost_bound_message(actual, policy, "settle"))
+            raise ConfigurationError(codec.cost_bound_message(actual, policy, "settle"))
         if self.settled is not None:
             raise ConfigurationError(f"this ticket was settled at {self.settled} already")
         # Counted as settled from here: a store error after this may or may not have been
@@ -105,7 +105,7 @@ class Ticket:
             return
         if actual > estimate:
             limiter._backend.run(
-                limiter._single(plans.CHARGE, policy, identity, actual - estimate))
+                limiter._single(codec.CHARGE, policy, identity, actual - estimate))
         if held:
             limiter._give_back(held, None, self.token)
 

@@ -13,7 +13,7 @@ from ratelimit_mw.http.slots import Hits, lease_of
 
 if TYPE_CHECKING:
     from ratelimit_mw._sync.limiter import Limiter
-    from ratelimit_mw.core.plans import Check
+    from ratelimit_mw.core.codec import Check
     from ratelimit_mw.http.guard import Guard
     from ratelimit_mw.http.verdict import Admit, Held
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def release_sync(guard: Guard, limiter: Limiter, admit: Admit, status: int) -> None:
     """After an admitted response with this status has ended, however it ended: what it
     gives back (`Guard.released`), in at most one call; never raises."""
-    plan = admit.refund
+    plan = admit.plan
     if plan is not None:
         refund_sync(guard, limiter, guard.released(admit, status), plan.token)
 

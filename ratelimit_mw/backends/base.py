@@ -17,7 +17,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.codec import ScriptCall
 
 T = TypeVar("T")
 

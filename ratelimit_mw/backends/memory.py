@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from ratelimit_mw.backends._algorithms import _Tier
 from ratelimit_mw.backends._script import _UPKEEP, _from_text, _read_tiers, _Script
+from ratelimit_mw.core.codec import ScriptCall, admitted_decision, new_token
 from ratelimit_mw.core.decision import Decision, TierState
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
-from ratelimit_mw.core.plans import ScriptCall, admitted_decision, new_token
 
 if TYPE_CHECKING:
     from ratelimit_mw.core.compiled import Compiled

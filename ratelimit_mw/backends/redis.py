@@ -31,10 +31,10 @@ from ratelimit_mw.backends.clients import (
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.backends.ping import aping_pipelined, ping_report, server_of, unreachable
 from ratelimit_mw.core import scripts
+from ratelimit_mw.core.codec import ScriptCall
 from ratelimit_mw.core.compiled import bulk
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.identity import identity_slot
-from ratelimit_mw.core.plans import ScriptCall
 from ratelimit_mw.core.wire import Arg
 
 try:

@@ -21,7 +21,7 @@ from ratelimit_mw.backends.urls import redact
 from ratelimit_mw.cli import report
 from ratelimit_mw.cli.args import build_parser, positive_limit, resolve_policy
 from ratelimit_mw.cli.store import Store
-from ratelimit_mw.core import plans, wire
+from ratelimit_mw.core import codec, wire
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.identity import identity_head
 from ratelimit_mw.core.policy import Policy
@@ -42,12 +42,12 @@ def _target(args: argparse.Namespace, operation: Any) -> tuple[Policy, str, str,
     # The ban is read and cleared even when POLICY carries no penalty: the app's policy may,
     # and a ban left in place would go on refusing after a reset.
     ban = f"{identity_head(args.prefix, args.identity)}{wire.wire(policy).segment}:ban"
-    call = plans.build(operation, (plans.Check(policy, args.identity),), args.prefix)
+    call = codec.build(operation, (codec.Check(policy, args.identity),), args.prefix)
     return policy, args.identity, ban, list(dict.fromkeys([*call.keys, ban]))
 
 
 def _inspect(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
-    policy, identity, ban, keys = _target(args, plans.PEEK)
+    policy, identity, ban, keys = _target(args, codec.PEEK)
     # Nothing stored: a fresh quota, or a name that is not the one the app counts under
     # (a decorator's is "route <module>.<function> <rates>"): say which names are there.
     stored = bool(store.existing(keys))
@@ -66,7 +66,7 @@ def _inspect(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output
 
 
 def _reset(store: Store, limiter: Limiter, args: argparse.Namespace) -> Output:
-    policy, identity, ban, keys = _target(args, plans.RESET)
+    policy, identity, ban, keys = _target(args, codec.RESET)
     removed = store.existing(keys)
     limiter.reset(policy, identity)
     store.delete([ban])  # gone already when the reset cleared it

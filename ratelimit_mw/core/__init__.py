@@ -2,7 +2,7 @@
 
 Read in this order: `rates` (rate text → Rate), `policy` (tiers, algorithm, penalty,
 calendar zone), `identity` (identities → safe key segments), `wire` (a policy's algorithm
-code, key segment and script arguments, calendar schedules), `plans` (the ops; checks → one
+code, key segment and script arguments, calendar schedules), `codec` (the ops; checks → one
 script call, a reply → Decision), `compiled` (a set of limits compiled once: a hit's memoised
 call and wire bytes, and `Compiled.hitter`, a store's own typed hit), `decision` (the
 result), `deny_cache` (refusals remembered in process), `scripts` (the Lua source the Redis

@@ -14,8 +14,8 @@ request:
 
 Any other operation, and a hit whose arguments vary per request (a penalty's end, a
 calendar's schedule) or that names a policy twice (a default that is also a rule: one
-count per identity), is `plans.build`'s call. A hit's memoised call is exactly the one
-`plans.build` makes (tests/test_compiled.py holds them to it on random selections). Pure:
+count per identity), is `codec.build`'s call. A hit's memoised call is exactly the one
+`codec.build` makes (tests/test_compiled.py holds them to it on random selections). Pure:
 no I/O, no clock.
 """
 
@@ -25,9 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ratelimit_mw.core import scripts
-from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
-from ratelimit_mw.core.plans import (
+from ratelimit_mw.core.codec import (
     HIT,
     REFUND,
     RENEW,
@@ -39,6 +37,8 @@ from ratelimit_mw.core.plans import (
     new_token,
     validate_cost,
 )
+from ratelimit_mw.core.errors import ConfigurationError
+from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
 from ratelimit_mw.core.policy import Policy
 from ratelimit_mw.core.wire import Arg, wire
 

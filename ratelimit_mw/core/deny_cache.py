@@ -5,7 +5,7 @@ When the store refuses a hit, its reply also says for how long every number in i
 of a sliding log leaves its window, a sliding window's fading weight frees a hit, a GCRA
 emission step passes, a ban ends — and never past the refusing tier's retry. Until then,
 with nothing written, the store would give the same hit the same answer: the cache replays
-the reply (`plans.replay`, the same decoding and ms rounding as the store's answer), so a
+the reply (`codec.replay`, the same decoding and ms rounding as the store's answer), so a
 flood from one client costs no round trip and no answer differs from the store's.
 
 What could still write, and how it is bounded:
@@ -28,10 +28,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from ratelimit_mw.core import plans, wire
+from ratelimit_mw.core import codec, wire
+from ratelimit_mw.core.codec import Check, Layout
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.plans import Check, Layout
 from ratelimit_mw.core.policy import Policy
 
 DEFAULT_MAX_AGE = 1.0
@@ -136,7 +136,7 @@ class DenyCache:
         memo = entry.memo
         if memo is not None and entry.memo_from <= now_us < entry.memo_until:
             return memo
-        memo, same_until = plans.replay(entry.layout, entry.reply, now_us - entry.decided)
+        memo, same_until = codec.replay(entry.layout, entry.reply, now_us - entry.decided)
         entry.memo, entry.memo_from, entry.memo_until = memo, now_us, entry.decided + same_until
         return memo
 
@@ -147,7 +147,7 @@ class DenyCache:
         written), and keep a refusal it says holds."""
         if reply[0] == 1 and not self.index:
             return
-        window = plans.replay_window(reply)
+        window = codec.replay_window(reply)
         if window is not None and (window < 0 or window > self.max_age_us):
             window = self.max_age_us
         key = tuple(checks)

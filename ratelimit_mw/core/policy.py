@@ -20,6 +20,7 @@ Algorithm: TypeAlias = Literal["fixed-window", "sliding-log", "sliding-window", 
                                "concurrency"]
 # The rate algorithms; "concurrency" (in flight, `Policy.in_flight`) counts no rate.
 ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)[:4]
+CONCURRENCY = "concurrency"  # the algorithm of an in-flight limit
 DEFAULT_ALGORITHM: Algorithm = "sliding-log"
 DEFAULT_LEASE = 60.0  # seconds an in-flight slot is held at most without a renewal
 

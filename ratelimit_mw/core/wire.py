@@ -4,7 +4,7 @@
 algorithm's two-letter code (`CODES`: fw, sl, sw, gc, cc), the key segment (``<name>.<code>``),
 the key suffix and the seven arguments of each tier, the ban argument and the calendar
 argument. The call's first argument, the op (H hit, P peek, R refund, X reset, B book,
-C cancel, N renew, F charge, Z pause), is `ratelimit_mw.core.plans`'s. What does not
+C cancel, N renew, F charge, Z pause), is `ratelimit_mw.core.codec`'s. What does not
 depend on the request is computed once per policy (`Wire`, kept in the policy's reserved slot,
 so it lives exactly as long as the policy).
 

@@ -199,7 +199,7 @@ class RateLimitMiddleware:
             if refused is not None:
                 return refused
         admit = self._headed(request, response)
-        if admit is not None and admit.refund is not None:
+        if admit is not None and admit.plan is not None:
             if self.guard.holding(admit) is not None:
                 self._hold_sync(admit, response)
             else:
@@ -245,7 +245,7 @@ class RateLimitMiddleware:
             if refused is not None:
                 return refused
         admit = self._headed(request, response)
-        if admit is not None and admit.refund is not None:
+        if admit is not None and admit.plan is not None:
             if self.guard.holding(admit) is not None:
                 self._hold_async(admit, response)
             else:

@@ -12,12 +12,13 @@ each use its own. ``key`` is by default the settings' key, as for a decorator. B
 they only ask (``increment=False``, as django-ratelimit's): limited when a hit now would be
 refused; ``increment=True`` counts the request.
 
-They take the middleware's way (`Guard.decide_async`) through the guard the settings
-make (`conf.Limiters`), shared with the middleware: its breaker, its deadline under ASGI
-(``backend_timeout``), ``on_backend_error`` (``"allow"`` says not limited, ``"deny"``
-limited, ``"memory"`` decides in memory, a callable decides), ``mode="shadow"`` (never
-limited), ``on_refusal`` and the metrics. The Decision is left on ``request.ratelimit``
-(None when nothing was decided); with the settings' ``enabled`` off nothing is limited.
+They take the middleware's way (a selection's handler, `_async/handler.py`) through the
+guard the settings make (`conf.Limiters`), shared with the middleware: its breaker, its
+deadline under ASGI (``backend_timeout``), ``on_backend_error`` (``"allow"`` says not
+limited, ``"deny"`` limited, ``"memory"`` decides in memory, a callable decides),
+``mode="shadow"`` (never limited), ``on_refusal`` and the metrics. The Decision is left on
+``request.ratelimit`` (None when nothing was decided); with the settings' ``enabled`` off
+nothing is limited.
 """
 
 from __future__ import annotations

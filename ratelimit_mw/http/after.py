@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.codec import Check
+from ratelimit_mw.core.policy import CONCURRENCY
 from ratelimit_mw.http.breaker import Breaker
-from ratelimit_mw.http.slots import IN_FLIGHT
 from ratelimit_mw.http.verdict import Admit, Held
 from ratelimit_mw.log import ThrottledLog, describe
 
@@ -30,7 +30,7 @@ class AfterResponse:
         """The hits an admitted response with this status gives back: every one for a 405
         not charged; else each whose count_when (its limit's own, or the middleware's) says
         False. Empty for most responses, and then nothing is sent."""
-        plan = admit.refund
+        plan = admit.plan
         if plan is None:
             return ()
         if status == 405 and not self.charge_405:
@@ -49,15 +49,15 @@ class AfterResponse:
         gives back (`given_back`) and every in-flight slot it holds (given back together,
         by the hit's token)."""
         back = self.given_back(admit, status)
-        plan = admit.refund
+        plan = admit.plan
         if plan is None or plan.token is None or len(back) == len(plan.identities):
             return back
         return tuple(check for check in plan.checks
-                     if check.policy.algorithm == IN_FLIGHT or check in back)
+                     if check.policy.algorithm == CONCURRENCY or check in back)
 
     def holding(self, admit: Admit) -> Held | None:
         """The slots an admitted request holds while its response runs (None: none)."""
-        plan = admit.refund
+        plan = admit.plan
         if plan is None or plan.token is None:
             return None
         return Held(admit, self.limiter.monotonic)

@@ -1,8 +1,9 @@
 """What the ASGI adapters send, with no framework imported (Starlette's and Litestar's share it).
 
 `serve_admitted` runs an admitted request with the rate-limit headers added and gives back
-what its status gives back; `Answers` sends the default 429 or 503; `deny_handshake` answers a
-refused WebSocket handshake before ``accept``; `serve_connection` runs an admitted one.
+what its status gives back; `DefaultResponses` sends the default 429 or 503;
+`deny_handshake` answers a refused WebSocket handshake before ``accept``;
+`serve_connection` runs an admitted one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
 from ratelimit_mw._async import slots as slots_async
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
 from ratelimit_mw.http.slots import LeaseLost
@@ -39,12 +40,12 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
     """Run the app for an admitted request: its headers added to the response, and the hits
     its status gives back given back once it has been sent. The send is wrapped only where
     there are headers to add or a status to read."""
-    refund, raw = verdict.refund, verdict.raw
-    if refund is None:
+    plan, raw = verdict.plan, verdict.raw
+    if plan is None:
         if raw is None:
             await app(scope, receive, send)
             return
-    elif refund.token is not None:  # it holds in-flight slots
+    elif plan.token is not None:  # it holds in-flight slots
         await serve_holding(guard, limiter, Held(verdict, limiter.monotonic), app, scope,
                             receive, send)
         return
@@ -63,8 +64,8 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         await app(scope, receive, watched)
     finally:
         # Asked only where a status may give hits back: a 405, or a count_when somewhere.
-        if refund is not None and (status == 405 or refund.whens is not None
-                                   or guard.count_when is not None):
+        if plan is not None and (status == 405 or plan.whens is not None
+                                 or guard.count_when is not None):
             back = guard.given_back(verdict, status)
             if back:
                 await slots_async.refund_async(guard, limiter, back)
@@ -94,7 +95,7 @@ async def serve_holding(guard: Guard, limiter: AsyncLimiter, held: Held, app: Ap
         await watch.end()
 
 
-class Answers:
+class DefaultResponses:
     """The default 429 or 503, as JSON. The guard hands a flood the same verdict while its
     numbers hold: its headers are encoded once (the last verdict's are kept)."""
 
@@ -119,7 +120,7 @@ class Answers:
 
 
 async def deny_handshake(verdict: Refuse | Unavailable, scope: Scope, receive: Receive,
-                         send: Send, answers: Answers) -> None:
+                         send: Send, answers: DefaultResponses) -> None:
     """A refused WebSocket handshake, answered before ``accept``: the 429 (or 503) with its
     headers through the ASGI denial response where the server offers it, else a close whose
     reason says when to retry."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from ratelimit_mw import keys as _keys
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.core.policy import Policy, SharedLogs
+from ratelimit_mw.core.policy import CONCURRENCY, Policy, SharedLogs
 from ratelimit_mw.hooks import (
     Answers,
     ask,
@@ -45,7 +45,6 @@ from ratelimit_mw.http.selection import (
     kept_defaults,
     other_verb,
 )
-from ratelimit_mw.http.slots import IN_FLIGHT
 from ratelimit_mw.http.verdict import Plan
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.limiter import SWITCH
@@ -320,7 +319,7 @@ class Guard(Outcomes, AfterResponse):
             if selection.holds:  # slots are named by a token, to give them back by it
                 if compiled is None:  # every selection that holds slots compiles its hit
                     raise ValueError("a plan that holds in-flight slots has no compiled hit")
-                if items is None or any(policy.algorithm == IN_FLIGHT
+                if items is None or any(policy.algorithm == CONCURRENCY
                                         for policy in compiled.policies):
                     token = compiled.token()
             if chosen is not None:

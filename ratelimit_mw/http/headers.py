@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ratelimit_mw.core.decision import Decision
-from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.policy import CONCURRENCY, Policy
 
 Headers = list[tuple[str, str]]
 IN_FLIGHT = "in flight"  # an in-flight limit's item in the RateLimit fields
@@ -57,14 +57,14 @@ class PolicyHeader:
         for item in policies:  # one policy applied twice is listed once
             policy, label = item if isinstance(item, tuple) else (item, item.name)
             labelled.setdefault(policy, label)
-        tiers = [IN_FLIGHT if policy.algorithm == "concurrency" else rate.name
+        tiers = [IN_FLIGHT if policy.algorithm == CONCURRENCY else rate.name
                  for policy in labelled for rate in policy.rates]
         clash = len(set(tiers)) != len(tiers)
         self.names: dict[tuple[int, int], str] = {}
         items = []
         for policy, label in labelled.items():
             for rate in policy.rates:
-                if policy.algorithm == "concurrency":
+                if policy.algorithm == CONCURRENCY:
                     # Requests at once, not per window: the draft's quota unit says so.
                     quoted = _sf_string(f"{label} {IN_FLIGHT}" if clash else IN_FLIGHT)
                     items.append(f'{quoted};q={rate.limit};qu="concurrent-requests"')
@@ -161,7 +161,7 @@ def too_many_requests_body(decision: Decision) -> bytes:
         detail = "Too Many Requests: this request costs more than the limit allows"
     elif decision.banned:
         detail = "Too Many Requests: temporarily banned after exceeding the limit"
-    elif decision.policy is not None and decision.policy.algorithm == "concurrency":
+    elif decision.policy is not None and decision.policy.algorithm == CONCURRENCY:
         detail = (f"Too Many Requests: {decision.limit} requests in flight at most; retry "
                   "when one has ended")
     else:

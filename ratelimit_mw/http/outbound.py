@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeAlias, TypeVar
 
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.policy import Policy, as_policy
@@ -88,7 +88,7 @@ class Throttled(Generic[L]):
             )
         self._key = host_key if key is None else key
         if not callable(cost):
-            plans.validate_cost(cost)
+            codec.validate_cost(cost)
         self._cost = cost
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float)) or timeout < 0):
@@ -143,7 +143,7 @@ class Throttled(Generic[L]):
         if isinstance(self._cost, int):
             return identity, self._cost
         cost = self._cost(request)
-        plans.validate_cost(cost)
+        codec.validate_cost(cost)
         return identity, cost
 
     def _meter(self, response: Any) -> Meter | None:

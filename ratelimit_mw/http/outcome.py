@@ -58,7 +58,7 @@ class Outcomes:
                                deadline=timeout)
         self.nodes = Breakers.per_node(self.breaker, limiter)  # None but on a cluster
         # on_backend_error="memory": the store's stand-in while it is out, counting on
-        # across outages (see `_decide_in_memory`).
+        # across outages (see `_fallback_verdict`).
         self.fallback: Any = self._fresh_fallback() if policy == "memory" else None
         retry = self.breaker.retry_after()
         self.unavailable = Unavailable(
@@ -144,7 +144,7 @@ class Outcomes:
                 describe(exc, self.timeout), exc)
             error = exc
         if self.fallback is not None:
-            return self._decide_in_memory(request, plan, peek)
+            return self._fallback_verdict(request, plan, peek)
         return PASS if self._admit_on_error(request, error) else self.unavailable
 
     def _fresh_fallback(self) -> Any:
@@ -154,7 +154,7 @@ class Outcomes:
                        deny_cache=0,
                        clock=lambda: (getattr(self.limiter, "clock", None) or time)())
 
-    def _decide_in_memory(self, request: Any, plan: Plan, peek: bool) -> Admit | Refuse:
+    def _fallback_verdict(self, request: Any, plan: Plan, peek: bool) -> Admit | Refuse:
         """on_backend_error="memory": the same checks, decided in this process's memory,
         which keeps what every outage counted until its windows end (per worker: in one
         window the store admits up to the limit and each of N workers up to the limit, so

@@ -12,10 +12,9 @@ from typing import Any
 
 from ratelimit_mw import keys as _keys
 from ratelimit_mw.core.compiled import Compiled
-from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.policy import CONCURRENCY, Policy
 from ratelimit_mw.hooks import is_async
 from ratelimit_mw.http.headers import PolicyHeader
-from ratelimit_mw.http.slots import IN_FLIGHT
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.routing import Cost, DynamicLimit, Predicate
 
@@ -67,7 +66,7 @@ class Selection:
         # Some limit has a count_when of its own: each check is given back by its own.
         self.counts = any(item.count_when is not None for item in applied)
         # Some limit is in flight: its slots are held while the response runs.
-        self.holds = any(item.policy is not None and item.policy.algorithm == IN_FLIGHT
+        self.holds = any(item.policy is not None and item.policy.algorithm == CONCURRENCY
                          for item in applied)
         # The async hooks the plan asks (fallback's included): an ASGI adapter awaits them
         # first (`ratelimit_mw._async.hooks.answer_all_async`).
@@ -100,7 +99,7 @@ def kept_defaults(defaults: tuple[Applied, ...],
     """The defaults a decorated route keeps: the rates when its limits set none (only
     in-flight slots), the slots when they set none (only rates)."""
     def slots(item: Applied) -> bool:
-        return item.policy is not None and item.policy.algorithm == IN_FLIGHT
+        return item.policy is not None and item.policy.algorithm == CONCURRENCY
 
     sets_rates = any(not slots(item) for item in routed)
     sets_slots = any(slots(item) for item in routed)

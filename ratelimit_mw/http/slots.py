@@ -24,7 +24,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core.codec import Check
+from ratelimit_mw.core.policy import CONCURRENCY
 from ratelimit_mw.log import ThrottledLog
 from ratelimit_mw.metrics import LEASE_LOST
 
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from ratelimit_mw.http.verdict import Held
     from ratelimit_mw.limiter import Limiter
 
-IN_FLIGHT = "concurrency"  # the algorithm of in-flight slots
 # Give-backs kept for a store that is out: a worker's in-flight responses of a few leases
 # at most; past it the oldest go (their leases end first, and free them).
 OWED_MAX = 10_000
@@ -82,7 +82,7 @@ class Slots:
         now = limiter.monotonic()
         kept = [Owed(now + lease_of(held), limiter, held, token) for checks, token in hits
                 if token for held in (tuple(c for c in checks
-                                            if c.policy.algorithm == IN_FLIGHT),) if held]
+                                            if c.policy.algorithm == CONCURRENCY),) if held]
         if kept:
             self.put_back(kept)
 
@@ -115,7 +115,7 @@ class Slots:
             if len(local) >= OWED_MAX:  # responses that never ended: their leases did
                 for stale in [t for t, until in local.items() if until <= now]:
                     del local[stale]
-            local[token] = now + lease_of(c for c in checks if c.policy.algorithm == IN_FLIGHT)
+            local[token] = now + lease_of(c for c in checks if c.policy.algorithm == CONCURRENCY)
 
     def release_here(self, fallback: Limiter, hits: Hits) -> Hits:
         """Give back in the fallback's memory the slots among `hits` that were taken there;
@@ -126,7 +126,7 @@ class Slots:
         with self._lock:
             for checks, token in hits:
                 if token and self.local.pop(token, None) is not None:
-                    mine.append((tuple(c for c in checks if c.policy.algorithm == IN_FLIGHT),
+                    mine.append((tuple(c for c in checks if c.policy.algorithm == CONCURRENCY),
                                  token))
                 else:
                     rest.append((checks, token))

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Decision
-from ratelimit_mw.core.plans import Check
 from ratelimit_mw.http.headers import Headers, RawHeaders
 from ratelimit_mw.http.selection import Selection
 
@@ -48,7 +48,7 @@ class Held:
     __slots__ = ("admit", "checks", "clock", "done", "every", "lost", "next")
 
     def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
-        plan = admit.refund
+        plan = admit.plan
         if plan is None or plan.token is None:
             raise ValueError("Held is for an admitted request that holds in-flight slots")
         self.admit = admit
@@ -61,7 +61,7 @@ class Held:
 
     @property
     def token(self) -> str:
-        return self.admit.refund.token  # type: ignore[union-attr,return-value]
+        return self.admit.plan.token  # type: ignore[union-attr,return-value]
 
     def due(self) -> bool:
         """Whether to renew now (and then not again for a third of the lease)."""
@@ -74,12 +74,12 @@ class Held:
 
 class Admit(NamedTuple):
     """Serve the request; add `headers` (`raw`, for a guard built with ``raw=True``); when
-    `refund` (the request's plan) is there, the response's status may give hits back
-    (`Guard.given_back`)."""
+    its `plan` is there, the response's status may give hits back (`Guard.given_back`), or
+    it holds in-flight slots to give back when it ends."""
 
     decision: Decision | None
     headers: Headers | None
-    refund: Plan | None
+    plan: Plan | None
     raw: RawHeaders | None = None
 
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends._log import _Log
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 from tests.conftest import StepClock
 
 ALGORITHMS = sorted(rl.ALGORITHMS)
@@ -241,8 +241,8 @@ def test_the_sweep_forgets_exactly_what_expired_and_keeps_every_key_scheduled(
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(calls=st.lists(
-    st.tuples(st.sampled_from([plans.HIT, plans.HIT, plans.PEEK, plans.REFUND, plans.RESET,
-                               plans.BOOK, plans.CANCEL]),
+    st.tuples(st.sampled_from([codec.HIT, codec.HIT, codec.PEEK, codec.REFUND, codec.RESET,
+                               codec.BOOK, codec.CANCEL]),
               st.integers(0, len(ALGORITHMS) - 1),
               st.sampled_from([0, 1, 999, 1_000, 61_000]),  # ms before the call
               st.sampled_from([1, 2, 7]),  # cost
@@ -260,15 +260,15 @@ def test_a_raw_argv_of_text_gets_the_replies_of_the_core_s_ints(
     now_ms = 1_800_000_000_000
     for n, (op, policy, wait, cost, offset) in enumerate(calls):
         now_ms += wait
-        checks = [plans.Check(policies[policy], "u", cost)]
-        if op in (plans.BOOK, plans.CANCEL) and policies[policy].algorithm != "sliding-log":
+        checks = [codec.Check(policies[policy], "u", cost)]
+        if op in (codec.BOOK, codec.CANCEL) and policies[policy].algorithm != "sliding-log":
             continue
-        call = plans.build(op, checks, "raw", now_us=now_ms * 1000 + 7, clock_ms=now_ms,
-                           at_ms=now_ms + offset if op == plans.BOOK else None,
-                           token=f"t{n - 1 if op == plans.CANCEL else n}"
-                           if op in (plans.HIT, plans.BOOK, plans.CANCEL) else None)
+        call = codec.build(op, checks, "raw", now_us=now_ms * 1000 + 7, clock_ms=now_ms,
+                           at_ms=now_ms + offset if op == codec.BOOK else None,
+                           token=f"t{n - 1 if op == codec.CANCEL else n}"
+                           if op in (codec.HIT, codec.BOOK, codec.CANCEL) else None)
         expected = ints.run(call)
-        as_text: list[plans.Arg] = [str(arg) for arg in call.args]
+        as_text: list[codec.Arg] = [str(arg) for arg in call.args]
         assert text.run(call._replace(args=as_text)) == expected, call.args
     assert ints._data.keys() == text._data.keys()
 

@@ -21,8 +21,8 @@ import ratelimit_mw as rl
 from ratelimit_mw.backends import pipeline as _pipeline
 from ratelimit_mw.backends.base import LOOK, TURNS
 from ratelimit_mw.backends.protocol import RedisProtocol
-from ratelimit_mw.core import plans
-from ratelimit_mw.core.plans import Check
+from ratelimit_mw.core import codec
+from ratelimit_mw.core.codec import Check
 from tests.conftest import REDIS_URL
 
 
@@ -253,9 +253,9 @@ async def test_a_lost_connection_fails_the_calls_and_clears_the_give_ups() -> No
 
 
 # -- on the real server ----------------------------------------------------------------------
-def _call(prefix: str, identity: str) -> plans.ScriptCall:
+def _call(prefix: str, identity: str) -> codec.ScriptCall:
     policy = rl.Policy("10/minute", algorithm="gcra", name="give-up")
-    return plans.build(plans.HIT, [Check(policy, identity)], prefix)
+    return codec.build(codec.HIT, [Check(policy, identity)], prefix)
 
 
 async def test_a_call_past_its_time_fails_and_the_connection_keeps_serving(

@@ -22,7 +22,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core import codec, scripts
 from tests.conftest import REDIS_URL
 
 if TYPE_CHECKING:
@@ -52,17 +52,17 @@ def test_the_script_replies_with_integers_only(
 ) -> None:
     policy = rl.Policy("2/second;3/minute", algorithm=algorithm, penalty=1)
     other = rl.Policy("5/hour", algorithm="sliding-log", name="other")
-    checks = [plans.Check(policy, "u", 1), plans.Check(other, "v", 2)]
-    for op in (plans.HIT, plans.HIT, plans.HIT, plans.PEEK, plans.HIT, plans.REFUND, plans.RESET):
-        call = plans.build(op, checks, prefix, now_us=1_800_000_000_123_456)
+    checks = [codec.Check(policy, "u", 1), codec.Check(other, "v", 2)]
+    for op in (codec.HIT, codec.HIT, codec.HIT, codec.PEEK, codec.HIT, codec.REFUND, codec.RESET):
+        call = codec.build(op, checks, prefix, now_us=1_800_000_000_123_456)
         reply = redis_client.evalsha(scripts.sha1(), len(call.keys), *call.keys, *call.args) if (
             redis_client.script_exists(scripts.sha1())[0]) else redis_client.eval(
             scripts.source(), len(call.keys), *call.keys, *call.args)
         assert isinstance(reply, list) and all(isinstance(v, int) for v in reply)
-        if op in (plans.HIT, plans.PEEK):
+        if op in (codec.HIT, codec.PEEK):
             # A nil would have cut it short; a refused hit adds three values per tier for the
             # deny cache.
-            per_tier = 8 if op == plans.HIT and reply[0] == 0 else 5
+            per_tier = 8 if op == codec.HIT and reply[0] == 0 else 5
             # An admitted call ends with the store's clock (µs).
             assert len(reply) == 1 + per_tier * int(call.args[4]) + reply[0]
             if reply[0]:
@@ -74,7 +74,7 @@ def test_gcra_keeps_every_microsecond_of_its_timestamp(
 ) -> None:
     policy = rl.Policy("3/second", algorithm="gcra")
     now_us = 1_800_000_000_123_457
-    call = plans.build(plans.HIT, [plans.Check(policy, "u")], prefix, now_us=now_us)
+    call = codec.build(codec.HIT, [codec.Check(policy, "u")], prefix, now_us=now_us)
     rl.RedisBackend(redis_client).run(call)
     stored = int(redis_client.get(call.keys[0]))
     assert stored == now_us + 333_334  # tostring would have kept 14 digits

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import ratelimit_mw as rl
 from ratelimit_mw.backends.urls import redact
 from ratelimit_mw.cli import report
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 from ratelimit_mw.core.decision import Decision, TierState
 from ratelimit_mw.core.identity import encode_identity, encode_segment
 
@@ -28,7 +28,7 @@ def test_every_key_the_limiter_writes_reads_back_to_its_identity_and_policy(
     identity: str, name: str, algorithm: str, prefix: str,
 ) -> None:
     policy = rl.Policy("3/second;10/hour", algorithm=algorithm, name=name, penalty=60)
-    call = plans.build(plans.HIT, (plans.Check(policy, identity),), prefix)
+    call = codec.build(codec.HIT, (codec.Check(policy, identity),), prefix)
     for key in call.keys:
         parts = report.parse_key(prefix, key)
         assert parts is not None, key

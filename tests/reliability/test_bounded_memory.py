@@ -21,7 +21,7 @@ import pytest
 
 import ratelimit_mw as rl
 from ratelimit_mw import asgi
-from ratelimit_mw.core import plans, scripts
+from ratelimit_mw.core import codec, scripts
 from reliability._apps import asgi_app
 from reliability._support import Figures, PrivateRedis, TestClock, ms
 
@@ -52,14 +52,14 @@ def _calls(prefix: str, redis_now_ms: int) -> Any:
         name = NAMES[i % len(NAMES)]
         identity = f"user:{i}"
         if name == "book":
-            yield plans.build(plans.BOOK, [plans.Check(BOOKING, identity)], prefix,
+            yield codec.build(codec.BOOK, [codec.Check(BOOKING, identity)], prefix,
                              at_ms=redis_now_ms + BOOKING_AHEAD_MS)
             continue
-        call = plans.build(plans.HIT, [plans.Check(POLICIES[name][0], identity)], prefix)
+        call = codec.build(codec.HIT, [codec.Check(POLICIES[name][0], identity)], prefix)
         yield call
         if name == "pen":
             # A second hit within the second is refused and starts a one-second ban.
-            yield plans.build(plans.HIT, [plans.Check(POLICIES[name][0], identity)], prefix)
+            yield codec.build(codec.HIT, [codec.Check(POLICIES[name][0], identity)], prefix)
 
 
 def _ttl_bound(key: str) -> int:

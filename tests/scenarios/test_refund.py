@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import ratelimit_mw as rl
-from ratelimit_mw.core import plans
+from ratelimit_mw.core import codec
 
 from ._helpers import at
 
@@ -100,15 +100,15 @@ def test_a_compensating_refund_takes_back_its_own_entries_not_the_newest(
     backend: Any, prefix: str, clock: Any
 ) -> None:
     # On a cluster, a request refused in its second slot refunds what its first slot admitted
-    # (plans.refund_of keeps the hit's token): exactly that hit, even when newer ones exist.
+    # (codec.refund_of keeps the hit's token): exactly that hit, even when newer ones exist.
     policy = rl.Policy("2/minute")
     limiter = rl.Limiter(backend, prefix=prefix, clock=clock, deny_cache=0)
-    first = plans.build(plans.HIT, [rl.Check(policy, "u1")], prefix,
+    first = codec.build(codec.HIT, [rl.Check(policy, "u1")], prefix,
                        now_us=int(clock.now * 1_000_000))
     assert backend.run(first)[0] == 1
     clock.advance(30)
     assert limiter.hit(policy, "u1").allowed
-    backend.run(plans.refund_of(first))
+    backend.run(codec.refund_of(first))
     assert limiter.hit(policy, "u1").allowed
     refused = limiter.hit(policy, "u1")
     assert refused.retry_after == 60.0  # both left are from now: the t=0 hit was the one removed

@@ -21,7 +21,7 @@ from housekeeping import Housekeeper
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends.base import bounded
-from ratelimit_mw.core.plans import ScriptCall
+from ratelimit_mw.core.codec import ScriptCall
 
 REDIS_URL = os.environ.get("RATELIMIT_REDIS_URL", "redis://127.0.0.1:6379/0")
 #: The run's record of what its keys are named after, swept at the end (tests/conftest.py).

@@ -221,7 +221,7 @@ def _seconds(ms: int) -> float:
     return math.inf if ms < 0 else ms / 1000
 
 
-def decide(call: ScriptCall, reply: Sequence[int]) -> Decision:
+def decoded(call: ScriptCall, reply: Sequence[int]) -> Decision:
     """Read the script's reply into a Decision. (The common reply, one tier, which governs,
     is read here: every request's decision takes this way.)"""
     layout = call.layout
@@ -355,7 +355,7 @@ def replay(
                 changes = exact - 1000 * (ms - 1)
                 if changes < same_until:
                     same_until = changes
-    return decide(_new(ScriptCall, ([], [], layout, HIT, None, None)), now), same_until
+    return decoded(_new(ScriptCall, ([], [], layout, HIT, None, None)), now), same_until
 
 
 def group_by_slot(checks: Sequence[Check]) -> list[list[Check]]:
