@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 from ratelimit_mw.core.decision import Booking, Decision, TierState
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.identity import identity_head
-from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.policy import CONCURRENCY, Policy
 from ratelimit_mw.core.wire import Arg, ban_end, wire
 
 # The ops, ARGV[1] of lua/main.lua (which says what each replies).
@@ -282,22 +282,15 @@ def decode_generic(
 
 def admitted_decision(tiers: Sequence[TierState], at_us: int,
                       booking: Booking | None = None) -> Decision:
-    """The Decision of an admitted call from its tiers' states: the tier with the least
-    remaining governs (the later reset on a tie), a rate's before slots in flight."""
+    """The Decision of an admitted call from its tiers' states: a rate's tier before slots
+    in flight, then the one with the least remaining, the later reset on a tie."""
     governing = tiers[0]
     if len(tiers) > 1:
-        best_remaining = math.inf
-        best_reset = -1.0
-        chosen: TierState | None = None
+        best: tuple[bool, int, float] | None = None
         for state in tiers:
-            if state.policy.algorithm == "concurrency" and chosen is not None:
-                continue  # a rate's quota governs the headers, not slots in flight
-            remaining, reset = state.remaining, state.reset_after
-            if remaining < best_remaining or (
-                remaining == best_remaining and reset > best_reset
-            ) or (chosen is not None and chosen.policy.algorithm == "concurrency"):
-                chosen, best_remaining, best_reset = state, remaining, reset
-        governing = chosen or tiers[0]
+            rank = (state.policy.algorithm == CONCURRENCY, state.remaining, -state.reset_after)
+            if best is None or rank < best:
+                best, governing = rank, state
     return _new(Decision, (True, governing.rate.limit, governing.remaining, 0.0,
                            governing.reset_after, governing.policy, governing.rate,
                            governing.identity, governing.banned, tuple(tiers), booking, at_us))

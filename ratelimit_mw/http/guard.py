@@ -67,6 +67,11 @@ _FALLBACK_KEY = _keys.client_ip()
 _new = tuple.__new__
 
 
+def _kept(applied: tuple[Applied, ...]) -> list[Applied]:
+    """The limits a request's plan keeps so far, as its headers name them."""
+    return [Applied(a.policy, a.key, a.cost, a.label) for a in applied]
+
+
 def _fallback_identity(request: Any) -> str:
     try:
         return _FALLBACK_KEY(request) or "ip:unknown"
@@ -279,6 +284,8 @@ class Guard(Outcomes, AfterResponse):
                     keyed = keyed or item.routed
                     if items is None:
                         items = [(a.policy, a.cost) for a in applied[:len(identities)]]  # type: ignore[misc]
+                    if chosen is None:  # the headers name only the limits that apply
+                        chosen = _kept(applied[:len(identities)])
                     continue
                 policy = item.policy
                 if item.dynamic is not None:
@@ -297,6 +304,8 @@ class Guard(Outcomes, AfterResponse):
                 if identity is None:
                     if items is None:
                         items = [(a.policy, a.cost) for a in applied[:len(identities)]]  # type: ignore[misc]
+                    if chosen is None:
+                        chosen = _kept(applied[:len(identities)])
                     continue
                 keyed = keyed or item.routed
                 identities.append(identity)
