@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import uuid
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ import ratelimit_mw as rl
 from ratelimit_mw import keys
 from ratelimit_mw.asgi import Config, Rule
 
+# Per adapter and store; RATELIMIT_HANDLERS_EXAMPLES=5000 for a longer search.
+EXAMPLES = int(os.environ.get("RATELIMIT_HANDLERS_EXAMPLES", "300"))
 START_MS = 1_800_000_000_000  # a whole minute: windows of 10 s and 60 s start on it
 # Longer than any example's clock runs (and a third of it too: no renewal is ever due), so a
 # slot is held exactly from its admission to its response's end.
@@ -798,9 +801,105 @@ def _end(held: tuple[Held, Answer, Admission | None, str], model: Model) -> None
 
 @pytest.mark.parametrize("store", ["memory", "redis"])
 @pytest.mark.parametrize("adapter", ["asgi", "wsgi"])
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=EXAMPLES, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=app_specs(), script=steps)
 def test_every_answer_and_counter_is_the_general_semantics(
         adapter: str, store: str, spec: AppSpec, script: list[Step]) -> None:
     run(adapter, store, spec, script)
+
+
+# -- where the library and its docs disagree ---------------------------------------------------
+
+
+def _app(adapter: str, store: str, spec: AppSpec) -> tuple[AsgiApp | WsgiApp, Plan, Clock, str]:
+    plan, clock = Plan.of(spec), Clock()
+    prefix = "thd" + uuid.uuid4().hex[:12]
+    app = (AsgiApp if adapter == "asgi" else WsgiApp)(plan, store, prefix, clock)
+    return app, plan, clock, prefix
+
+
+def _forget(app: AsgiApp | WsgiApp, store: str, prefix: str) -> None:
+    app.close()
+    if store == "redis":
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            for key in client.scan_iter(f"{prefix}:*"):
+                client.delete(key)
+        finally:
+            client.close()
+
+
+def _spec(**changes: Any) -> AppSpec:
+    base: dict[str, Any] = {"default": None, "default_slots": None, "rules": (),
+                            "decorators": {}, "count_when": None, "shadow": False,
+                            "charge_405": False, "charge_preflight": False}
+    return AppSpec(**{**base, **changes})
+
+
+def _rule(path: str, **changes: Any) -> LimitSpec:
+    base: dict[str, Any] = {"rate": None, "slots": None, "key": None, "cost": 1,
+                            "count_when": None, "methods": None, "path": path}
+    return LimitSpec(**{**base, **changes})
+
+
+ADAPTERS_STORES = [(adapter, store) for adapter in ("asgi", "wsgi")
+                   for store in ("memory", "redis")]
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "with in-flight limits and no rate, RateLimit reports the first in-flight limit, not "
+    "the one with the least remaining (docs/getting-started.md: the governing tier is the "
+    "one with the least remaining; core/plans.admitted_decision skips every slot tier after "
+    "the first)"))
+@pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
+def test_of_several_in_flight_limits_the_one_with_the_least_left_governs(
+        adapter: str, store: str) -> None:
+    app, _, _, prefix = _app(adapter, store, _spec(
+        default_slots=2, rules=(_rule("/a", slots=1),)))
+    try:
+        reply = app.request(Step("request", path="/a"))
+        assert isinstance(reply, Reply)
+        # Default: 2 slots, 1 taken (r=1); the rule's: 1 slot, 1 taken (r=0).
+        assert reply.headers["ratelimit"] == '"r0 in flight";r=0;t=3600'
+    finally:
+        _forget(app, store, prefix)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a response holding a slot that ends in a later window gives its hit back from that "
+    "window, taking another request's hit (docs/in-flight.md: the release gives back, by the "
+    "hit's token, exactly what this request recorded; docs/settle.md: a give-back belongs to "
+    "the window it was charged in)"))
+@pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
+def test_a_slot_holder_ending_in_a_later_window_gives_back_only_its_own_hit(
+        adapter: str, store: str) -> None:
+    app, plan, clock, prefix = _app(adapter, store, _spec(default=(2, 10_000),
+                                                          default_slots=2))
+    try:
+        held = app.request(Step("request", path="/a", status=405, hold=True))
+        assert isinstance(held, Held)
+        clock.advance_ms(10_000)  # the next window
+        assert app.request(Step("request", path="/a")).status == 200  # type: ignore[union-attr]
+        assert held.end().status == 405  # a 405 gives its hit back: the previous window's
+        assert plan.default.rate is not None
+        # The next window holds the second request's hit: 1 of 2 left.
+        assert app.peek(plan.default.rate.policy(), "h:x-client:a").remaining == 1
+    finally:
+        _forget(app, store, prefix)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "RateLimit-Policy lists a rule whose key said None, which does not apply to the request "
+    "(docs/keys.md: the rule does not apply; docs/middleware.md: one item per tier that "
+    "applies)"))
+@pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
+def test_a_rule_whose_key_says_none_is_not_listed(adapter: str, store: str) -> None:
+    app, _, _, prefix = _app(adapter, store, _spec(
+        default=(3, 60_000), rules=(_rule("/a", rate=(1, 10_000), key="team"),)))
+    try:
+        reply = app.request(Step("request", path="/a", team=None))
+        assert isinstance(reply, Reply)
+        assert reply.headers["ratelimit-policy"] == '"minute";q=3;w=60'
+    finally:
+        _forget(app, store, prefix)
