@@ -2,21 +2,25 @@
 
 Hypothesis draws an app's limits (a default rate and/or in-flight slots, up to two path rules
 with their own rate and/or slots, key, cost and count_when, up to two decorated routes with a
-rate and/or slots, ``methods=``, or ``exempt``; the middleware's count_when, shadow mode and
-charge_method_not_allowed) and a sequence of requests (method, path, client, the handler's
-status, held open or not), clock advances and ends of held responses. Each request goes
+rate and/or slots, ``methods=``, or ``exempt``; the middleware's count_when, shadow mode,
+charge_method_not_allowed, charge_preflight, headers and legacy_headers) and a sequence of
+requests (method, path, client, team header or none, the handler's status, held open or not,
+a CORS preflight or not), clock advances and ends of held responses. Each request goes
 through the real middleware, ASGI (Starlette) and plain WSGI, on memory and on the real
-Redis, through the public API only; `Model` (below) says from the docs alone what the answer
-must be: which limits apply (a decorator replaces the default part by part, rules add,
-``exempt`` drops the default), per (policy, identity) fixed-window counters and held slots on
-the test's clock, admitted iff every check admits (a refusal records nothing), the response
-status giving its hits back (count_when False, a 405 unless charged), shadow mode serving
-what it would refuse. Every response's status, RateLimit, RateLimit-Policy and Retry-After
-fields and 429 body, and then every counter (`peek`), must be the model's.
+Redis, through the public API only; `Model` (below) says from the docs what the answer must
+be: which limits apply (a decorator replaces the default part by part, rules add, ``exempt``
+drops the default, a limit whose key says None does not apply), per (policy, identity)
+fixed-window counters and held slots on the test's clock, admitted iff every check admits (a
+refusal records nothing), the response status giving its hits back (count_when False, a 405
+unless charged), shadow mode serving what it would refuse. Every response's status,
+RateLimit, RateLimit-Policy, Retry-After and X-RateLimit-* fields and 429 body, and then
+every counter (`peek`), must be the model's.
 
 Where the docs leave a choice open (the governing tier among tiers tied on what decides it,
-the order of RateLimit-Policy's items) the model accepts each answer the docs allow.
-Decorators need a router: under plain WSGI the decorated paths are plain routes.
+the order of RateLimit-Policy's items) the model accepts each answer the docs allow. Where
+the library departs from its docs, the model follows the library and a strict xfail at the
+end of this file holds the documented behaviour. Decorators need a router: under plain WSGI
+the decorated paths are plain routes.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ class AppSpec:
     shadow: bool
     charge_405: bool
     charge_preflight: bool
+    headers: bool = True
+    legacy_headers: bool = False
 
 
 @dataclass(frozen=True)
@@ -157,6 +163,8 @@ def app_specs(draw: st.DrawFn) -> AppSpec:
         shadow=draw(st.sampled_from([False, False, False, True])),
         charge_405=draw(st.booleans()),
         charge_preflight=draw(st.booleans()),
+        headers=draw(st.sampled_from([True, True, True, False])),
+        legacy_headers=draw(st.booleans()),
     )
 
 
@@ -268,7 +276,8 @@ class Plan:
             rules=rules, key=KEYS["client"], count_when=COUNT_WHEN[self.spec.count_when],
             mode="shadow" if self.spec.shadow else "enforce",
             charge_method_not_allowed=self.spec.charge_405,
-            charge_preflight=self.spec.charge_preflight)
+            charge_preflight=self.spec.charge_preflight, headers=self.spec.headers,
+            legacy_headers=self.spec.legacy_headers)
 
     def decorate(self, limiter: Any, path: str, endpoint: Any) -> Any:
         limits = self.decorators.get(path)
@@ -301,7 +310,18 @@ class Answer:
 
     status: int
     policy_items: frozenset[str] | None  # RateLimit-Policy's items; None: no fields at all
-    fields: frozenset[tuple[str, str | None, bytes | None]]  # (RateLimit, Retry-After, body)
+    fields: frozenset[Fields]
+
+
+@dataclass(frozen=True)
+class Fields:
+    """One governing tier's rendering: RateLimit, Retry-After (a 429's), the 429's body,
+    and X-RateLimit-Limit, -Remaining, -Reset (with legacy_headers)."""
+
+    ratelimit: str
+    retry_after: str | None = None
+    body: bytes | None = None
+    legacy: tuple[str, str, str] | None = None
 
 
 @dataclass
@@ -389,8 +409,8 @@ class Model:
     def request(self, step: Step) -> tuple[Answer, Admission | None]:
         status, checks, listed = self.checks(step)
         if not checks:
-            return Answer(status, None, frozenset({(None, None, None)})), Admission(  # type: ignore[arg-type]
-                status, [], [])
+            return Answer(status, None, frozenset()), Admission(status, [], [])
+        spec = self.plan.spec
         refusals: list[tuple[float, Check, int]] = []  # (wait in ms, check, remaining)
         for check in checks:
             policy = check.policy
@@ -409,21 +429,26 @@ class Model:
         names = self._names(listed)
         if refusals:
             longest = max(wait for wait, _, _ in refusals)
-            fields: set[tuple[str, str | None, bytes | None]] = set()
+            fields: set[Fields] = set()
             for wait, check, remaining in refusals:
                 if wait != longest:
                     continue
                 retry = (check.policy.period_ms // 1000 if wait == math.inf
                          else max(1, math.ceil(wait / 1000)))
                 ratelimit = f"{names[check.policy]};r={remaining};t={retry}"
-                if self.plan.spec.shadow:
-                    fields.add((ratelimit, None, None))
+                legacy = ((str(check.policy.limit), str(remaining), str(retry))
+                          if spec.legacy_headers else None)
+                if spec.shadow:  # served: no Retry-After, which would say to back off
+                    fields.add(Fields(ratelimit, legacy=legacy))
                 else:
-                    fields.add((ratelimit, str(retry), _body(check, wait, retry)))
-            if not self.plan.spec.shadow:
+                    fields.add(Fields(ratelimit, str(retry), _body(check, wait, retry), legacy))
+            if not spec.shadow:
                 return Answer(429, items, frozenset(fields)), None
-            # Shadow mode serves what it would refuse, recording nothing.
-            return Answer(status, items, frozenset(fields)), Admission(status, [], [])
+            # Shadow mode serves what it would refuse, recording nothing; a served response
+            # carries the fields only with headers=True.
+            return (Answer(status, items if spec.headers else None,
+                           frozenset(fields) if spec.headers else frozenset()),
+                    Admission(status, [], []))
         admission = Admission(status, [], [])
         after: list[tuple[Check, int, int]] = []  # (check, remaining, seconds to whole)
         for check in checks:
@@ -444,7 +469,11 @@ class Model:
         # in-flight limit's, not the least remaining (the xfail below).
         governing = [a for a in after if not a[0].policy.slots]
         least = min((remaining for _, remaining, _ in governing), default=0)
-        fields = {(f"{names[check.policy]};r={remaining};t={t}", None, None)
+        if not spec.headers:
+            return Answer(status, None, frozenset()), admission
+        fields = {Fields(f"{names[check.policy]};r={remaining};t={t}", legacy=(
+                      (str(check.policy.limit), str(remaining), str(t))
+                      if spec.legacy_headers else None))
                   for check, remaining, t in governing or after
                   if remaining == least or not governing}
         return Answer(status, items, frozenset(fields)), admission
@@ -695,15 +724,19 @@ def _assert_answer(reply: Reply, answer: Answer, what: str) -> None:
     assert reply.status == answer.status, what
     headers = reply.headers
     if answer.policy_items is None:
-        assert not {"ratelimit", "ratelimit-policy", "retry-after"} & set(headers), what
+        assert not {"ratelimit", "ratelimit-policy", "retry-after", *LEGACY} & set(headers), what
         return
     assert frozenset(headers["ratelimit-policy"].split(", ")) == answer.policy_items, what
     body = reply.body if reply.status == 429 else None
     if body is not None:
         assert headers["cache-control"] == "no-store", what
         assert headers["content-type"] == "application/json", what
-    got = (headers["ratelimit"], headers.get("retry-after"), body)
+    legacy = tuple(headers[name] for name in LEGACY) if LEGACY[0] in headers else None
+    got = Fields(headers["ratelimit"], headers.get("retry-after"), body, legacy)  # type: ignore[arg-type]
     assert got in answer.fields, f"{what}: {got} not among {sorted(answer.fields, key=str)}"
+
+
+LEGACY = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset")
 
 
 def _identities() -> list[str]:
@@ -779,10 +812,10 @@ def _advance(now_ms: int, ms: int, store: str) -> int:
 def _report(answer: Answer, admission: Admission | None, step: Step) -> None:
     """What the example exercised (shown by --hypothesis-show-statistics)."""
     if answer.status == 429:
-        event("refused" + (" for a slot" if any("in flight" in f[0] for f in answer.fields)
-                           else ""))
+        event("refused" + (" for a slot" if any("in flight" in f.ratelimit
+                                                for f in answer.fields) else ""))
     elif admission is not None and answer.policy_items is not None and any(
-            f[1] is None and ";r=0;" in f[0] for f in answer.fields):
+            f.retry_after is None and ";r=0;" in f.ratelimit for f in answer.fields):
         event("admitted with r=0 (or served in shadow)")
     if len(answer.fields) > 1:
         event("tied tiers")
