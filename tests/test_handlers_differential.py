@@ -83,11 +83,14 @@ COUNT_WHEN: dict[str | None, Callable[[int], bool] | None] = {
 # -- what is drawn ---------------------------------------------------------------------------
 
 
+Tiers = tuple[tuple[int, int], ...]  # (limit, period in ms) of each tier
+
+
 @dataclass(frozen=True)
 class LimitSpec:
     """A rule's or a decorator's limit: a fixed-window rate and/or in-flight slots."""
 
-    rate: tuple[int, int] | None  # (limit, period in ms)
+    rate: Tiers | None
     slots: int | None
     key: str | None  # a name in KEYS; None: the middleware's
     cost: int
@@ -98,7 +101,7 @@ class LimitSpec:
 
 @dataclass(frozen=True)
 class AppSpec:
-    default: tuple[int, int] | None
+    default: Tiers | None
     default_slots: int | None
     rules: tuple[LimitSpec, ...]
     decorators: dict[str, LimitSpec | str]  # path -> limit or "exempt"
@@ -125,7 +128,9 @@ class Step:
     which: int = 0  # "close": which held response (modulo how many)
 
 
-RATES = [(limit, period) for limit in (1, 2, 3) for period in PERIODS_MS]
+# One tier, or two (a 10 s and a minute window, e.g. "2/10 seconds;3/minute").
+RATES: list[Tiers] = [((limit, period),) for limit in (1, 2, 3) for period in PERIODS_MS] + [
+    ((short, 10_000), (long, 60_000)) for short in (1, 2) for long in (2, 3)]
 rates = st.sampled_from(RATES)
 slots = st.integers(1, 2)
 
@@ -138,7 +143,7 @@ def limit_specs(draw: st.DrawFn, rule: bool) -> LimitSpec:
         rate=rate, slots=slot,
         key=draw(st.sampled_from([None, None, "client", "team"])),
         # A cost above the limit is refused at configuration (it could never be admitted).
-        cost=draw(st.integers(1, rate[0])) if rate is not None else 1,
+        cost=draw(st.integers(1, min(limit for limit, _ in rate))) if rate is not None else 1,
         count_when=draw(st.sampled_from([None, None, "ok", "fail"])),
         methods=draw(st.sampled_from([None, None, ("POST",), ("GET",)])),
         path=draw(st.sampled_from(RULE_PATHS)) if rule else "",
@@ -190,21 +195,19 @@ steps = st.lists(st.one_of(requests, requests, requests, requests, advances, clo
 class MPolicy:
     name: str
     label: str  # what RateLimit fields prefix its tiers with when two tiers' names clash
-    limit: int
-    period_ms: int  # slots: the lease
+    tiers: Tiers  # slots: one tier, (slots, lease)
     slots: bool
 
-    @property
-    def tier(self) -> str:
+    def tier_name(self, period_ms: int) -> str:
         if self.slots:
             return "in flight"
-        return "minute" if self.period_ms == 60_000 else f"{self.period_ms // 1000}s"
+        return "minute" if period_ms == 60_000 else f"{period_ms // 1000}s"
 
     def policy(self) -> rl.Policy:
         if self.slots:
-            return rl.Policy.in_flight(self.limit, lease=LEASE_S, name=self.name)
-        return rl.Policy([rl.Rate(self.limit, self.period_ms)], algorithm="fixed-window",
-                         name=self.name)
+            return rl.Policy.in_flight(self.tiers[0][0], lease=LEASE_S, name=self.name)
+        return rl.Policy([rl.Rate(limit, period) for limit, period in self.tiers],
+                         algorithm="fixed-window", name=self.name)
 
 
 @dataclass(frozen=True)
@@ -228,9 +231,9 @@ class Limits:
 
 
 def _policies(name: str, label: str, spec: LimitSpec) -> Limits:
-    rate = None if spec.rate is None else MPolicy(name, label, *spec.rate, slots=False)
+    rate = None if spec.rate is None else MPolicy(name, label, spec.rate, slots=False)
     slot = None if spec.slots is None else MPolicy(
-        f"{name} slots", label, spec.slots, LEASE_S * 1000, slots=True)
+        f"{name} slots", label, ((spec.slots, LEASE_S * 1000),), slots=True)
     return Limits(rate, slot, spec.key, spec.cost, spec.count_when, spec.methods, spec.path,
                   label)
 
@@ -247,10 +250,10 @@ class Plan:
     @classmethod
     def of(cls, spec: AppSpec) -> Plan:
         default = Limits(
-            None if spec.default is None else MPolicy("dflt", "default", *spec.default,
+            None if spec.default is None else MPolicy("dflt", "default", spec.default,
                                                       slots=False),
             None if spec.default_slots is None else MPolicy(
-                "dflt slots", "default", spec.default_slots, LEASE_S * 1000, slots=True),
+                "dflt slots", "default", ((spec.default_slots, LEASE_S * 1000),), slots=True),
             None, 1, None, None)
         rules = tuple(_policies(f"r{i}", f"r{i}", rule) for i, rule in enumerate(spec.rules))
         decorators = {path: (limit if isinstance(limit, str)
@@ -329,7 +332,7 @@ class Admission:
     """A request the model admitted: what it recorded, to give back when it ends."""
 
     status: int
-    hits: list[tuple[Check, int]]  # (check, the window it was charged in)
+    hits: list[Check]
     slots: list[Check]
 
 
@@ -353,7 +356,8 @@ class Model:
     plan: Plan
     adapter: str
     now_ms: int = START_MS
-    counts: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+    # (policy, identity, period) -> (window, count); (policy, identity) -> slots held
+    counts: dict[tuple[str, str, int], tuple[int, int]] = field(default_factory=dict)
     held: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def identity(self, key: str | None, step: Step) -> str | None:
@@ -399,49 +403,49 @@ class Model:
                                     place.count_when))
         return status, checks, [policy for policy, _ in limits if policy is not None]
 
-    def _window(self, policy: MPolicy) -> int:
-        return self.now_ms // policy.period_ms
-
-    def _count(self, check: Check) -> int:
-        window, count = self.counts.get((check.policy.name, check.identity), (0, 0))
-        return count if window == self._window(check.policy) else 0
+    def _count(self, check: Check, period_ms: int) -> int:
+        """What the check's tier of `period_ms` holds in its current window."""
+        window, count = self.counts.get((check.policy.name, check.identity, period_ms), (0, 0))
+        return count if window == self.now_ms // period_ms else 0
 
     def request(self, step: Step) -> tuple[Answer, Admission | None]:
         status, checks, listed = self.checks(step)
         if not checks:
             return Answer(status, None, frozenset()), Admission(status, [], [])
         spec = self.plan.spec
-        refusals: list[tuple[float, Check, int]] = []  # (wait in ms, check, remaining)
+        # Each refusing tier: (wait in ms, check, limit, period, remaining).
+        refusals: list[tuple[float, Check, int, int, int]] = []
         for check in checks:
             policy = check.policy
-            if policy.slots:
-                taken = self.held.get((policy.name, check.identity), 0)
-                if taken + 1 > policy.limit:
-                    # The first lease end, at most 1 s.
-                    refusals.append((1000, check, 0))
-            else:
-                count = self._count(check)
-                if count + check.cost > policy.limit:
-                    end = (self._window(policy) + 1) * policy.period_ms
-                    wait = math.inf if check.cost > policy.limit else end - self.now_ms
-                    refusals.append((wait, check, max(0, policy.limit - count)))
+            for limit, period in policy.tiers:
+                if policy.slots:
+                    if self.held.get((policy.name, check.identity), 0) + 1 > limit:
+                        # The first lease end, at most 1 s.
+                        refusals.append((1000, check, limit, period, 0))
+                    continue
+                count = self._count(check, period)
+                if count + check.cost > limit:
+                    end = (self.now_ms // period + 1) * period
+                    wait = math.inf if check.cost > limit else end - self.now_ms
+                    refusals.append((wait, check, limit, period, max(0, limit - count)))
         items = self._policy_items(listed)
         names = self._names(listed)
         if refusals:
-            longest = max(wait for wait, _, _ in refusals)
+            # The refusing tier with the longest wait governs.
+            longest = max(wait for wait, *_ in refusals)
             fields: set[Fields] = set()
-            for wait, check, remaining in refusals:
+            for wait, check, limit, period, remaining in refusals:
                 if wait != longest:
                     continue
-                retry = (check.policy.period_ms // 1000 if wait == math.inf
-                         else max(1, math.ceil(wait / 1000)))
-                ratelimit = f"{names[check.policy]};r={remaining};t={retry}"
-                legacy = ((str(check.policy.limit), str(remaining), str(retry))
+                retry = period // 1000 if wait == math.inf else max(1, math.ceil(wait / 1000))
+                ratelimit = f"{names[check.policy, period]};r={remaining};t={retry}"
+                legacy = ((str(limit), str(remaining), str(retry))
                           if spec.legacy_headers else None)
                 if spec.shadow:  # served: no Retry-After, which would say to back off
                     fields.add(Fields(ratelimit, legacy=legacy))
                 else:
-                    fields.add(Fields(ratelimit, str(retry), _body(check, wait, retry), legacy))
+                    fields.add(Fields(ratelimit, str(retry), _body(check, limit, wait, retry),
+                                      legacy))
             if not spec.shadow:
                 return Answer(429, items, frozenset(fields)), None
             # Shadow mode serves what it would refuse, recording nothing; a served response
@@ -450,50 +454,55 @@ class Model:
                            frozenset(fields) if spec.headers else frozenset()),
                     Admission(status, [], []))
         admission = Admission(status, [], [])
-        after: list[tuple[Check, int, int]] = []  # (check, remaining, seconds to whole)
+        # Each tier after the hit: (policy, limit, period, remaining, seconds until whole).
+        after: list[tuple[MPolicy, int, int, int, int]] = []
         for check in checks:
-            policy, key = check.policy, (check.policy.name, check.identity)
+            policy = check.policy
             if policy.slots:
+                key = (policy.name, check.identity)
                 self.held[key] = self.held.get(key, 0) + 1
                 admission.slots.append(check)
-                after.append((check, policy.limit - self.held[key], LEASE_S))
-            else:
-                count = self._count(check) + check.cost
-                window = self._window(policy)
-                self.counts[key] = (window, count)
-                admission.hits.append((check, window))
-                end = (window + 1) * policy.period_ms
-                after.append((check, policy.limit - count, math.ceil((end - self.now_ms) / 1000)))
-        # The rates govern an admitted response, the one with the least remaining; with no
-        # rate, the slots. Which slots is left open here: the library reports the first
-        # in-flight limit's, not the least remaining (the xfail below).
-        governing = [a for a in after if not a[0].policy.slots]
-        least = min((remaining for _, remaining, _ in governing), default=0)
+                limit, period = policy.tiers[0]
+                after.append((policy, limit, period, limit - self.held[key], LEASE_S))
+                continue
+            admission.hits.append(check)
+            for limit, period in policy.tiers:
+                count = self._count(check, period) + check.cost
+                window = self.now_ms // period
+                self.counts[policy.name, check.identity, period] = (window, count)
+                whole = math.ceil(((window + 1) * period - self.now_ms) / 1000)
+                after.append((policy, limit, period, limit - count, whole))
         if not spec.headers:
             return Answer(status, None, frozenset()), admission
-        fields = {Fields(f"{names[check.policy]};r={remaining};t={t}", legacy=(
-                      (str(check.policy.limit), str(remaining), str(t))
-                      if spec.legacy_headers else None))
-                  for check, remaining, t in governing or after
+        # The rates govern an admitted response, the tier with the least remaining; with no
+        # rate, the slots. Which slots is left open here: the library reports the first
+        # in-flight limit's, not the least remaining (the xfail below).
+        governing = [tier for tier in after if not tier[0].slots]
+        least = min((tier[3] for tier in governing), default=0)
+        fields = {Fields(f"{names[policy, period]};r={remaining};t={t}", legacy=(
+                      (str(limit), str(remaining), str(t)) if spec.legacy_headers else None))
+                  for policy, limit, period, remaining, t in governing or after
                   if remaining == least or not governing}
         return Answer(status, items, frozenset(fields)), admission
 
-    def _names(self, policies: list[MPolicy]) -> dict[MPolicy, str]:
+    def _names(self, policies: list[MPolicy]) -> dict[tuple[MPolicy, int], str]:
         """Each tier's name: its period ("10s", "minute", "in flight"), prefixed by its
         limit's label when two listed tiers have one name."""
-        tiers = [policy.tier for policy in policies]
+        tiers = [policy.tier_name(period) for policy in policies for _, period in policy.tiers]
         clash = len(set(tiers)) != len(tiers)
-        return {policy: _sf(f"{policy.label} {policy.tier}" if clash else policy.tier)
-                for policy in policies}
+        return {(policy, period): _sf(f"{policy.label} {policy.tier_name(period)}" if clash
+                                      else policy.tier_name(period))
+                for policy in policies for _, period in policy.tiers}
 
     def _policy_items(self, policies: list[MPolicy]) -> frozenset[str]:
         names = self._names(policies)
         items = set()
         for policy in policies:
-            if policy.slots:
-                items.add(f'{names[policy]};q={policy.limit};qu="concurrent-requests"')
-            else:
-                items.add(f"{names[policy]};q={policy.limit};w={policy.period_ms // 1000}")
+            for limit, period in policy.tiers:
+                if policy.slots:
+                    items.add(f'{names[policy, period]};q={limit};qu="concurrent-requests"')
+                else:
+                    items.add(f"{names[policy, period]};q={limit};w={period // 1000}")
         return frozenset(items)
 
     def end(self, admission: Admission) -> None:
@@ -506,21 +515,23 @@ class Model:
         request recorded" (the xfail below)."""
         status = admission.status
         for check in admission.slots:
-            key = (check.policy.name, check.identity)
-            self.held[key] -= 1
-        for check, _window in admission.hits:
+            self.held[check.policy.name, check.identity] -= 1
+        for check in admission.hits:
             count_when = COUNT_WHEN[check.count_when or self.plan.spec.count_when]
             kept = (count_when is None or count_when(status)) and (
                 status != 405 or self.plan.spec.charge_405)
-            if not kept:
-                key = (check.policy.name, check.identity)
-                self.counts[key] = (self._window(check.policy),
-                                    max(0, self._count(check) - check.cost))
+            if kept:
+                continue
+            for _, period in check.policy.tiers:
+                self.counts[check.policy.name, check.identity, period] = (
+                    self.now_ms // period, max(0, self._count(check, period) - check.cost))
 
     def peek(self, policy: MPolicy, identity: str) -> int:
+        """What `peek` says remains: the tier with the least left (none below zero)."""
         if policy.slots:
-            return policy.limit - self.held.get((policy.name, identity), 0)
-        return policy.limit - self._count(Check(policy, identity, 1, None))
+            return policy.tiers[0][0] - self.held.get((policy.name, identity), 0)
+        check = Check(policy, identity, 1, None)
+        return max(0, min(limit - self._count(check, period) for limit, period in policy.tiers))
 
 
 def _matches(pattern: str, path: str) -> bool:
@@ -529,11 +540,11 @@ def _matches(pattern: str, path: str) -> bool:
     return pattern == path
 
 
-def _body(check: Check, wait: float, retry: int) -> bytes:
+def _body(check: Check, limit: int, wait: float, retry: int) -> bytes:
     if wait == math.inf:
         detail = "Too Many Requests: this request costs more than the limit allows"
     elif check.policy.slots:
-        detail = (f"Too Many Requests: {check.policy.limit} requests in flight at most; "
+        detail = (f"Too Many Requests: {limit} requests in flight at most; "
                   "retry when one has ended")
     else:
         detail = "Too Many Requests"
@@ -907,7 +918,7 @@ def test_of_several_in_flight_limits_the_one_with_the_least_left_governs(
 @pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
 def test_a_slot_holder_ending_in_a_later_window_gives_back_only_its_own_hit(
         adapter: str, store: str) -> None:
-    app, plan, clock, prefix = _app(adapter, store, _spec(default=(2, 10_000),
+    app, plan, clock, prefix = _app(adapter, store, _spec(default=((2, 10_000),),
                                                           default_slots=2))
     try:
         held = app.request(Step("request", path="/a", status=405, hold=True))
@@ -929,7 +940,7 @@ def test_a_slot_holder_ending_in_a_later_window_gives_back_only_its_own_hit(
 @pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
 def test_a_rule_whose_key_says_none_is_not_listed(adapter: str, store: str) -> None:
     app, _, _, prefix = _app(adapter, store, _spec(
-        default=(3, 60_000), rules=(_rule("/a", rate=(1, 10_000), key="team"),)))
+        default=((3, 60_000),), rules=(_rule("/a", rate=((1, 10_000),), key="team"),)))
     try:
         reply = app.request(Step("request", path="/a", team=None))
         assert isinstance(reply, Reply)
