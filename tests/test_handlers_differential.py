@@ -59,7 +59,7 @@ KEYS: dict[str, keys.KeyFunc] = {"client": keys.header("X-Client"),
 # The app's routes: path -> methods (HEAD is served with GET); /d0 and /d1 may be decorated.
 ROUTES = {"/a": ("GET", "POST"), "/b": ("GET",), "/d0": ("GET", "POST"),
           "/d1": ("GET", "POST")}
-RULE_PATHS = ["/a", "/d0", "/*", "/b", "/nowhere"]
+RULE_PATHS = ["/a", "/d0", "/*", "/b", "/nowhere", "/{segment}"]
 METHODS = ["GET", "GET", "POST", "HEAD", "OPTIONS", "PURGE"]
 PATHS = ["/a", "/a", "/b", "/d0", "/d0", "/d1", "/nowhere"]
 
@@ -535,8 +535,11 @@ class Model:
 
 
 def _matches(pattern: str, path: str) -> bool:
+    """A rule's path: exact, ``*`` for anything, ``{name}`` for one segment."""
     if pattern.endswith("*"):
         return path.startswith(pattern[:-1])
+    if pattern == "/{segment}":
+        return path.count("/") == 1 and len(path) > 1
     return pattern == path
 
 
