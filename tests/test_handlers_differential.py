@@ -368,9 +368,8 @@ class Model:
 
     def checks(self, step: Step) -> tuple[int, list[Check], list[MPolicy]]:
         """The response's status, the checks of the request, and the policies its
-        RateLimit-Policy lists: those of every limit selected by path, method and route,
-        including a rule or default whose key said None. That is what the library lists;
-        the docs list only the tiers that apply (the xfail below)."""
+        RateLimit-Policy lists: those of every limit selected by path, method and route
+        that applies (a rule or default whose key said None does not)."""
         status, routed = _status(self.adapter, step.method, step.path, step.status)
         plan = self.plan
         if step.preflight and step.method == "OPTIONS" and not plan.spec.charge_preflight:
@@ -401,7 +400,8 @@ class Model:
             if policy is not None and identity is not None:
                 checks.append(Check(policy, identity, 1 if policy.slots else place.cost,
                                     place.count_when))
-        return status, checks, [policy for policy, _ in limits if policy is not None]
+        return status, checks, [policy for policy, place in limits if policy is not None
+                                and self.identity(place.key, step) is not None]
 
     def _count(self, check: Check, period_ms: int) -> int:
         """What the check's tier of `period_ms` holds in its current window."""
@@ -475,14 +475,12 @@ class Model:
         if not spec.headers:
             return Answer(status, None, frozenset()), admission
         # The rates govern an admitted response, the tier with the least remaining; with no
-        # rate, the slots. Which slots is left open here: the library reports the first
-        # in-flight limit's, not the least remaining (the xfail below).
-        governing = [tier for tier in after if not tier[0].slots]
-        least = min((tier[3] for tier in governing), default=0)
+        # rate, the slots, likewise (a tie: any of them, the docs leave it open).
+        governing = [tier for tier in after if not tier[0].slots] or after
+        least = min(tier[3] for tier in governing)
         fields = {Fields(f"{names[policy, period]};r={remaining};t={t}", legacy=(
                       (str(limit), str(remaining), str(t)) if spec.legacy_headers else None))
-                  for policy, limit, period, remaining, t in governing or after
-                  if remaining == least or not governing}
+                  for policy, limit, period, remaining, t in governing if remaining == least}
         return Answer(status, items, frozenset(fields)), admission
 
     def _names(self, policies: list[MPolicy]) -> dict[tuple[MPolicy, int], str]:
@@ -894,11 +892,6 @@ ADAPTERS_STORES = [(adapter, store) for adapter in ("asgi", "wsgi")
                    for store in ("memory", "redis")]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "with in-flight limits and no rate, RateLimit reports the first in-flight limit, not "
-    "the one with the least remaining (docs/getting-started.md: the governing tier is the "
-    "one with the least remaining; core/plans.admitted_decision skips every slot tier after "
-    "the first)"))
 @pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
 def test_of_several_in_flight_limits_the_one_with_the_least_left_governs(
         adapter: str, store: str) -> None:
@@ -936,10 +929,6 @@ def test_a_slot_holder_ending_in_a_later_window_gives_back_only_its_own_hit(
         _forget(app, store, prefix)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "RateLimit-Policy lists a rule whose key said None, which does not apply to the request "
-    "(docs/keys.md: the rule does not apply; docs/middleware.md: one item per tier that "
-    "applies)"))
 @pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
 def test_a_rule_whose_key_says_none_is_not_listed(adapter: str, store: str) -> None:
     app, _, _, prefix = _app(adapter, store, _spec(
