@@ -799,14 +799,7 @@ def run(adapter: str, store: str, spec: AppSpec, script: list[Step]) -> None:
     finally:
         for each, _, _, _ in held:
             each.end()
-        app.close()
-        if store == "redis":
-            client = redis.Redis.from_url(REDIS_URL)
-            try:
-                for key in client.scan_iter(f"{prefix}:*"):
-                    client.delete(key)
-            finally:
-                client.close()
+        _forget(app, store, prefix)
 
 
 def _advance(now_ms: int, ms: int, store: str) -> int:
