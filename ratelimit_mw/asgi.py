@@ -324,10 +324,10 @@ class RateLimitMiddleware:
                 or (self._root if self._root is not None else app) is not resolver.app
                 or (routes is not None and len(routes) != resolver.size)):
             self._entries.clear()
-        entry = self._entries.get(
-            (method, path, _host_of(scope)) if resolver.host else (method, path))
+        key = (method, path, _host_of(scope)) if resolver.host else (method, path)
+        entry = self._entries.get(key)
         if entry is None:
-            entry = self._entry(scope, method, path)
+            entry = self._entry(scope, method, path, key)
         template, handle, scope_only = entry
         if template is not None:
             scope[ROUTE_SCOPE_KEY] = template
@@ -357,8 +357,8 @@ class RateLimitMiddleware:
         else:
             await self.app(scope, receive, send)
 
-    def _entry(self, scope: Scope, method: str,
-               path: str) -> tuple[str | None, Handler | None, bool]:
+    def _entry(self, scope: Scope, method: str, path: str,
+               key: tuple[str, ...]) -> tuple[str | None, Handler | None, bool]:
         """What a method and path come to, worked out on their first request and kept: the
         route's template (for ``keys.route()``), the handler of the limits that apply (None:
         none), whether their keys read the scope alone. Bounded: paths are client text."""
@@ -371,8 +371,7 @@ class RateLimitMiddleware:
         entries = self._entries
         if len(entries) >= _CACHE_SIZE:
             entries.clear()
-        resolver = self._resolver
-        entries[(method, path, _host_of(scope)) if resolver.host else (method, path)] = entry
+        entries[key] = entry
         return entry
 
     def _resolved(self, scope: Scope, method: str, path: str) -> Resolved:

@@ -79,6 +79,10 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
     breaker, nodes, slots = guard.breaker, guard.nodes, guard.slots
     timeout, shadow = guard.timeout, guard.shadow
 
+    def whole(hit: Compiled, identities: tuple[str, ...], token: str | None) -> Plan:
+        """The plan of a request the selection's own checks apply to, under its identity."""
+        return _new(Plan, (hit, identities, selection, whens, token))
+
     async def handle(request: Any, method: str, preflight: bool, peek: bool = False
                      ) -> Verdict | None:
         if limiter.generation != generation:  # the store was swapped: built again for it
@@ -111,7 +115,7 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
             identities: tuple[str, ...] = (identity,) if count == 1 else (identity,) * count
             token = hit.token() if holds else None
             chosen, watching = selection, watched
-            if watched:
+            if watched:  # `whole`, written out: most requests carry their plan
                 plan = _new(Plan, (hit, identities, selection, whens, token))
         else:
             hit, identities, token, chosen = (plan.compiled, plan.identities, plan.token,
@@ -121,8 +125,8 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
         # Closed (open_until 0.0) on nearly every request: no call. A cluster's: its node's.
         node = breaker if nodes is None else nodes.of(identities)
         if node.open_until and not node.may_call():  # skips the store: the failure policy
-            return guard.failed(request, plan or _new(Plan, (hit, identities, selection,
-                                                             whens, token)), None, peek=peek)
+            return guard.failed(request, plan or whole(hit, identities, token), None,
+                                peek=peek)
         # Timed only where an event reports it (a shadow refusal): a clock read costs.
         start = perf_counter() if shadow else 0.0
         try:
@@ -139,8 +143,8 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
                 decision = await limiter.hit_compiled(hit, identities, timeout,
                                                  cached=not node.open_until, token=token)
         except Exception as exc:  # anything from the store: never a 500
-            return guard.failed(request, plan or _new(Plan, (hit, identities, selection,
-                                                             whens, token)), exc, peek=peek)
+            return guard.failed(request, plan or whole(hit, identities, token), exc,
+                                peek=peek)
         # An admission is the store's answer (the deny cache holds only refusals): it ends a
         # row of timeouts; an open breaker's probe is always the store's.
         if node.open_until or (node.timeouts and decision.allowed):
@@ -155,8 +159,7 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
                             else (decision, pair, plan if watching else None, None))
             return (admit if chosen is selection else guard.admitter(chosen))(
                 decision, plan if watching else None)
-        return guard.refused(request, plan or _new(Plan, (hit, identities, selection, whens,
-                                                          token)),
-                             decision, start, watching)
+        return guard.refused(request, plan or whole(hit, identities, token), decision, start,
+                             watching)
 
     return handle
