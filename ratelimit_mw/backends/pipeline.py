@@ -221,10 +221,15 @@ class PipelinedConnection:
         # The protocol's deadline timer bounds the wait (see RedisProtocol).
         return await protocol.send(packed, skipped)
 
-    async def _connect(self, loop: asyncio.AbstractEventLoop) -> RedisProtocol:
+    async def _connect(self, loop: asyncio.AbstractEventLoop,
+                       rejoin: bool = True) -> RedisProtocol:
         """The connection, opened by one task that every caller meanwhile awaits, so a
         burst wakes at once when it is done (a lock would wake one waiter per iteration);
-        shielded: a cancelled caller leaves the connect running for the others."""
+        shielded: a cancelled caller leaves the connect running for the others.
+
+        A caller that joined an opening begun before it, which then timed out, dials once
+        more itself: that opening met the server as it was then (frozen, failing over), and
+        the first call after it answers again should not fail on its behalf."""
         bound = self._bound
         if bound is None or bound[0] is not loop:
             # A client belongs to one event loop; a new loop (a test runner's, a worker's)
@@ -232,7 +237,8 @@ class PipelinedConnection:
             self.close()
             bound = None
         task = None if bound is None else bound[1]
-        if task is None or task.done():
+        joined = task is not None and not task.done()
+        if task is None or not joined:
             task = loop.create_task(self._open(loop))
             task.add_done_callback(consume)
             self._bound = (loop, task)
@@ -241,7 +247,12 @@ class PipelinedConnection:
                     loop.create_task(_sentinel.listen(sentinel, self.settings.service,
                                                       self._switched))
                     for sentinel in self.settings.sentinels]
-        return await asyncio.shield(task)
+        try:
+            return await asyncio.shield(task)
+        except RedisTimeoutError:
+            if not (joined and rejoin):
+                raise
+        return await self._connect(loop, rejoin=False)
 
     def _switched(self, host: str, port: int) -> None:
         """A sentinel announced a new primary: the next connect goes there, and the

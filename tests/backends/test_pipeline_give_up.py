@@ -385,3 +385,39 @@ async def test_a_call_waits_for_an_opening_it_did_not_start_only_a_few_of_its_de
     finally:
         opening.cancel()
         await backend.aclose()
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "after-a-drop"])
+async def test_a_call_that_joined_an_opening_which_timed_out_dials_once_more_itself(
+    prefix: str, monkeypatch: pytest.MonkeyPatch, warm: bool,
+) -> None:
+    # An opening begun while the server was frozen (SIGSTOP, a failover) times out after the
+    # server answers again: the call that joined it, with time left, dials afresh and is
+    # answered (it failed on the old opening's behalf, and the breaker stayed open a
+    # cool-down more: found by tests/reliability/test_memory_fallback.py under load).
+    handshake = _pipeline.PipelinedConnection._handshake
+    frozen = asyncio.Event()
+    dials: list[bool] = []
+
+    async def as_then(self: Any, protocol: Any) -> None:
+        dials.append(frozen.is_set())
+        if frozen.is_set():
+            await asyncio.Event().wait()  # that opening never hears back
+        await handshake(self, protocol)
+
+    monkeypatch.setattr(_pipeline.PipelinedConnection, "_handshake", as_then)
+    backend = rl.AsyncRedisBackend.from_url(REDIS_URL, socket_connect_timeout=0.2)
+    try:
+        if warm:
+            assert (await backend.arun(_call(prefix, "before"), 0.1))[0] == 1
+            backend._pipe.protocol.close(redis.ConnectionError("dropped"))
+        frozen.set()
+        # Cold, the call waits for the opening and names it; warm, its own deadline passes.
+        with pytest.raises((rl.BackendError, TimeoutError)):
+            await backend.arun(_call(prefix, "frozen"), 0.05)
+        frozen.clear()  # the server answers again; the frozen opening is still pending
+        reply = await backend.arun(_call(prefix, "thawed"), 0.3)
+        assert reply[0] == 1
+        assert dials[-2:] == [True, False]  # the frozen opening, then the call's own
+    finally:
+        await backend.aclose()
