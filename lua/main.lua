@@ -14,10 +14,12 @@
 --           for R, the refunded hit's token, or "" for the newest entries); for a batch of
 --           give-backs or renewals (R, N) of several hits, each tier's token, separated by
 --           spaces
---       [4] the booking time in ms for B; the pause in ms for Z; for R, a settle's
---           give-back: "<us>:<estimate>", when the charge was decided (the store's clock) and
---           what it charged (each tier then gives back only within the window it was
---           charged in); else ""
+--       [4] the booking time in ms for B; the pause in ms for Z; for R, when what is given
+--           back was charged: "<us>:<estimate>" (a settle's: the store's clock when the charge
+--           was decided, and what it charged), "<us>" (a whole hit's: it charged the tier's
+--           cost) or "-" (not known: from the window as it is now); one for every tier, or
+--           for a batch one per tier, separated by spaces. Each tier then gives back only
+--           within the window it was charged in; "" as "-"
 --       [5] the number of tiers n
 --       then 7 values per tier: algorithm (fw, sl, sw, gc, cc), limit, period ms, cost,
 --       ban key index in KEYS (0: no penalty), ban end ("" none, "d<ms>" a duration from the
@@ -210,12 +212,13 @@ if op == 'R' or op == 'C' or op == 'N' then
     local key, period = keys[i], tonumber(argv[b + 3])
     if argv[b + 1] == 'sl' and (longest[key] or 0) < period then longest[key] = period end
   end
-  -- A settle's give-back: when its charge was decided and what it charged (see ARGV[4]).
-  local charged_us, estimate
+  -- A give-back's charge: when it was decided and what it charged (see ARGV[4]).
+  local charges
   if op == 'R' and argv[4] ~= '' then
-    local t, e = string.match(argv[4], '^(%d+):(%d+)$')
-    charged_us, estimate = tonumber(t), tonumber(e)
+    charges = {}
+    for each in string.gmatch(argv[4], '%S+') do charges[#charges + 1] = each end
   end
+  local charged_us, estimate
   local done = {}
   local held = 1  -- N: every slot still the hit's
   local cc_release, cc_renew, _
@@ -229,6 +232,10 @@ if op == 'R' or op == 'C' or op == 'N' then
       done[mark] = true
       local limit, period, cost = tonumber(argv[b + 2]), tonumber(argv[b + 3]),
         tonumber(argv[b + 4])
+      if charges then
+        local t, e = string.match(charges[i] or charges[1], '^(%d+):?(%d*)$')
+        charged_us, estimate = tonumber(t), tonumber(e) or cost
+      end
       if op == 'C' then
         if algo == 'sl' then
           local _, cancel = sliding_log_upkeep()

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, TypeVar
 
 from ratelimit_mw.core import codec
-from ratelimit_mw.core.codec import Check, ScriptCall
+from ratelimit_mw.core.codec import Check, GiveBack, ScriptCall
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache
@@ -296,31 +296,36 @@ class _Shared:
                                              if self._backend.is_cluster else [checks])
         return [self._call(*self.compiled_checks(group), op, at, token) for group in groups]
 
-    def _release_calls(self, hits: Sequence[tuple[Sequence[Check], str | None]],
+    def _release_calls(self, hits: Sequence[GiveBack],
                        charge: str | None = None) -> list[ScriptCall]:
         """The calls giving back these hits: those with a token batched in one call (one per
-        identity's slot on a cluster), a lone hit its own (memoised) call. The deny cache
-        forgets every check, since the store changes under it. `charge`: a settle's
-        give-back of one hit, "<µs>:<estimate>" (lua/main.lua's ARGV[4])."""
+        identity's slot on a cluster), a lone hit its own (memoised) call; each names when
+        its hit was charged (lua/main.lua's ARGV[4]). The deny cache forgets every check,
+        since the store changes under it. `charge`: a settle's give-back of one hit,
+        "<µs>:<estimate>"."""
         if len(hits) == 1:
-            checks, token = hits[0]
+            checks, token, at_us = hits[0]
             self._forget(checks)
-            return self._slot_calls(codec.REFUND, checks, token, charge)
+            return self._slot_calls(codec.REFUND, checks, token,
+                                    charge or (str(at_us) if at_us else None))
         calls: list[ScriptCall] = []
-        batches: dict[str, tuple[list[Check], list[str]]] = {}
+        batches: dict[str, tuple[list[Check], list[str], list[str]]] = {}
         cluster = self._backend.is_cluster
-        for checks, token in hits:
+        for checks, token, at_us in hits:
             self._forget(checks)
             if not token:
-                calls += self._slot_calls(codec.REFUND, checks)
+                calls += self._slot_calls(codec.REFUND, checks, None,
+                                          str(at_us) if at_us else None)
                 continue
+            charged = str(at_us) if at_us else "-"
             for check in checks:
-                batch = batches.setdefault(check.identity if cluster else "", ([], []))
+                batch = batches.setdefault(check.identity if cluster else "", ([], [], []))
                 batch[0].append(check)
                 batch[1].append(token)
+                batch[2].append(charged)
         return calls + [codec.build(codec.REFUND, checks, self.prefix, now_us=self._now_us(),
-                                    clock_ms=self._clock_ms, tokens=tokens)
-                        for checks, tokens in batches.values()]
+                                    clock_ms=self._clock_ms, tokens=tokens, charges=charges)
+                        for checks, tokens, charges in batches.values()]
 
     def _single(self, op: str, policy: Policy | str, identity: str, cost: int = 1,
                 at: _dt.datetime | None = None, token: str | None = None) -> ScriptCall:
@@ -371,7 +376,7 @@ class _Shared:
         return here
 
     def _released_here(self, compiled: Compiled) -> Callable[[Sequence[str], str,
-                                                             int | None], None] | None:
+                                                             int | None, int], None] | None:
         """The in-process store's own give-back of a hit of `compiled` (its ``releaser``),
         kept on it with the store it is of; None: the store runs the refund's call."""
         backend = self._backend

@@ -127,8 +127,7 @@ class _Refund:
         if self.done or response is not self.response:
             return
         self.done = True
-        plan = self.admit.plan
-        slots_sync.refund_sync(self.guard, self.limiter, back, None if plan is None else plan.token)
+        slots_sync.refund_sync(self.guard, self.limiter, self.admit, back)
 
 
 class _JSONAnswer(HTTPException):

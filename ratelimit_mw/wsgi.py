@@ -243,7 +243,8 @@ class RateLimitMiddleware:
         if plan is not None and plan.token is not None:  # with its in-flight slots
             slots_sync.release_sync(self.guard, self.limiter, admit, code)
         else:
-            slots_sync.refund_sync(self.guard, self.limiter, self.guard.given_back(admit, code))
+            slots_sync.refund_sync(self.guard, self.limiter, admit,
+                                   self.guard.given_back(admit, code))
 
     def _refuse(self, request: Any, refusal: Refuse,
                 start_response: StartResponse) -> Iterable[bytes]:

@@ -177,7 +177,7 @@ async def test_async_cluster_gives_back_a_turn_of_slots_per_slot_and_past_a_fail
         compiled = limiter.compile([(slots, 1)])
         token = compiled.token()
         assert (await limiter.hit_compiled(compiled, (name,), None, token=token)).allowed
-        hits.append(((rl.Check(slots, name),), token))
+        hits.append(((rl.Check(slots, name),), token, 0))
     sent: list[codec.ScriptCall] = []
     arun = async_cluster_backend.arun
 

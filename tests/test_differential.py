@@ -219,8 +219,12 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
             elif op.kind == "refund":
                 twin.run(twin.build(codec.REFUND, single))
             elif op.kind == "uncheck" and admitted:
-                hit = admitted.pop()
-                twin.run(twin.build(codec.REFUND, _checks(hit), token=hit.args[2]))
+                # A response's give-back: by its token, naming when it was charged (as the
+                # middleware's) or not; sometimes an older one's, whose window later hits
+                # have filled.
+                hit = admitted.pop(-1 - op.picks[0][1] % len(admitted))
+                twin.run(twin.build(codec.REFUND, _checks(hit), token=hit.args[2],
+                                    at_ms=str(hit.args[1]) if op.picks[0][0] % 2 == 0 else None))
             elif op.kind == "release" and any(hit.args[2] for hit in admitted):
                 # The responses that ended in one turn of the loop: their hits (those with a
                 # token: a sliding log's, or holding slots) given back in ONE call.
@@ -230,7 +234,10 @@ def _play(client: redis.Redis, pool: list[rl.Policy], sequence: list[Op],
                 twin.run(twin.build(codec.REFUND,
                                     [check for hit in tokened for check in _checks(hit)],
                                     tokens=[hit.args[2] for hit in tokened
-                                            for _ in _checks(hit)]))
+                                            for _ in _checks(hit)],
+                                    charges=[str(hit.args[1]) if (op.picks[0][1] + j) % 2 else "-"
+                                             for j, hit in enumerate(tokened)
+                                             for _ in _checks(hit)]))
             elif op.kind == "settle" and admitted:
                 # A settle below the estimate: the give-back names its charge (the store's
                 # clock when it was admitted, its cost), as a Ticket's does.

@@ -17,10 +17,9 @@ RateLimit, RateLimit-Policy, Retry-After and X-RateLimit-* fields and 429 body, 
 every counter (`peek`), must be the model's.
 
 Where the docs leave a choice open (the governing tier among tiers tied on what decides it,
-the order of RateLimit-Policy's items) the model accepts each answer the docs allow. Where
-the library departs from its docs, the model follows the library and a strict xfail at the
-end of this file holds the documented behaviour. Decorators need a router: under plain WSGI
-the decorated paths are plain routes.
+the order of RateLimit-Policy's items) the model accepts each answer the docs allow. The
+departures from the docs it found are held by the single cases at the end of this file.
+Decorators need a router: under plain WSGI the decorated paths are plain routes.
 """
 
 from __future__ import annotations
@@ -329,11 +328,13 @@ class Fields:
 
 @dataclass
 class Admission:
-    """A request the model admitted: what it recorded, to give back when it ends."""
+    """A request the model admitted: what it recorded, and when, to give back when it
+    ends."""
 
     status: int
     hits: list[Check]
     slots: list[Check]
+    at_ms: int = 0
 
 
 def _status(adapter: str, method: str, path: str, wanted: int) -> tuple[int, bool]:
@@ -453,7 +454,7 @@ class Model:
             return (Answer(status, items if spec.headers else None,
                            frozenset(fields) if spec.headers else frozenset()),
                     Admission(status, [], []))
-        admission = Admission(status, [], [])
+        admission = Admission(status, [], [], self.now_ms)
         # Each tier after the hit: (policy, limit, period, remaining, seconds until whole).
         after: list[tuple[MPolicy, int, int, int, int]] = []
         for check in checks:
@@ -506,11 +507,9 @@ class Model:
     def end(self, admission: Admission) -> None:
         """The response has ended: its slots come back, and the hits its status gives back.
 
-        A hit is given back from the window as it stands when the response ends (never below
-        zero), as `Limiter.refund` does: a response that ends in a later window than the one
-        it was charged in gives back from the later one. That is what the library does; for
-        a response holding slots, docs/in-flight.md says the give-back is "exactly what this
-        request recorded" (the xfail below)."""
+        A hit is given back only within the window it was charged in (docs/settle.md): a
+        response that ends in a later window gives nothing back from that one (the hit
+        was spent with its window), and never below zero."""
         status = admission.status
         for check in admission.slots:
             self.held[check.policy.name, check.identity] -= 1
@@ -521,6 +520,8 @@ class Model:
             if kept:
                 continue
             for _, period in check.policy.tiers:
+                if self.now_ms // period != admission.at_ms // period:
+                    continue  # charged in a window that has ended
                 self.counts[check.policy.name, check.identity, period] = (
                     self.now_ms // period, max(0, self._count(check, period) - check.cost))
 
@@ -899,16 +900,13 @@ def test_of_several_in_flight_limits_the_one_with_the_least_left_governs(
         _forget(app, store, prefix)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "a response holding a slot that ends in a later window gives its hit back from that "
-    "window, taking another request's hit (docs/in-flight.md: the release gives back, by the "
-    "hit's token, exactly what this request recorded; docs/settle.md: a give-back belongs to "
-    "the window it was charged in)"))
+@pytest.mark.parametrize("slots", [2, None], ids=["holding-a-slot", "rate-only"])
 @pytest.mark.parametrize(("adapter", "store"), ADAPTERS_STORES)
-def test_a_slot_holder_ending_in_a_later_window_gives_back_only_its_own_hit(
-        adapter: str, store: str) -> None:
+def test_a_response_ending_in_a_later_window_gives_back_only_its_own_hit(
+        adapter: str, store: str, slots: int | None) -> None:
+    # It gave its hit back from the window it ended in, taking another request's hit.
     app, plan, clock, prefix = _app(adapter, store, _spec(default=((2, 10_000),),
-                                                          default_slots=2))
+                                                          default_slots=slots))
     try:
         held = app.request(Step("request", path="/a", status=405, hold=True))
         assert isinstance(held, Held)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import ratelimit_mw as rl
+from ratelimit_mw.core.codec import Check
 
 RATE = "100/2 seconds"
 
@@ -97,3 +98,22 @@ def test_the_ticket_carries_the_store_clock_of_its_charge(
 ) -> None:
     ticket = limiter.charge(rl.Policy(RATE, algorithm="fixed-window"), "u", 5)
     assert ticket.decision.at_us == round(clock() * 1_000_000)
+
+
+@pytest.mark.parametrize("algorithm", ["fixed-window", "gcra"])
+def test_a_batch_of_give_backs_gives_each_back_within_its_own_window(
+    limiter: rl.Limiter, clock: Any, algorithm: str
+) -> None:
+    """The responses that end in one turn give back in one call, each naming its own charge
+    (the middleware's 405s and count_when): a hit charged in a window that has ended gives
+    nothing back from this one; a hit charged in this one is given back."""
+    policy = rl.Policy("3/2 seconds", algorithm=algorithm, name=f"batch-{algorithm}")
+    clock.advance(2 - clock() % 2 + 0.1)
+    old = limiter.hit(policy, "u")
+    clock.advance(2.0)  # the next window
+    new = limiter.hit(policy, "u")
+    assert limiter.hit(policy, "u").allowed  # another request's, which stays
+    check = Check(policy, "u")
+    limiter.give_back_all([((check,), "old-response", old.at_us),
+                           ((check,), "new-response", new.at_us)])
+    assert limiter.peek(policy, "u").remaining == 2

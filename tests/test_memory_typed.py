@@ -47,19 +47,25 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
                 assert expected[0] == 1
                 assert answer == codec.decoded(call, expected)
                 if token:
-                    tokens.append((checks, token))
+                    tokens.append((checks, token, now_us))
             else:
                 assert answer == expected
         elif op.kind in ("refund", "uncheck", "release", "renew") and tokens:
-            held, token = tokens.pop() if op.kind != "renew" else tokens[-1]
+            held, token, charged_us = tokens.pop() if op.kind != "renew" else tokens[-1]
+            # A response's give-back names when its hit was charged (the middleware's), or
+            # not (0: from the window as it is).
+            if op.kind == "uncheck":
+                charged_us = 0
             call = codec.build(codec.REFUND if op.kind != "renew" else codec.RENEW, held, "t",
-                               now_us=now_us, token=token)
+                               now_us=now_us, token=token,
+                               at_ms=str(charged_us) if charged_us and op.kind != "renew"
+                               else None)
             release = (typed.releaser(Compiled([(c.policy, c.cost) for c in held], "t"))
                        if op.kind != "renew" else None)
             if release is None:
                 assert typed.run(call) == adapter.run(call)
             else:  # the typed give-back, held to run's by the peeks below
-                release([c.identity for c in held], token, now_us)
+                release([c.identity for c in held], token, now_us, charged_us)
                 adapter.run(call)
         elif op.kind == "reset":
             call = codec.build(codec.RESET, checks[:1], "t", now_us=now_us)

@@ -23,7 +23,7 @@ from ratelimit_mw._synchronization import AsyncFlights, bounded_async, side_asyn
 from ratelimit_mw.backends.base import AsyncBackend
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import codec
-from ratelimit_mw.core.codec import Check
+from ratelimit_mw.core.codec import Check, GiveBack
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import Lapsed
@@ -215,20 +215,21 @@ class AsyncLimiter(_Shared):
         """Give back what an admitted `check` recorded (the middleware's count_when, the
         slots a response held), each call within `timeout`; by the hit's `token`, exactly
         what it recorded; `charge` (a settle's): only within the window it was charged in."""
-        await self.give_back_all(((checks, token),), timeout, charge)
+        await self.give_back_all(((checks, token, 0),), timeout, charge)
 
-    async def give_back_all(self, hits: Sequence[tuple[Sequence[Check], str | None]],
-                             timeout: float | None = None, charge: str | None = None) -> None:
+    async def give_back_all(self, hits: Sequence[GiveBack], timeout: float | None = None,
+                            charge: str | None = None) -> None:
         """`_give_back` of several admitted hits (the responses that ended in one turn of
-        the event loop) in one call, or on a cluster one per identity's slot: every call is
-        sent, a node that fails one does not keep the others; then the first error."""
+        the event loop) in one call, or on a cluster one per identity's slot, each only
+        within the window it was charged in: every call is sent, a node that fails one does
+        not keep the others; then the first error."""
         if len(hits) == 1 and charge is None:  # one response's, on a store in process
-            checks, token = hits[0]
+            checks, token, at_us = hits[0]
             compiled, identities = self.compiled_checks(checks)
             release = self._released_here(compiled)
             if release is not None:
                 self._forget(checks)
-                release(identities, token or "", self._now_us())
+                release(identities, token or "", self._now_us(), at_us)
                 return
         failed: Exception | None = None
         for call in self._release_calls(hits, charge):

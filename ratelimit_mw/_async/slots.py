@@ -22,16 +22,17 @@ async def release_async(guard: Guard, limiter: AsyncLimiter, admit: Admit, statu
     gives back (`Guard.released`), in at most one call; never raises."""
     plan = admit.plan
     if plan is not None:
-        await refund_async(guard, limiter, guard.released(admit, status), plan.token)
+        await refund_async(guard, limiter, admit, guard.released(admit, status))
 
 
-async def refund_async(guard: Guard, limiter: AsyncLimiter, checks: Sequence[Check],
-                       token: str | None = None) -> None:
-    """After the response: give back the hits its status gives back (`Guard.given_back`,
-    asked by the caller: most responses give nothing back, and then nothing is called) and
-    the slots it held, by the hit's `token`, in one call; never raises."""
+async def refund_async(guard: Guard, limiter: AsyncLimiter, admit: Admit,
+                       checks: Sequence[Check]) -> None:
+    """After the admitted response: give back the hits its status gives back
+    (`Guard.given_back`, asked by the caller: most responses give nothing back, and then
+    nothing is called) and the slots it held, by the hit's token, in one call, each only
+    within the window it was charged in (`Guard.give_back_of`); never raises."""
     if checks:
-        await give_back_async(guard, limiter, ((checks, token),))
+        await give_back_async(guard, limiter, (guard.give_back_of(admit, checks),))
 
 
 async def give_back_async(guard: Guard, limiter: AsyncLimiter, hits: Hits) -> None:
@@ -48,7 +49,7 @@ async def give_back_async(guard: Guard, limiter: AsyncLimiter, hits: Hits) -> No
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        await limiter.give_back_all([*hits, *((each.checks, each.token) for each in owed)]
+        await limiter.give_back_all([*hits, *((each.checks, each.token, 0) for each in owed)]
                                      if owed else hits, guard.timeout)
     except Exception as exc:
         slots.keep(limiter, hits)
@@ -64,7 +65,7 @@ async def settle_owed_async(guard: Guard, limiter: AsyncLimiter) -> None:
     if not owed:
         return
     try:
-        await limiter.give_back_all([(each.checks, each.token) for each in owed],
+        await limiter.give_back_all([(each.checks, each.token, 0) for each in owed],
                                      guard.timeout)
     except BaseException:
         guard.slots.put_back(owed)

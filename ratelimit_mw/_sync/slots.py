@@ -23,16 +23,17 @@ def release_sync(guard: Guard, limiter: Limiter, admit: Admit, status: int) -> N
     gives back (`Guard.released`), in at most one call; never raises."""
     plan = admit.plan
     if plan is not None:
-        refund_sync(guard, limiter, guard.released(admit, status), plan.token)
+        refund_sync(guard, limiter, admit, guard.released(admit, status))
 
 
-def refund_sync(guard: Guard, limiter: Limiter, checks: Sequence[Check],
-                token: str | None = None) -> None:
-    """After the response: give back the hits its status gives back (`Guard.given_back`,
-    asked by the caller: most responses give nothing back, and then nothing is called) and
-    the slots it held, by the hit's `token`, in one call; never raises."""
+def refund_sync(guard: Guard, limiter: Limiter, admit: Admit,
+                checks: Sequence[Check]) -> None:
+    """After the admitted response: give back the hits its status gives back
+    (`Guard.given_back`, asked by the caller: most responses give nothing back, and then
+    nothing is called) and the slots it held, by the hit's token, in one call, each only
+    within the window it was charged in (`Guard.give_back_of`); never raises."""
     if checks:
-        give_back_sync(guard, limiter, ((checks, token),))
+        give_back_sync(guard, limiter, (guard.give_back_of(admit, checks),))
 
 
 def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
@@ -49,7 +50,7 @@ def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        limiter.give_back_all([*hits, *((each.checks, each.token) for each in owed)]
+        limiter.give_back_all([*hits, *((each.checks, each.token, 0) for each in owed)]
                                      if owed else hits, guard.timeout)
     except Exception as exc:
         slots.keep(limiter, hits)
@@ -65,7 +66,7 @@ def settle_owed_sync(guard: Guard, limiter: Limiter) -> None:
     if not owed:
         return
     try:
-        limiter.give_back_all([(each.checks, each.token) for each in owed],
+        limiter.give_back_all([(each.checks, each.token, 0) for each in owed],
                                      guard.timeout)
     except BaseException:
         guard.slots.put_back(owed)

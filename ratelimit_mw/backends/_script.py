@@ -10,6 +10,7 @@ renew and cancel are `_upkeep`.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,6 +19,28 @@ from ratelimit_mw.backends._algorithms import _Algorithms, _fw_window, _Result, 
 # Reset, refund (an in-flight tier: give its slots back), cancel a booking, renew leases: the
 # operations that decide nothing.
 _UPKEEP = frozenset(("X", "R", "C", "N"))
+
+
+# One tier's charge of a give-back in main.lua's ARGV[4]: "<µs>:<estimate>" or "<µs>".
+_CHARGE = re.compile(r"(\d+):?(\d*)", re.ASCII)
+
+# When a give-back's hit was charged (µs, None: not known) and what it charged (None: the
+# tier's cost), for each tier or one for all.
+Charges = Sequence[tuple[int | None, int | None]]
+
+
+def charges_of(text: Any) -> Charges:
+    """main.lua's ARGV[4] of a give-back (R) read as it reads it: for every tier or one per
+    tier, "<µs>:<estimate>", "<µs>" (it charged the tier's cost) or "-" (not known)."""
+    read: list[tuple[int | None, int | None]] = []
+    for entry in str(text).split():
+        found = _CHARGE.fullmatch(entry)
+        if found is None:
+            read.append((None, None))
+        else:
+            when, estimate = found.groups()
+            read.append((int(when), int(estimate) if estimate else None))
+    return read
 
 
 def _read_tiers(keys: Sequence[str], argv: Sequence[Any], n: int) -> list[_Tier]:
@@ -205,30 +228,32 @@ class _Script(_Algorithms):
         reply += extra
 
     def _upkeep(self, op: str, keys: Sequence[str], tiers: list[_Tier], token: str,
-                now: int, now_us: int, charge: Any = "") -> int:
+                now: int, now_us: int, charges: Charges = ()) -> int:
         """Reset (X), refund (R), renew (N) or cancel a booking (C): once per key and hit,
         as main.lua (a batch of R or N names each tier's token, separated by spaces). A
-        settle's give-back (R) names its charge, "<µs>:<estimate>" (`charge`): each tier gives
-        back only within the window it was charged in. The reply's one value: 1, or 0 for a
-        renewal that found a slot gone to someone else."""
+        give-back (R) may name when its hit was charged (`charges`: main.lua's ARGV[4] as
+        `charges_of` reads it): each tier gives back only within the window it was charged
+        in. The reply's one value: 1, or 0 for a renewal that found a slot gone to someone
+        else."""
         if op == "X":
             for key in keys:
                 self._delete(key)
             return 1
         held = 1
         charged_us = estimate = None
-        if op == "R" and charge != "":
-            when, _, cost_text = str(charge).partition(":")
-            charged_us, estimate = int(when), int(cost_text)
         spans = _sl_spans(tiers)
         tokens = (token.split() if op != "C" and " " in token
                   else itertools.repeat(token, len(tiers)))
         done: set[tuple[str, str]] = set()
-        for (algo, limit, period, cost, _, _, cal, key), token in zip(tiers, tokens,
-                                                                       strict=True):
+        for i, ((algo, limit, period, cost, _, _, cal, key), token) in enumerate(
+                zip(tiers, tokens, strict=True)):
             if (key, token) in done:
                 continue
             done.add((key, token))
+            if charges:
+                charged_us, estimate = charges[i] if i < len(charges) else charges[0]
+                if estimate is None:
+                    estimate = cost
             if op == "C":
                 if algo == "sl":
                     self._sl_refund(key, token, cost, spans[key], now)

@@ -21,7 +21,13 @@ from time import time_ns
 from typing import TYPE_CHECKING, Any
 
 from ratelimit_mw.backends._algorithms import _Tier
-from ratelimit_mw.backends._script import _UPKEEP, _from_text, _read_tiers, _Script
+from ratelimit_mw.backends._script import (
+    _UPKEEP,
+    _from_text,
+    _read_tiers,
+    _Script,
+    charges_of,
+)
 from ratelimit_mw.core.codec import ScriptCall, admitted_decision, new_token
 from ratelimit_mw.core.decision import Decision, TierState
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
@@ -72,7 +78,7 @@ class MemoryBackend(_Script):
             n = argv[4]
             if op in _UPKEEP:
                 return [self._upkeep(op, keys, _read_tiers(keys, argv, n), argv[2], now,
-                                     now_us, argv[3])]
+                                     now_us, charges_of(argv[3]) if op == "R" else ())]
             if op == "Z":
                 return [1, self._pause(keys[n:], now + int(argv[3]), now)]
             # Anything else decides, as main.lua. A booking in the past is a booking now.
@@ -144,22 +150,27 @@ class MemoryBackend(_Script):
 
         return hit
 
-    def releaser(self, compiled: Compiled) -> Callable[[Sequence[str], str, int | None],
+    def releaser(self, compiled: Compiled) -> Callable[[Sequence[str], str, int | None, int],
                                                        None] | None:
         """The give-back of what a hit of `compiled` recorded, by its token, on this store:
-        `run`'s refund (R) with the tiers typed once; None where `hitter` is None."""
+        `run`'s refund (R) with the tiers typed once; ``release(identities, token, now_us,
+        charged_us)``, `charged_us` when the hit was charged (0: not known), each tier then
+        giving back only within the window it was charged in. None where `hitter` is
+        None."""
         tiers = self._tiers_of(compiled)
         if tiers is None:
             return None
         lock = self._lock
         keyed = self._keyed(compiled, tiers)
 
-        def release(identities: Sequence[str], token: str, now_us: int | None) -> None:
+        def release(identities: Sequence[str], token: str, now_us: int | None,
+                    charged_us: int) -> None:
             keys, typed = keyed(identities)
             lock.acquire()
             try:
                 now_us = self._tick(now_us)
-                self._upkeep("R", keys, typed, token, now_us // 1000, now_us)
+                self._upkeep("R", keys, typed, token, now_us // 1000, now_us,
+                             ((charged_us, None),) if charged_us else ())
             finally:
                 lock.release()
 

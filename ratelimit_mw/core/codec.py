@@ -52,6 +52,11 @@ class Check(NamedTuple):
 # The (policy, identity) of each check of a call, in its reply's order.
 Layout = tuple[tuple[Policy, str], ...]
 
+# What one admitted hit gives back: its checks, the hit's token (None: none), and when it was
+# charged (µs on the store's clock, `Decision.at_us`; 0: not known), so that each tier gives
+# back only within the window it was charged in.
+GiveBack = tuple[Sequence[Check], str | None, int]
+
 
 class ScriptCall(NamedTuple):
     """What a backend runs: the keys and arguments of lua/main.lua, and how to read the reply.
@@ -129,12 +134,15 @@ def build(
     token: str | None = None,
     clock_ms: int | Callable[[], int] = 0,
     tokens: Sequence[str] | None = None,
+    charges: Sequence[str] | None = None,
 ) -> ScriptCall:
     """Build the one script call deciding every tier of every check.
 
     ``tokens``, one per check, makes a batch of give-backs or renewals (R, N) of several
     hits, each check by its own hit's token: the responses that ended in one turn of the
-    event loop give back their slots in one call.
+    event loop give back their slots in one call. ``charges``, one per check beside them,
+    says when each give-back's hit was charged ("<µs>", or "-": not known; main.lua's
+    ARGV[4]), so that each gives back only within the window it was charged in.
 
     ``clock_ms`` is the app's clock (or a callable reading it, called only when needed),
     used only to choose which stretch of a ``tz=`` policy's UTC-offset schedule to send
@@ -149,9 +157,13 @@ def build(
     seen: set[tuple[int, str, str]] = set()
     uses_log = False
     tier_tokens: list[str] = []
+    tier_charges: list[str] = []
     if tokens is not None and (op not in (REFUND, RENEW) or len(tokens) != len(checks)
                                or not all(tokens) or any(" " in each for each in tokens)):
         raise ValueError("a batch gives back (or renews) each check by its own hit's token")
+    if charges is not None and (tokens is None or op != REFUND
+                                or len(charges) != len(checks)):
+        raise ValueError("a batch's charges are its give-backs', one per check")
     for position, check in enumerate(checks):
         policy = check.policy
         identity = check.identity
@@ -170,6 +182,8 @@ def build(
         keys += [head + suffix for suffix in form.suffixes]
         if tokens is not None:
             tier_tokens += [tokens[position]] * len(form.suffixes)
+            if charges is not None:
+                tier_charges += [charges[position]] * len(form.suffixes)
         layout.append((policy, identity))
         if form.static and op != PAUSE:
             tier_args += form.static_args(cost)
@@ -200,6 +214,8 @@ def build(
         keys += ban_keys
     if tokens is not None:  # main.lua's batch: each tier's token (one, if all are one)
         token = tokens[0] if len(set(tokens)) == 1 else " ".join(tier_tokens)
+        if charges is not None and any(each != "-" for each in charges):
+            at_ms = charges[0] if len(set(charges)) == 1 else " ".join(tier_charges)
     elif token is None:
         token = new_token() if uses_log and op in (HIT, BOOK, CHARGE) else ""
     args: list[Arg] = [

@@ -203,7 +203,7 @@ class RateLimitMiddleware:
             if self.guard.holding(admit) is not None:
                 self._hold_sync(admit, response)
             else:
-                slots_sync.refund_sync(self.guard, self.limiter,
+                slots_sync.refund_sync(self.guard, self.limiter, admit,
                                        self.guard.given_back(admit, response.status_code))
         return response
 
@@ -249,8 +249,8 @@ class RateLimitMiddleware:
             if self.guard.holding(admit) is not None:
                 self._hold_async(admit, response)
             else:
-                await slots_async.refund_async(self.guard,
-                    self.limiter, self.guard.given_back(admit, response.status_code))
+                await slots_async.refund_async(self.guard, self.limiter, admit,
+                                               self.guard.given_back(admit, response.status_code))
         return response
 
     def _hold_async(self, admit: Admit, response: HttpResponseBase) -> None:

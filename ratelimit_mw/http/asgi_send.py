@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ratelimit_mw._async import slots as slots_async
-from ratelimit_mw.core.codec import Check
+from ratelimit_mw.core.codec import GiveBack
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
 from ratelimit_mw.http.slots import LeaseLost
@@ -68,7 +68,7 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
                                  or guard.count_when is not None):
             back = guard.given_back(verdict, status)
             if back:
-                await slots_async.refund_async(guard, limiter, back)
+                await slots_async.refund_async(guard, limiter, verdict, back)
 
 
 async def serve_connection(guard: Guard, limiter: AsyncLimiter, verdict: Admit | None,
@@ -225,8 +225,8 @@ class Holding(Watch):
                   if self.http and guard.given_back(held.admit, self.status) else held.checks)
         holders = self.holders
         if holders is None:
-            await slots_async.refund_async(guard, self.limiter, checks, held.token)
-        elif holders.give_back(self, checks, held.token):
+            await slots_async.refund_async(guard, self.limiter, held.admit, checks)
+        elif holders.give_back(self, guard.give_back_of(held.admit, checks)):
             try:
                 await asyncio.sleep(0)  # a turn of the loop: the others of this one join
             finally:  # cancelled or not, the turn's slots go back
@@ -248,7 +248,7 @@ class Holders:
         self.live: set[Holding] = set()
         self.timer: asyncio.TimerHandle | None = None
         self.every = 0.0  # the timer's period: the shortest renewal period among the live
-        self.hits: list[tuple[AsyncLimiter, Sequence[Check], str | None]] = []
+        self.hits: list[tuple[AsyncLimiter, GiveBack]] = []
 
     @staticmethod
     def on_this_loop(guard: Guard) -> Holders | None:
@@ -287,20 +287,19 @@ class Holders:
         self.every = min(holding.held.every for holding in self.live)
         self.timer = self.loop.call_later(self.every, self._tick)
 
-    def give_back(self, holding: Holding, checks: Sequence[Check], token: str | None
-                  ) -> bool:
-        """Add `checks` (given back by the hit's `token`) to this turn's call; True for the
-        first of the turn, which then sends them all (`send`)."""
+    def give_back(self, holding: Holding, hit: GiveBack) -> bool:
+        """Add what `holding` gives back to this turn's call; True for the first of the
+        turn, which then sends them all (`send`)."""
         self.live.discard(holding)
-        self.hits.append((holding.limiter, checks, token))
+        self.hits.append((holding.limiter, hit))
         return len(self.hits) == 1
 
     async def send(self) -> None:
         """Send what this turn gives back: one call per limiter (on a cluster, per slot)."""
         hits, self.hits = self.hits, []
         # Nearly always one limiter; a test's fixture may swap it under a live app.
-        by_limiter: dict[int, tuple[AsyncLimiter, list[tuple[Sequence[Check], str | None]]]] = {}
-        for limiter, checks, token in hits:
-            by_limiter.setdefault(id(limiter), (limiter, []))[1].append((checks, token))
+        by_limiter: dict[int, tuple[AsyncLimiter, list[GiveBack]]] = {}
+        for limiter, hit in hits:
+            by_limiter.setdefault(id(limiter), (limiter, []))[1].append(hit)
         for limiter, given in by_limiter.values():
             await slots_async.give_back_async(self.guard, limiter, given)

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ratelimit_mw.core.codec import Check
+from ratelimit_mw.core.codec import Check, GiveBack
 from ratelimit_mw.core.policy import CONCURRENCY
 from ratelimit_mw.log import ThrottledLog
 from ratelimit_mw.metrics import LEASE_LOST
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 # at most; past it the oldest go (their leases end first, and free them).
 OWED_MAX = 10_000
 
-Hits = Sequence[tuple[Sequence[Check], str | None]]
+Hits = Sequence[GiveBack]
 
 
 class LeaseLost(Exception):
@@ -80,7 +80,7 @@ class Slots:
     def keep(self, limiter: Any, hits: Hits) -> None:
         """The give-back of `hits` failed: keep their slots for the store's return."""
         now = limiter.monotonic()
-        kept = [Owed(now + lease_of(held), limiter, held, token) for checks, token in hits
+        kept = [Owed(now + lease_of(held), limiter, held, token) for checks, token, _ in hits
                 if token for held in (tuple(c for c in checks
                                             if c.policy.algorithm == CONCURRENCY),) if held]
         if kept:
@@ -121,15 +121,16 @@ class Slots:
         """Give back in the fallback's memory the slots among `hits` that were taken there;
         the rest, for the store. (What the fallback admitted is never given back, only
         its slots: the store never recorded it.)"""
-        mine: list[tuple[tuple[Check, ...], str]] = []
-        rest: list[tuple[Sequence[Check], str | None]] = []
+        mine: list[GiveBack] = []
+        rest: list[GiveBack] = []
         with self._lock:
-            for checks, token in hits:
+            for hit in hits:
+                checks, token, _ = hit
                 if token and self.local.pop(token, None) is not None:
                     mine.append((tuple(c for c in checks if c.policy.algorithm == CONCURRENCY),
-                                 token))
+                                 token, 0))
                 else:
-                    rest.append((checks, token))
+                    rest.append(hit)
         if mine:
             try:
                 fallback.give_back_all(mine)
