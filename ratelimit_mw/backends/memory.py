@@ -162,6 +162,8 @@ class MemoryBackend(_Script):
             return None
         lock = self._lock
         keyed = self._keyed(compiled, tiers)
+        # Slots alone (most responses' give-back) have no window to keep to.
+        windowed = any(tier[0] != "cc" for tier in tiers)
 
         def release(identities: Sequence[str], token: str, now_us: int | None,
                     charged_us: int) -> None:
@@ -170,7 +172,7 @@ class MemoryBackend(_Script):
             try:
                 now_us = self._tick(now_us)
                 self._upkeep("R", keys, typed, token, now_us // 1000, now_us,
-                             ((charged_us, None),) if charged_us else ())
+                             ((charged_us, None),) if charged_us and windowed else ())
             finally:
                 lock.release()
 
