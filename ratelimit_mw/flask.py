@@ -249,7 +249,7 @@ class _AppState:
         if rule is not None:
             environ[ROUTE_SCOPE_KEY] = rule.rule
         method: str = request.method
-        selection = self._selection(request.endpoint, request)
+        selection = self._selection(None if rule is None else rule.endpoint, request)
         verdict = None if selection is None else handler_sync(
             self.guard, self.limiter, selection)(request, method,
                                                  method == "OPTIONS" and PREFLIGHT in environ)
