@@ -32,7 +32,7 @@ from ratelimit_mw.engine import SWITCH
 from ratelimit_mw.hooks import Raised
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Selection
-from ratelimit_mw.http.verdict import Admit, Plan, Verdict
+from ratelimit_mw.http.verdict import Admit, Plan, Verdict, keep
 from ratelimit_mw.limiter import Limiter
 
 Decided = Verdict | None  # None: no limit applies to the request
@@ -65,6 +65,9 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
     holds = selection.holds
     # Responses whose status may give something back are watched: they carry their plan.
     watched = guard.watch_status or whens is not None or holds
+    # Such a plan is the same for every request of one identity unless it holds slots (a
+    # token each): kept per identity, as the store keeps its keys (bounded likewise).
+    kept: dict[str, Plan] | None = {} if watched and not holds else None
     here = None if compiled is None else limiter.in_process(compiled)
     admit = guard.admitter(selection)
     # The RateLimit fields without the legacy ones, as `PolicyHeader.admitter` renders
@@ -113,11 +116,18 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
                 return None
         if plan is None:  # the selection's own checks, under the one identity
             hit: Compiled = compiled  # type: ignore[assignment]
-            identities: tuple[str, ...] = (identity,) if count == 1 else (identity,) * count
-            token = hit.token() if holds else None
+            identities: tuple[str, ...]
             chosen, watching = selection, watched
-            if watched:  # `whole`, written out: most requests carry their plan
-                plan = _new(Plan, (hit, identities, selection, whens, token))
+            if kept is not None:
+                plan = kept.get(identity)
+                if plan is None:
+                    plan = keep(kept, identity, whole(hit, (identity,) * count, None))
+                identities, token = plan.identities, None
+            else:
+                identities = (identity,) if count == 1 else (identity,) * count
+                token = hit.token() if holds else None
+                if watched:  # `whole`, written out: most requests carry their plan
+                    plan = _new(Plan, (hit, identities, selection, whens, token))
         else:
             hit, identities, token, chosen = (plan.compiled, plan.identities, plan.token,
                                               plan.selection)
@@ -164,3 +174,4 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
                              watching)
 
     return handle
+

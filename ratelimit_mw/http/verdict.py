@@ -12,6 +12,7 @@ from typing import NamedTuple
 from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Decision
+from ratelimit_mw.core.identity import CACHED_LENGTH
 from ratelimit_mw.http.headers import Headers, RawHeaders
 from ratelimit_mw.http.selection import Selection
 
@@ -37,6 +38,19 @@ class Plan(NamedTuple):
         compiled, identities = self.compiled, self.identities
         return tuple(_new(Check, (compiled.policies[i], identities[i], compiled.costs[i]))
                      for i in compiled.in_flight)
+
+
+_PLANS_KEPT = 16_384  # per selection, as the memory store keeps its keys
+
+
+def keep(kept: dict[str, Plan], identity: str, plan: Plan) -> Plan:
+    """`plan` (of one identity, holding no slots: the same for each of its requests), kept in
+    its handler's `kept` where the identity's text is short: the clients that come back."""
+    if len(identity) <= CACHED_LENGTH:
+        if len(kept) >= _PLANS_KEPT:
+            kept.clear()
+        kept[identity] = plan
+    return plan
 
 
 class Held:
