@@ -7,7 +7,10 @@ middleware's ``backend_timeout``; None: the client's own timeouts): the backend 
 or warm, and raises TimeoutError past it; a backend that answers in process, or a blocking one
 that cannot be interrupted, may ignore it. Any other failure is a BackendError. The
 capability is an attribute, so that no caller needs an ``isinstance`` check: ``is_cluster``,
-keys are spread over hash slots and calls are split by slot.
+keys are spread over hash slots and calls are split by slot; and, optional (False when
+absent), ``in_process``: the store answers in this process, with no round trip for the
+middleware to share (the ASGI responses that end in one turn of the loop then give their
+slots back each in place, not batched).
 """
 
 from __future__ import annotations

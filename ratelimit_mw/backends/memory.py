@@ -50,6 +50,7 @@ class MemoryBackend(_Script):
     """In-process state; thread-safe, usable from sync and async code alike."""
 
     is_cluster = False
+    in_process = True  # no round trip: give-backs go in place, not batched per loop turn
 
     def __repr__(self) -> str:
         return f"MemoryBackend(keys={len(self._data)})"

@@ -224,7 +224,10 @@ class Holding(Watch):
         checks = (guard.released(held.admit, self.status)
                   if self.http and guard.given_back(held.admit, self.status) else held.checks)
         holders = self.holders
-        if holders is None:
+        if holders is None or getattr(self.limiter.backend, "in_process", False):
+            # A store in this process has no round trip for the turn to share: in place.
+            if holders is not None:
+                holders.live.discard(self)
             await slots_async.refund_async(guard, self.limiter, held.admit, checks)
         elif holders.give_back(self, guard.give_back_of(held.admit, checks)):
             try:

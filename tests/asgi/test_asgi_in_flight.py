@@ -192,7 +192,7 @@ def test_the_slot_comes_back_after_the_last_chunk_before_background_work(
     asyncio.run(main())
 
 
-def test_the_slots_of_responses_ending_in_one_turn_go_back_in_one_call(
+def test_the_slots_of_responses_ending_in_one_turn_go_back_in_one_call_or_in_place(
         alimiter: rl.AsyncLimiter, abackend: Any) -> None:
     sent: list[Any] = []
     arun = abackend.arun
@@ -221,8 +221,12 @@ def test_the_slots_of_responses_ending_in_one_turn_go_back_in_one_call(
         gate.set()  # all four end in the same turn of the loop
         await asyncio.gather(*(holder.task for holder in holders))
         assert [holder.status for holder in holders] == [200] * 4
-        assert [call.op for call in sent] == ["R"]
-        assert len(set(sent[0].args[2].split())) == 4  # each response's own token
+        if getattr(abackend, "in_process", False):
+            # No round trip to share: each response gave its slot back in place, typed.
+            assert sent == []
+        else:
+            assert [call.op for call in sent] == ["R"]
+            assert len(set(sent[0].args[2].split())) == 4  # each response's own token
         # Every slot is free again: four more are admitted at once.
         gate.clear()
         again = [Exchange(app, "/slow") for _ in range(4)]
