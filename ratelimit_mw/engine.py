@@ -280,6 +280,11 @@ class _Shared:
 
     def compiled_checks(self, checks: Sequence[Check]) -> tuple[Compiled, tuple[str, ...]]:
         """`checks` as the compiled calls and their identities."""
+        if len(checks) == 1:  # most give-backs: one policy's slots, or one hit
+            policy, identity, cost = checks[0]
+            items = ((policy, cost),)
+            found = self._compiled.get(items)  # `compile`, its cache asked here
+            return found if found is not None else self.compile(items), (identity,)
         return (self.compile([(check.policy, check.cost) for check in checks]),
                 tuple(check.identity for check in checks))
 

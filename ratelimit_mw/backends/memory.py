@@ -165,6 +165,20 @@ class MemoryBackend(_Script):
         keyed = self._keyed(compiled, tiers)
         # Slots alone (most responses' give-back) have no window to keep to.
         windowed = any(tier[0] != "cc" for tier in tiers)
+        if len(tiers) == 1 and not windowed:  # one policy's slots: `_upkeep`'s one case
+            _, limit, lease, cost, _, _, _ = tiers[0]
+
+            def release_slots(identities: Sequence[str], token: str, now_us: int | None,
+                              charged_us: int) -> None:
+                key = keyed(identities)[0][0]
+                lock.acquire()
+                try:
+                    self._cc_upkeep("R", key, limit, lease, cost, token,
+                                    self._tick(now_us) // 1000)
+                finally:
+                    lock.release()
+
+            return release_slots
 
         def release(identities: Sequence[str], token: str, now_us: int | None,
                     charged_us: int) -> None:

@@ -36,6 +36,9 @@ class Plan(NamedTuple):
     def held(self) -> tuple[Check, ...]:
         """The in-flight slots among the checks."""
         compiled, identities = self.compiled, self.identities
+        if len(compiled.in_flight) == 1:  # nearly always: one in-flight limit
+            i = compiled.in_flight[0]
+            return (_new(Check, (compiled.policies[i], identities[i], compiled.costs[i])),)
         return tuple(_new(Check, (compiled.policies[i], identities[i], compiled.costs[i]))
                      for i in compiled.in_flight)
 
