@@ -34,6 +34,8 @@ _Result = tuple[bool, int, int, int, int, Any, int]
 def _members(token: str, cost: int) -> list[str]:
     """A holder's in-flight slots, or a hit in a log written before costs were kept (one
     member per unit): "<token>:1" .. "<token>:<cost>"."""
+    if cost == 1:  # most holders: one slot
+        return [token + ":1"]
     return [f"{token}:{j}" for j in range(1, cost + 1)]
 
 
@@ -50,7 +52,8 @@ class _Algorithms(_Store):
     # -- concurrency (lua/concurrency.lua): the value is {member: lease end ms} -------------
     def _cc_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,
                   now: int, now_us: int) -> _Result:
-        slots: dict[str, int] | None = self._get(key, now)
+        slots: dict[str, int] | None = (self._data[key] if self._expires.get(key, 0) > now
+                                          else None)  # `_get`, inline
         ends = [end for end in slots.values() if end > now] if slots else []
         ok = len(ends) + cost <= limit
         retry = -1 if cost > limit else 0 if ok else min(min(ends) - now, 1000)
@@ -60,7 +63,8 @@ class _Algorithms(_Store):
     def _cc_take(self, key: str, lease: int, cost: int, token: str, now: int) -> None:
         # Read again, as the script's ZADD writes to the key as it is: two tiers of one call
         # may take slots in the same set.
-        slots: dict[str, int] | None = self._get(key, now)
+        slots: dict[str, int] | None = (self._data[key] if self._expires.get(key, 0) > now
+                                          else None)  # `_get`, inline
         live = {m: end for m, end in slots.items() if end > now} if slots else {}
         for member in _members(token, cost):
             live[member] = now + lease
@@ -70,7 +74,8 @@ class _Algorithms(_Store):
                    now: int) -> bool:
         """Give a holder's slots back (R), or renew its leases (N): those that have ended are
         taken again if the tier has room for them all; False when it has not (lost)."""
-        slots: dict[str, int] | None = self._get(key, now)
+        slots: dict[str, int] | None = (self._data[key] if self._expires.get(key, 0) > now
+                                          else None)  # `_get`, inline
         if not token:
             return True
         if slots is None:

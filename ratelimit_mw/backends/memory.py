@@ -121,7 +121,7 @@ class MemoryBackend(_Script):
                   for rate in policy.rates]
         if len(tiers) == 1:
             return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2])
-        lock = self._lock
+        lock, due_times = self._lock, self._due_times
         log = compiled.log
         keyed = self._keyed(compiled, tiers)
 
@@ -132,8 +132,10 @@ class MemoryBackend(_Script):
             keys, typed = keyed(identities)
             lock.acquire()
             try:
-                now_us = self._tick(now_us)
-                now = now_us // 1000
+                now = (now_us := time_ns() // 1000 if now_us is None else now_us) // 1000
+                if due_times and due_times[0] <= now:  # `_tick`, written out: every request
+                    self._sweep(now, now - self._called_at)
+                self._called_at = now
                 admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                 if not admitted:
                     return self._refused("H", keys, typed, results, None, now, now, now_us)
@@ -167,14 +169,18 @@ class MemoryBackend(_Script):
         windowed = any(tier[0] != "cc" for tier in tiers)
         if len(tiers) == 1 and not windowed:  # one policy's slots: `_upkeep`'s one case
             _, limit, lease, cost, _, _, _ = tiers[0]
+            due_times = self._due_times
 
             def release_slots(identities: Sequence[str], token: str, now_us: int | None,
                               charged_us: int) -> None:
                 key = keyed(identities)[0][0]
                 lock.acquire()
                 try:
-                    self._cc_upkeep("R", key, limit, lease, cost, token,
-                                    self._tick(now_us) // 1000)
+                    now = (time_ns() // 1000 if now_us is None else now_us) // 1000
+                    if due_times and due_times[0] <= now:  # `_tick`, written out
+                        self._sweep(now, now - self._called_at)
+                    self._called_at = now
+                    self._cc_upkeep("R", key, limit, lease, cost, token, now)
                 finally:
                     lock.release()
 

@@ -85,11 +85,9 @@ class _Tokens:
             os.register_at_fork(after_in_child=self._renew)
 
     def _renew(self) -> None:
-        self._prefix = secrets.token_urlsafe(6)
-        self._counter = itertools.count()
+        self.prefix = secrets.token_urlsafe(6)
+        self.counter = itertools.count()
 
-    def next(self) -> str:
-        return f"{self._prefix}{next(self._counter):x}"
 
 
 _tokens = _Tokens()
@@ -97,7 +95,7 @@ _tokens = _Tokens()
 
 def new_token() -> str:
     """A token unique to one call, for the members it adds to a sliding log."""
-    return _tokens.next()
+    return f"{_tokens.prefix}{next(_tokens.counter):x}"
 
 
 def validate_cost(cost: int, policy: Policy | None = None, what: str = "cost") -> None:

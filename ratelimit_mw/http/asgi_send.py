@@ -45,9 +45,14 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         if raw is None:
             await app(scope, receive, send)
             return
-    elif plan.token is not None:  # it holds in-flight slots
-        await serve_holding(guard, limiter, Held(verdict, limiter.monotonic), app, scope,
-                            receive, send)
+    elif plan.token is not None:  # it holds in-flight slots: `serve_holding`, written out
+        held = Held(verdict, limiter.monotonic)
+        holding = Holding(guard, limiter, held, send)
+        try:
+            await app(scope, receive, holding.send)
+        finally:
+            if not held.done:  # most responses gave them back with their last chunk
+                await holding.end()
         return
     status = 500  # an exception before the response starts will be a server error
 
@@ -92,7 +97,8 @@ async def serve_holding(guard: Guard, limiter: AsyncLimiter, held: Held, app: Ap
     try:
         await app(scope, receive, watch.send)
     finally:
-        await watch.end()
+        if not held.done:  # most responses gave them back with their last chunk
+            await watch.end()
 
 
 class DefaultResponses:
@@ -177,7 +183,9 @@ class Holding(Watch):
 
     def __init__(self, guard: Guard, limiter: AsyncLimiter, held: Held, send: Send,
                  http: bool = True) -> None:
-        super().__init__(send, held.admit.raw if http else None)
+        # `Watch.__init__`, written out: one per response
+        self.send_on, self.extra, self.fill, self.status = (
+            send, held.admit.raw if http else None, False, 500)
         self.http = http  # a WebSocket gives back its slots only (as it never gives back hits)
         self.guard = guard
         self.limiter = limiter
@@ -196,7 +204,7 @@ class Holding(Watch):
         more = body and message.get("more_body", False)
         if more and self.held.due():  # renewed first: a chunk goes out only with its slot
             await slots_async.renew_async(self.guard, self.limiter, self.held)
-        await super().send(message)
+        await Watch.send(self, message)
         if body and not more:
             await self.end()
 
@@ -228,7 +236,8 @@ class Holding(Watch):
             # A store in this process has no round trip for the turn to share: in place.
             if holders is not None:
                 holders.live.discard(self)
-            await slots_async.refund_async(guard, self.limiter, held.admit, checks)
+            await slots_async.give_back_async(guard, self.limiter,
+                                              (guard.give_back_of(held.admit, checks),))
         elif holders.give_back(self, guard.give_back_of(held.admit, checks)):
             try:
                 await asyncio.sleep(0)  # a turn of the loop: the others of this one join
