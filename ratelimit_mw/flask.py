@@ -304,8 +304,9 @@ class _AppState:
         found: _Refund | Admit | None = environ.get(_REFUND)
         if isinstance(found, _Refund):
             found.on(response)
-        elif found is not None and may_give_back(found, response.status_code, self.guard):
-            environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)  # a 405
+        elif found is not None and response.status_code == 405:
+            # An Admit kept: `may_give_back` said no for all but the status (a 405 may).
+            environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)
             refund.on(response)
         pending = environ.pop(_PENDING, None)
         if pending is not None:

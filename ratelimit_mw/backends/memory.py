@@ -122,6 +122,8 @@ class MemoryBackend(_Script):
         if len(tiers) == 1:
             return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2])
         lock, due_times = self._lock, self._due_times
+        # Per tier (as `results`), what its TierState takes besides the check's answer.
+        layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
         log = compiled.log
         keyed = self._keyed(compiled, tiers)
 
@@ -143,11 +145,10 @@ class MemoryBackend(_Script):
             finally:
                 lock.release()
             states = []
-            for (_, before, _, _, reset_hit, _, _), tier, (i, policy, rate) in zip(
-                    results, tiers, owners, strict=True):
-                left = before - tier[3]
+            for result, (cost, i, policy, rate) in zip(results, layout, strict=False):
+                left = result[1] - cost
                 states.append(_new(TierState, (policy, rate, identities[i], True,
-                                               left if left > 0 else 0, 0.0, reset_hit / 1000,
+                                               left if left > 0 else 0, 0.0, result[4] / 1000,
                                                False)))
             return admitted_decision(states, now_us)
 
