@@ -121,7 +121,7 @@ class MemoryBackend(_Script):
                   for rate in policy.rates]
         if len(tiers) == 1:
             return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2])
-        lock, due_times = self._lock, self._due_times
+        lock = self._lock
         # Per tier (as `results`), what its TierState takes besides the check's answer.
         layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
         log = compiled.log
@@ -134,10 +134,7 @@ class MemoryBackend(_Script):
             keys, typed = keyed(identities)
             lock.acquire()
             try:
-                now = (now_us := time_ns() // 1000 if now_us is None else now_us) // 1000
-                if due_times and due_times[0] <= now:  # `_tick`, written out: every request
-                    self._sweep(now, now - self._called_at)
-                self._called_at = now
+                now = (now_us := self._tick(now_us)) // 1000
                 admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                 if not admitted:
                     return self._refused("H", keys, typed, results, None, now, now, now_us)
