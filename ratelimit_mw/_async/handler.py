@@ -173,4 +173,3 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
                              watching)
 
     return handle
-

@@ -174,4 +174,3 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
                              watching)
 
     return handle
-

@@ -89,7 +89,6 @@ class _Tokens:
         self.counter = itertools.count()
 
 
-
 _tokens = _Tokens()
 
 
