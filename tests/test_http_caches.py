@@ -3,7 +3,8 @@
 `Guard.select` caches a selection per request shape, and a flood's refusals are rendered
 once while their Decision stays the same. Both must give what a fresh guard gives: the same
 selection, the same verdicts, the same headers, for any request a client can send (methods,
-paths, headers, peers, garbage included).
+paths, headers, peers, garbage included). A handler keeps the plan a response carries per
+identity: each client's give-back stays its own.
 """
 
 from __future__ import annotations
@@ -11,14 +12,17 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.asgi import RateLimitMiddleware, Rule
+from ratelimit_mw.core.identity import CACHED_LENGTH
 from ratelimit_mw.http.asgi_send import DefaultResponses
 from ratelimit_mw.http.config import Config
 from ratelimit_mw.http.guard import Guard
+from ratelimit_mw.http.verdict import _PLANS_KEPT, keep
 from ratelimit_mw.routing import RouteLimit
 from tests.conftest import StepClock
 
@@ -146,3 +150,63 @@ async def test_a_flood_at_a_standing_clock_reuses_one_rendering_in_fresh_lists()
     assert second[0] == 429
     assert (b"x-added-by-an-outer-middleware", b"1") not in second[1]
     assert second[1] == first[1][:-1]
+
+
+# -- the plan a response carries, kept per identity (`verdict.keep`) -------------------------
+
+async def _status_app(scope: Any, receive: Any, send: Any) -> None:
+    """Answers the status the path names ("/405" -> 405)."""
+    await send({"type": "http.response.start", "status": int(scope["path"][1:]),
+                "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.mark.parametrize("client_a, client_b, key", [
+    ("203.0.113.1", "203.0.113.2", None),  # short: their plans are kept
+    ("a" * 80, "b" * 80, rl.keys.header("X-Api-Key")),  # past the cached length: built anew
+])
+async def test_a_kept_plan_gives_back_its_own_clients_hit_only(client_a: str, client_b: str,
+                                                               key: Any) -> None:
+    # Plans are kept per identity: a 405 of one client, after another's request, must give
+    # back the first client's hit, never the one whose plan was made last.
+    limiter = rl.AsyncLimiter(rl.MemoryBackend(), clock=StepClock(), deny_cache=0)
+    app = RateLimitMiddleware(_status_app, limiter=limiter, default="5/minute", key=key)
+    for client, path in [(client_a, "/200"), (client_b, "/200"), (client_a, "/405"),
+                         (client_b, "/200"), (client_a, "/405")]:
+        scope = {"type": "http", "method": "GET", "path": path, "root_path": "",
+                 "query_string": b"", "headers": [(b"x-api-key", client.encode())],
+                 "client": (client if key is None else "192.0.2.1", 50000)}
+        sent: list[Any] = []
+
+        async def receive() -> Any:
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message: Any, sent: list[Any] = sent) -> None:
+            sent.append(message)
+
+        await app(scope, receive, send)
+        assert sent[0]["status"] == int(path[1:])
+    prefix = "ip:" if key is None else "h:x-api-key:"
+    policy = rl.Policy("5/minute")
+    # Each 405 of the first client gave back its own hit; the second's two stay counted.
+    assert (await limiter.peek(policy, prefix + client_a)).remaining == 4
+    assert (await limiter.peek(policy, prefix + client_b)).remaining == 3
+
+
+@pytest.mark.parametrize("identity, kept_after", [
+    ("ip:203.0.113.1", True),
+    ("k" * CACHED_LENGTH, True),
+    ("k" * (CACHED_LENGTH + 1), False),  # client text past the cached length: built anew
+])
+def test_a_plan_is_kept_for_a_short_identity_only(identity: str, kept_after: bool) -> None:
+    kept: dict[str, Any] = {}
+    plan = object()
+    assert keep(kept, identity, plan) is plan  # type: ignore[arg-type]
+    assert (identity in kept) is kept_after
+
+
+def test_the_kept_plans_are_emptied_whole_when_full() -> None:
+    kept: dict[str, Any] = {f"ip:{i}": object() for i in range(_PLANS_KEPT)}
+    plan = object()
+    keep(kept, "ip:new", plan)  # type: ignore[arg-type]
+    assert kept == {"ip:new": plan}
