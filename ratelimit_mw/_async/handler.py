@@ -77,6 +77,10 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
     names: dict[tuple[int, int], Any] = header.raw_names if raw else header.names
     field, form, unnamed = ((b"ratelimit", b"%s;r=%d;t=%d", b'"limit"') if raw
                             else ("RateLimit", "%s;r=%d;t=%d", '"limit"'))
+    # One tier (most selections): it governs every decision of its own checks, named now.
+    single = applied[0].policy if count == 1 else None
+    one: Any = (len(names) == 1 and single is not None and len(single.rates) == 1
+                and next(iter(names.values())))
     generation = limiter.generation
     switch, charge_preflight = SWITCH, guard.charge_preflight
     breaker, nodes, slots = guard.breaker, guard.nodes, guard.slots
@@ -161,10 +165,14 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
             node.succeeded()
         if decision.allowed:
             if chosen is selection and rendered:  # the RateLimit fields (`admitter`)
-                rate = decision.rate
-                pair = [fields, (field, form % (
-                    names.get((id(decision.policy), rate.period_ms if rate else 0), unnamed),
-                    decision.remaining, ceil(decision.reset_after)))]
+                if one and hit is compiled:
+                    name = one
+                else:
+                    rate = decision.rate
+                    name = names.get((id(decision.policy), rate.period_ms if rate else 0),
+                                     unnamed)
+                pair = [fields, (field, form % (name, decision.remaining,
+                                                ceil(decision.reset_after)))]
                 return _new(Admit, (decision, None, plan if watching else None, pair) if raw
                             else (decision, pair, plan if watching else None, None))
             return (admit if chosen is selection else guard.admitter(chosen))(
