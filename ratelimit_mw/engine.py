@@ -146,6 +146,8 @@ class _Shared:
         if not callable(getattr(backend, needs, None)):
             raise ConfigurationError(_BACKEND_NEEDS[needs].format(backend))
         self._backend = backend
+        # The store answers in this process (`backends.base`): decided once per store.
+        self.local_store = bool(getattr(backend, "in_process", False))
         # Bumped when the store is swapped (`ratelimit_mw.testing`): what was built for the
         # old one (`in_process`) is built again.
         self.generation = 0
@@ -181,6 +183,7 @@ class _Shared:
     @backend.setter
     def backend(self, backend: Any) -> None:
         self._backend = backend
+        self.local_store = bool(getattr(backend, "in_process", False))
         self.generation += 1
         deny = self._deny
         if deny is not None:  # what it holds, the other store said

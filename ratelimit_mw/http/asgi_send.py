@@ -232,7 +232,7 @@ class Holding(Watch):
         checks = (guard.released(held.admit, self.status)
                   if self.http and guard.given_back(held.admit, self.status) else held.checks)
         holders = self.holders
-        if holders is None or getattr(self.limiter.backend, "in_process", False):
+        if holders is None or self.limiter.local_store:
             # A store in this process has no round trip for the turn to share: in place.
             if holders is not None:
                 holders.live.discard(self)
