@@ -383,6 +383,25 @@ class _Shared:
         compiled.here = (self._backend, here)
         return here
 
+    def give_back_here(self, hits: Sequence[GiveBack]) -> bool:
+        """The give-back of one response's hits where the store is in this process: done
+        now, no call built, with this limiter's deny cache and clock around the store's own
+        `releaser`. False: several, or the store runs the refund's call."""
+        if len(hits) != 1 or not self.local_store:
+            return False
+        checks, token, at_us = hits[0]
+        compiled, identities = self.compiled_checks(checks)
+        release = self._released_here(compiled)
+        if release is None:  # a selection the store does not type (a calendar's, a penalty's)
+            return False
+        deny = self._deny
+        if deny is not None:
+            deny.forget(checks)
+        clock = self.clock
+        release(identities, token or "", None if clock is None else round(clock() * 1_000_000),
+                at_us)
+        return True
+
     def _released_here(self, compiled: Compiled) -> Callable[[Sequence[str], str,
                                                              int | None, int], None] | None:
         """The in-process store's own give-back of a hit of `compiled` (its ``releaser``),

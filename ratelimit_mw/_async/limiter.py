@@ -223,14 +223,8 @@ class AsyncLimiter(_Shared):
         the event loop) in one call, or on a cluster one per identity's slot, each only
         within the window it was charged in: every call is sent, a node that fails one does
         not keep the others; then the first error."""
-        if len(hits) == 1 and charge is None:  # one response's, on a store in process
-            checks, token, at_us = hits[0]
-            compiled, identities = self.compiled_checks(checks)
-            release = self._released_here(compiled)
-            if release is not None:
-                self._forget(checks)
-                release(identities, token or "", self._now_us(), at_us)
-                return
+        if charge is None and self.give_back_here(hits):  # one response's, in process
+            return
         failed: Exception | None = None
         for call in self._release_calls(hits, charge):
             try:

@@ -49,8 +49,10 @@ async def give_back_async(guard: Guard, limiter: AsyncLimiter, hits: Hits) -> No
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        await limiter.give_back_all([*hits, *((each.checks, each.token, 0) for each in owed)]
-                                     if owed else hits, guard.timeout)
+        if owed or not limiter.give_back_here(hits):  # in process: now, without a coroutine
+            await limiter.give_back_all([*hits, *((each.checks, each.token, 0)
+                                                  for each in owed)] if owed else hits,
+                                         guard.timeout)
     except Exception as exc:
         slots.keep(limiter, hits)
         slots.put_back(owed)

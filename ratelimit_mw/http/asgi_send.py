@@ -157,17 +157,21 @@ class Watch:
         self.status = 500  # an exception before the response starts will be a server error
 
     async def send(self, message: Any) -> None:
-        if message["type"] == "http.response.start":
-            self.status = message["status"]
-            extra = self.extra
-            if extra is not None:
-                headers = message.get("headers", ())
-                if self.fill:
-                    present = {name.lower() for name, _ in headers}
-                    extra = [item for item in extra if item[0] not in present]
-                # A new message and list: a Response's own header list must not grow.
-                message = {**message, "headers": [*headers, *extra]}
-        await self.send_on(message)
+        await self.send_on(self.started(message) if message["type"] == "http.response.start"
+                           else message)
+
+    def started(self, message: Any) -> Any:
+        """The response's start message: its status kept, the limiter's headers added."""
+        self.status = message["status"]
+        extra = self.extra
+        if extra is None:
+            return message
+        headers = message.get("headers", ())
+        if self.fill:
+            present = {name.lower() for name, _ in headers}
+            extra = [item for item in extra if item[0] not in present]
+        # A new message and list: a Response's own header list must not grow.
+        return {**message, "headers": [*headers, *extra]}
 
 
 class Holding(Watch):
@@ -200,11 +204,12 @@ class Holding(Watch):
                 and self.guard.config.on_lease_lost == "end"):  # found by the timer's renewal
             raise LeaseLost("the response's in-flight slot went to another request while its "
                             "lease had ended (on_lease_lost=\"end\")")
-        body = message["type"] == "http.response.body"
+        kind = message["type"]
+        body = kind == "http.response.body"
         more = body and message.get("more_body", False)
         if more and self.held.due():  # renewed first: a chunk goes out only with its slot
             await slots_async.renew_async(self.guard, self.limiter, self.held)
-        await Watch.send(self, message)
+        await self.send_on(self.started(message) if kind == "http.response.start" else message)
         if body and not more:
             await self.end()
 
