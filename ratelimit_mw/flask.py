@@ -29,7 +29,7 @@ so one extension object serves any number of apps built by an app factory.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,7 +47,6 @@ from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import DECISION_KEY, Guard
 from ratelimit_mw.http.headers import Headers, retry_after_seconds
 from ratelimit_mw.http.rules import Rule
-from ratelimit_mw.http.selection import Selection
 from ratelimit_mw.http.verdict import Admit, Refuse, Unavailable
 from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import Limiter, require_sync_limiter
@@ -81,6 +80,7 @@ _PENDING = "ratelimit_mw.pending"
 # An admitted request whose response may give its hit back: its `_Refund` when any response
 # may (slots, a count_when), else its `Admit` until an uncharged 405 makes one.
 _REFUND = "ratelimit_mw.refund"
+_UNSEEN = object()  # an endpoint and method not met yet (None: nothing applies)
 
 
 class _Refund:
@@ -172,7 +172,7 @@ class BackendUnavailable(_JSONAnswer, ServiceUnavailable):
 class _AppState:
     """Everything one app needs per request, built by init_app and kept in app.extensions."""
 
-    __slots__ = ("app", "guard", "handles_429", "limiter", "routes", "selections")
+    __slots__ = ("app", "guard", "handlers", "handles_429", "limiter", "routes")
 
     def __init__(self, app: Flask, config: Config, limiter: Limiter) -> None:
         self.app = app
@@ -183,10 +183,10 @@ class _AppState:
         # endpoint -> what applies to it (limits, EXEMPT or None). Filled on first use, not
         # at init_app: decorators written above @app.route run after the view is registered.
         self.routes: dict[str, object] = {}
-        # (endpoint, method) -> its Selection, when no path rule makes it depend on the path.
-        # Bounded: a matched endpoint sees only its route's methods, and no endpoint (404,
-        # 405) is cached under "" whatever the method.
-        self.selections: dict[tuple[str | None, str], Selection | None] | None = (
+        # (endpoint, method) -> its selection's handler (None: nothing applies), when no path
+        # rule makes it depend on the path. Bounded: a matched endpoint sees only its route's
+        # methods, and no endpoint (404, 405) is kept under "" whatever the method.
+        self.handlers: dict[tuple[str | None, str], Callable[..., Any] | None] | None = (
             None if config.rule_list else {}
         )
 
@@ -225,22 +225,19 @@ class _AppState:
             setattr(bp, ATTRIBUTE, renamed)
         return renamed
 
-    def _selection(self, endpoint: str | None, request: Any) -> Selection | None:
-        """What applies to this request; without path rules, once per endpoint."""
-        selections = self.selections
-        cache_key = (endpoint, request.method if endpoint is not None else "")
-        if selections is not None:
-            try:
-                return selections[cache_key]
-            except KeyError:
-                pass
+    def _handler(self, endpoint: str | None, request: Any,
+                 cache_key: tuple[str | None, str]) -> Callable[..., Any] | None:
+        """The handler of what applies to this request (None: nothing); without path rules
+        kept per endpoint and method (a store swapped under it rebuilds it: its generation)."""
         # No endpoint: no route matched (404, 405) and the defaults apply.
         route = None if endpoint is None else self.route_for(endpoint, request)
         selection = self.guard.select(request.method, request.path, route)
-        if selections is not None:
+        handle = None if selection is None else handler_sync(self.guard, self.limiter,
+                                                            selection)
+        if self.handlers is not None:
             # Bounded by the app's endpoints; stable because route_for is cached too.
-            selections[cache_key] = selection
-        return selection
+            self.handlers[cache_key] = handle
+        return handle
 
     def before_request(self) -> Any:
         request = _request_proxy._get_current_object()  # type: ignore[attr-defined]
@@ -249,10 +246,14 @@ class _AppState:
         if rule is not None:
             environ[ROUTE_SCOPE_KEY] = rule.rule
         method: str = request.method
-        selection = self._selection(None if rule is None else rule.endpoint, request)
-        verdict = None if selection is None else handler_sync(
-            self.guard, self.limiter, selection)(request, method,
-                                                 method == "OPTIONS" and PREFLIGHT in environ)
+        endpoint = None if rule is None else rule.endpoint
+        cache_key = (endpoint, method if endpoint is not None else "")
+        handlers = self.handlers
+        handle: Any = handlers.get(cache_key, _UNSEEN) if handlers is not None else _UNSEEN
+        if handle is _UNSEEN:
+            handle = self._handler(endpoint, request, cache_key)
+        verdict = None if handle is None else handle(request, method,
+                                                     method == "OPTIONS" and PREFLIGHT in environ)
         # Always there for the view: None unless the limiter decided.
         environ[DECISION_KEY] = _g._get_current_object().ratelimit = getattr(
             verdict, "decision", None)
