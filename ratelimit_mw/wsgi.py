@@ -177,6 +177,9 @@ class RateLimitMiddleware:
         # request (a per-method default depends on the method, which select() caches).
         self._per_path = bool(self.guard.rules)
         self._fixed = None if self._per_path else self.guard.select("GET", "/", None)
+        # Its handler, built on the first request and kept (a store swapped under it
+        # rebuilds it: its generation).
+        self._fixed_handler: Callable[..., Any] | None = None
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, {self.limiter!r})"
@@ -192,12 +195,16 @@ class RateLimitMiddleware:
                 # PEP 3333 hands over the raw bytes as latin-1; rules are written in Unicode.
                 path = path.encode("latin-1", "replace").decode("utf-8", "replace")
             selection = self.guard.select(method, path, None)
+            handle = (None if selection is None
+                      else handler_sync(self.guard, self.limiter, selection))
         else:
-            selection = self._fixed
-        if selection is None:
+            handle = self._fixed_handler
+            if handle is None and self._fixed is not None:
+                handle = self._fixed_handler = handler_sync(self.guard, self.limiter,
+                                                            self._fixed)
+        if handle is None:
             return self.app(environ, start_response)
         request = _Request(environ)
-        handle = handler_sync(self.guard, self.limiter, selection)
         verdict = handle(request, method, method == "OPTIONS" and PREFLIGHT in environ)
         if verdict is None:
             return self.app(environ, start_response)
