@@ -45,14 +45,9 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         if raw is None:
             await app(scope, receive, send)
             return
-    elif plan.token is not None:  # it holds in-flight slots: `serve_holding`, written out
-        held = Held(verdict, limiter.monotonic)
-        holding = Holding(guard, limiter, held, send)
-        try:
-            await app(scope, receive, holding.send)
-        finally:
-            if not held.done:  # most responses gave them back with their last chunk
-                await holding.end()
+    elif plan.token is not None:  # it holds in-flight slots
+        await serve_holding(guard, limiter, Held(verdict, limiter.monotonic), app, scope,
+                            receive, send)
         return
     status = 500  # an exception before the response starts will be a server error
 
@@ -187,9 +182,7 @@ class Holding(Watch):
 
     def __init__(self, guard: Guard, limiter: AsyncLimiter, held: Held, send: Send,
                  http: bool = True) -> None:
-        # `Watch.__init__`, written out: one per response
-        self.send_on, self.extra, self.fill, self.status = (
-            send, held.admit.raw if http else None, False, 500)
+        Watch.__init__(self, send, held.admit.raw if http else None)
         self.http = http  # a WebSocket gives back its slots only (as it never gives back hits)
         self.guard = guard
         self.limiter = limiter
