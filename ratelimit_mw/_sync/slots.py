@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ratelimit_mw.http.slots import Hits, lease_of
+from ratelimit_mw.http.slots import Hits, given_back_here, lease_of
 
 if TYPE_CHECKING:
     from ratelimit_mw._sync.limiter import Limiter
@@ -40,6 +40,8 @@ def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
     """The give-backs of several responses (those that ended in one turn of the event loop),
     never raising: the slots taken in memory given back there; the rest, with any
     give-backs owed to the store, in one call (kept if the store misses them)."""
+    if given_back_here(guard, limiter, hits):  # in process: now
+        return
     slots = guard.slots
     if slots.local and guard.fallback is not None:
         hits = slots.release_here(guard.fallback, hits)
@@ -50,7 +52,7 @@ def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        if owed or not limiter.give_back_here(hits):  # in process: now, without a coroutine
+        if owed or not limiter.give_back_here(hits):
             limiter.give_back_all([*hits, *((each.checks, each.token, 0)
                                                   for each in owed)] if owed else hits,
                                          guard.timeout)

@@ -17,7 +17,7 @@ from ratelimit_mw._async import slots as slots_async
 from ratelimit_mw.core.codec import GiveBack
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import RawHeaders, encode_raw
-from ratelimit_mw.http.slots import LeaseLost
+from ratelimit_mw.http.slots import LeaseLost, given_back_here
 from ratelimit_mw.http.verdict import Admit, Held, Refuse, Unavailable
 from ratelimit_mw.limiter import AsyncLimiter
 
@@ -234,8 +234,9 @@ class Holding(Watch):
             # A store in this process has no round trip for the turn to share: in place.
             if holders is not None:
                 holders.live.discard(self)
-            await slots_async.give_back_async(guard, self.limiter,
-                                              (guard.give_back_of(held.admit, checks),))
+            hits = (guard.give_back_of(held.admit, checks),)
+            if not given_back_here(guard, self.limiter, hits):  # else without a coroutine
+                await slots_async.give_back_async(guard, self.limiter, hits)
         elif holders.give_back(self, guard.give_back_of(held.admit, checks)):
             try:
                 await asyncio.sleep(0)  # a turn of the loop: the others of this one join

@@ -57,6 +57,16 @@ class Owed(NamedTuple):
     token: str
 
 
+def given_back_here(guard: Guard, limiter: Any, hits: Hits) -> bool:
+    """One response's give-back done now, in this process (the limiter's `give_back_here`), where
+    nothing asks for more than the store's own release: no slot of the guard's is in its
+    fallback's memory, nothing is owed to the store, and the breaker lets the store be
+    asked. False: left to `give_back_async` or its sync twin, which do those too."""
+    slots = guard.slots
+    return (not slots.local and not slots.owed and not guard.breaker.open_until
+            and limiter.give_back_here(hits))
+
+
 def lease_of(checks: Iterable[Check]) -> float:
     """The longest lease of these slots, in seconds."""
     return max(check.policy.rates[0].period_ms for check in checks) / 1000
