@@ -13,6 +13,7 @@ import ratelimit_mw as rl
 from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.policy import CONCURRENCY
 from ratelimit_mw.http.slots import OWED_MAX, Slots, given_back_here
+from tests.conftest import REDIS_URL
 
 
 def _limiter(clock: Any) -> rl.Limiter:
@@ -93,7 +94,7 @@ def test_a_give_back_is_left_to_the_full_path_where_more_is_asked(clock: Any,
     elif state == "taken in the fallback":
         guard.slots.taken_here(limiter, (slot,), "elsewhere")
     elif state == "breaker open":
-        guard.breaker.open_until = clock() + 5
+        guard.breaker.failed("the store is down")
     else:
         hits.append(((slot,), "t9", 0))
     assert not given_back_here(guard, limiter, hits)
@@ -103,7 +104,22 @@ def test_a_give_back_is_left_to_the_full_path_where_more_is_asked(clock: Any,
 def test_a_store_elsewhere_is_never_given_back_in_place(clock: Any) -> None:
     from ratelimit_mw.wsgi import RateLimitMiddleware
 
-    limiter = rl.Limiter(rl.RedisBackend.from_url("redis://127.0.0.1:6379/0"), clock=clock)
-    guard = RateLimitMiddleware(lambda environ, start: [], limiter=limiter).guard
-    slot = Check(rl.Policy.in_flight(1), "a", 1)
-    assert not given_back_here(guard, limiter, [((slot,), "t1", 0)])
+    backend = rl.RedisBackend.from_url(REDIS_URL)
+    try:
+        limiter = rl.Limiter(backend, clock=clock)
+        guard = RateLimitMiddleware(lambda environ, start: [], limiter=limiter).guard
+        slot = Check(rl.Policy.in_flight(1), "a", 1)
+        assert not given_back_here(guard, limiter, [((slot,), "t1", 0)])
+    finally:
+        backend.close()
+
+
+def test_a_give_back_that_fails_in_place_is_kept_owed_not_raised(clock: Any) -> None:
+    guard, limiter, slot = _holding_one_slot(clock)
+
+    def broken(hits: Any) -> bool:
+        raise RuntimeError("the store broke")
+
+    limiter.give_back_here = broken  # type: ignore[method-assign]
+    assert given_back_here(guard, limiter, [((slot,), "t1", 0)])  # handled: nothing left
+    assert [each.token for each in guard.slots.owed] == ["t1"]

@@ -38,10 +38,16 @@ def refund_sync(guard: Guard, limiter: Limiter, admit: Admit,
 
 def give_back_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
     """The give-backs of several responses (those that ended in one turn of the event loop),
-    never raising: the slots taken in memory given back there; the rest, with any
-    give-backs owed to the store, in one call (kept if the store misses them)."""
-    if given_back_here(guard, limiter, hits):  # in process: now
-        return
+    never raising: in place where that is all they ask (`given_back_here`), else through
+    `give_back_by_call_sync`."""
+    if not given_back_here(guard, limiter, hits):
+        give_back_by_call_sync(guard, limiter, hits)
+
+
+def give_back_by_call_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
+    """What `given_back_here` left, never raising: the slots taken in memory given back
+    there; the rest, with any give-backs owed to the store, in one call (kept if the store
+    misses them)."""
     slots = guard.slots
     if slots.local and guard.fallback is not None:
         hits = slots.release_here(guard.fallback, hits)

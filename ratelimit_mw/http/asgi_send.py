@@ -235,8 +235,8 @@ class Holding(Watch):
             if holders is not None:
                 holders.live.discard(self)
             hits = (guard.give_back_of(held.admit, checks),)
-            if not given_back_here(guard, self.limiter, hits):  # else without a coroutine
-                await slots_async.give_back_async(guard, self.limiter, hits)
+            if not given_back_here(guard, self.limiter, hits):  # `give_back_async`, unawaited
+                await slots_async.give_back_by_call_async(guard, self.limiter, hits)
         elif holders.give_back(self, guard.give_back_of(held.admit, checks)):
             try:
                 await asyncio.sleep(0)  # a turn of the loop: the others of this one join

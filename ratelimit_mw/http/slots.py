@@ -58,13 +58,20 @@ class Owed(NamedTuple):
 
 
 def given_back_here(guard: Guard, limiter: Any, hits: Hits) -> bool:
-    """One response's give-back done now, in this process (the limiter's `give_back_here`), where
-    nothing asks for more than the store's own release: no slot of the guard's is in its
-    fallback's memory, nothing is owed to the store, and the breaker lets the store be
-    asked. False: left to `give_back_async` or its sync twin, which do those too."""
+    """One response's give-back done now, in this process (the limiter's `give_back_here`),
+    where nothing asks for more than the store's own release: no slot of the guard's is in
+    its fallback's memory, nothing is owed to the store, and the breaker lets the store be
+    asked. False: left to `give_back_by_call_async` or its sync twin. Never raises: a
+    failure is kept owed and reported, as there."""
     slots = guard.slots
-    return (not slots.local and not slots.owed and not guard.breaker.open_until
-            and limiter.give_back_here(hits))
+    if slots.local or slots.owed or guard.breaker.open_until:
+        return False
+    try:
+        return bool(limiter.give_back_here(hits))
+    except Exception as exc:
+        slots.keep(limiter, hits)
+        guard.refund_failed(exc)
+        return True
 
 
 def lease_of(checks: Iterable[Check]) -> float:
