@@ -16,7 +16,9 @@ Starlette bare, behind the least a limiter does (``starlette-floor``: a dict cou
 RateLimit fields, benchmarks/profiling.py), and behind ``RateLimitMiddleware`` (fixed-window;
 ``starlette-inflight``: with an in-flight limit beside it, one request at a time), Flask bare,
 behind the same floor as an extension (``flask-floor``) and with the ``RateLimit`` extension,
-and ``Limiter.hit`` for each algorithm, 1000 returning identities.
+and ``Limiter.hit`` for each algorithm, 1000 returning identities; an in-flight slot taken and
+given back (``slot-alone``), and the same while 1000 other slots of the tier are held
+(``slot-among-1000``: a store's work per slot should not grow with the slots held).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 CASES = ["starlette-bare", "starlette-floor", "starlette-memory", "starlette-inflight",
          "flask-bare", "flask-floor", "flask-memory",
-         "hit-fixed-window", "hit-sliding-log", "hit-sliding-window", "hit-gcra"]
+         "hit-fixed-window", "hit-sliding-log", "hit-sliding-window", "hit-gcra",
+         "slot-alone", "slot-among-1000"]
 SHORT, LONG = 500, 2500
 
 
@@ -41,6 +44,20 @@ def _child(case: str, n: int) -> None:
     sys.path.insert(0, str(BENCH_DIR))
     import profiling
 
+    if case.startswith("slot-"):
+        from ratelimit_mw import Limiter, MemoryBackend, Policy
+        from ratelimit_mw.core.codec import Check
+
+        limiter = Limiter(MemoryBackend(), deny_cache=0)
+        slots = Policy.in_flight(1_000_000, lease=86_400)  # held past the slowest run
+        compiled = limiter.compile([(slots, 1)])
+        given = (Check(slots, "user", 1),)
+        for i in range(1000 if case == "slot-among-1000" else 0):  # held throughout
+            limiter.hit_compiled(compiled, ("user",), token=f"held{i}")
+        for k in range(n + 200):
+            limiter.hit_compiled(compiled, ("user",), token=f"t{k}")
+            limiter.give_back_all([(given, f"t{k}", 0)])
+        return
     if case.startswith("hit-"):
         from ratelimit_mw import Limiter, MemoryBackend, Policy
 

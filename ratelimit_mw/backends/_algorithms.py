@@ -31,6 +31,20 @@ _Tier = tuple[str, int, int, int, int, str, str, str]
 _Result = tuple[bool, int, int, int, int, Any, int]
 
 
+class _Slots(dict[str, int]):
+    """A concurrency tier's slots, {member: lease end ms}, and `soonest`: no lease in it ends
+    before then (every end written, by a take or a renewal, lowers it if earlier; a
+    give-back leaves it), so the ended ones are looked for only once it has passed: a check
+    and a take cost the same with one slot held or thousands until then (as ZCARD on a
+    sorted set), one pass over them after."""
+
+    __slots__ = ("soonest",)
+    soonest: int  # set where each is made (no __init__: a take after the last give-back makes one)
+
+
+_NO_END = 1 << 62  # an empty tier's `soonest`: no lease to end
+
+
 def _members(token: str, cost: int) -> list[str]:
     """A holder's in-flight slots, or a hit in a log written before costs were kept (one
     member per unit): "<token>:1" .. "<token>:<cost>"."""
@@ -49,37 +63,65 @@ def _fw_window(period: int, cal: str, now: int) -> tuple[int, int]:
 class _Algorithms(_Store):
     """Per algorithm: its check, refund and stability figures over the store's state."""
 
-    # -- concurrency (lua/concurrency.lua): the value is {member: lease end ms} -------------
+    # -- concurrency (lua/concurrency.lua): the value is `_Slots`, {member: lease end ms} -----
+    def _cc_live(self, key: str, now: int) -> _Slots | None:
+        """The tier's slots, those whose lease has ended dropped first (the script's
+        ZREMRANGEBYSCORE: nothing any reply says changes); None: none held."""
+        slots: _Slots | None = (self._data[key] if self._expires.get(key, 0) > now
+                                else None)  # `_get`, inline
+        if slots is not None and slots.soonest <= now:
+            for member in [m for m, end in slots.items() if end <= now]:
+                del slots[member]
+            if not slots:
+                self._delete(key)  # Redis drops an empty sorted set
+                return None
+            slots.soonest = min(slots.values())
+        return slots
+
     def _cc_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,
                   now: int, now_us: int) -> _Result:
-        slots: dict[str, int] | None = (self._data[key] if self._expires.get(key, 0) > now
-                                          else None)  # `_get`, inline
-        ends = [end for end in slots.values() if end > now] if slots else []
-        ok = len(ends) + cost <= limit
-        retry = -1 if cost > limit else 0 if ok else min(min(ends) - now, 1000)
-        return (ok, max(0, limit - len(ends)), retry, max(ends) - now if ends else 0, period,
-                slots, 0)
+        # Its reset now (the last lease's end) is asked of `_cc_reset` by whoever reads it (a
+        # peek, a refusal): -1 here where it admits, as the script's lazy check.
+        slots = self._cc_live(key, now)
+        held = len(slots) if slots else 0
+        ok = held + cost <= limit
+        if ok:
+            return (True, limit - held, 0, -1 if held else 0, period, slots, 0)
+        ends = slots.values() if slots else ()
+        return (False, max(0, limit - held),
+                -1 if cost > limit else min(min(ends) - now, 1000),
+                max(ends) - now if ends else 0, period, slots, 0)
+
+    def _cc_reset(self, key: str, now: int) -> int:
+        """When the tier's last lease ends, in ms from now (0: none held)."""
+        slots = self._cc_live(key, now)
+        return max(slots.values()) - now if slots else 0
 
     def _cc_take(self, key: str, lease: int, cost: int, token: str, now: int) -> None:
         # Read again, as the script's ZADD writes to the key as it is: two tiers of one call
         # may take slots in the same set.
-        slots: dict[str, int] | None = (self._data[key] if self._expires.get(key, 0) > now
-                                          else None)  # `_get`, inline
-        live = {m: end for m, end in slots.items() if end > now} if slots else {}
+        slots = self._cc_live(key, now)
+        end = now + lease
+        if slots is None:
+            slots = _Slots()
+            slots.soonest = end
+        elif end < slots.soonest:
+            slots.soonest = end
         for member in _members(token, cost):
-            live[member] = now + lease
-        self._set(key, live, now, lease)
+            slots[member] = end
+        self._set(key, slots, now, lease)
 
     def _cc_upkeep(self, op: str, key: str, limit: int, lease: int, cost: int, token: str,
                    now: int) -> bool:
         """Give a holder's slots back (R), or renew its leases (N): those that have ended are
         taken again if the tier has room for them all; False when it has not (lost)."""
-        slots: dict[str, int] | None = (self._data[key] if self._expires.get(key, 0) > now
-                                          else None)  # `_get`, inline
+        slots: _Slots | None = (self._data[key] if self._expires.get(key, 0) > now
+                                else None)  # `_get`, inline
         if not token:
             return True
         if slots is None:
-            slots = {}
+            slots = _Slots()
+            slots.soonest = _NO_END
         renewed = False
         ended: list[str] = []
         for member in _members(token, cost):
@@ -98,6 +140,8 @@ class _Algorithms(_Store):
                 for member in ended:
                     slots[member] = now + lease
                 renewed = held = True
+        if renewed and now + lease < slots.soonest:  # a clock stepped back writes earlier ends
+            slots.soonest = now + lease
         if not slots:
             self._delete(key)  # Redis drops an empty sorted set
         elif renewed:

@@ -126,6 +126,14 @@ class _Script(_Algorithms):
                 self._cc_take(key, tier[2], tier[3], token, now)
             elif logs is not None and (longest := logs.pop(key, 0)):  # a sliding log
                 self._sl_commit(key, result[5], at, tier[3], token, longest, now)
+
+    def _cc_resets(self, tiers: Sequence[_Tier], results: list[_Result], now: int) -> None:
+        """The reset now each admitting slots check left to its reader (-1), asked now (the
+        script's cc_reset), for a reply that reports it: a peek's, a refusal's."""
+        for i, result in enumerate(results):
+            if result[3] < 0 and tiers[i][0] == "cc":
+                results[i] = (*result[:3], self._cc_reset(tiers[i][7], now), *result[4:])
+
     # -- bans and refusals, as lua/main.lua ---------------------------------------------------
     def _ban_left(self, bans: dict[int, int], keys: Sequence[str], ban: int, now: int) -> int:
         """Ms left of the ban in KEYS[ban] (0: none), read once per call per ban key."""
@@ -156,6 +164,7 @@ class _Script(_Algorithms):
         "never"), its reset likewise; bookings ahead tie one log's retries together, a
         banned tier's search starting at its ban's end. The reply describes the state as it
         stands; a refused hit appends the deny cache's figures (`_stability`)."""
+        self._cc_resets(tiers, results, now)
         banned = [0] * len(tiers)
         starts = [at] * len(tiers)
         if bans:

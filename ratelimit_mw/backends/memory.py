@@ -89,6 +89,7 @@ class MemoryBackend(_Script):
             if not admitted and op != "F":  # F: charged whether or not admitted
                 return self._refused(op, keys, tiers, results, bans, at, now, now_us)
             if op == "P":
+                self._cc_resets(tiers, results, now)
                 reply = [1]
                 for ok, before, retry, reset_now, _, _, _ in results:
                     reply += (1 if ok else 0, before, retry, reset_now, 0)

@@ -319,3 +319,60 @@ def test_a_hit_of_a_million_on_a_sliding_log_completes(step_clock: StepClock) ->
     assert limiter.hit(policy, "u").remaining == 0
     limiter.refund(policy, "u", cost=999_999)
     assert limiter.peek(policy, "u").remaining == 999_999
+
+
+LEASE_MS = 2000
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(st.tuples(st.sampled_from(["take", "give back", "renew", "wait"]),
+                                st.integers(0, 6), st.integers(-LEASE_MS, 2 * LEASE_MS)),
+                      max_size=60))
+def test_in_flight_slots_answer_as_a_sorted_set_whose_ended_leases_go_first(
+    steps: list[tuple[str, int, int]],
+) -> None:
+    """Takes, give-backs, renewals and waits across lease ends (and a clock stepped back, as
+    NTP may) on one tier of 3 slots answer as a plain {token: lease end} model does, ended
+    leases dropped before every count; and the tier's `soonest` never passes an end it
+    holds (its ended leases are looked for only once it has passed)."""
+    from ratelimit_mw.core.codec import Check
+
+    clock = StepClock()
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, clock=clock, deny_cache=0)
+    policy = rl.Policy.in_flight(3, lease=LEASE_MS / 1000)
+    compiled = limiter.compile([(policy, 1)])
+    checks = (Check(policy, "u", 1),)
+    held: dict[str, int] = {}  # token -> when its lease ends, ms
+    gone = 0  # when the tier's key expires: a lease after its last take or renewal (PEXPIRE)
+
+    def live(now: int) -> dict[str, int]:
+        return {t: end for t, end in held.items() if end > now} if gone > now else {}
+
+    for kind, n, ms in steps:
+        token, now = f"t{n}", clock.ms
+        held = live(now)
+        if kind == "take":
+            decision = limiter.hit_compiled(compiled, ("u",), token=token)
+            assert decision.allowed == (len(held) + 1 <= 3)
+            if decision.allowed:
+                held[token] = gone = now + LEASE_MS
+            else:
+                assert decision.retry_after == min(min(held.values()) - now, 1000) / 1000
+        elif kind == "give back":
+            limiter.give_back_all([(checks, token, 0)])
+            held.pop(token, None)
+        elif kind == "renew":
+            kept = limiter.renew(checks, token)
+            assert kept == (token in held or len(held) + 1 <= 3)
+            if kept:
+                held[token] = gone = now + LEASE_MS
+        else:
+            clock.advance(ms / 1000)
+            now = clock.ms
+            held = live(now)
+        peek = limiter.peek(policy, "u")
+        assert peek.remaining == 3 - len(held)
+        assert peek.reset_after == ((max(held.values()) - now) / 1000 if held else 0.0)
+        for slots in backend._data.values():
+            assert not slots or slots.soonest <= min(slots.values())
