@@ -235,7 +235,7 @@ class Holding(Watch):
             if holders is not None:
                 holders.live.discard(self)
             hits = (guard.give_back_of(held.admit, checks),)
-            if not given_back_here(guard, self.limiter, hits):  # `give_back_async`, unawaited
+            if not given_back_here(guard, self.limiter, hits):  # as `give_back_async`, no coroutine
                 await slots_async.give_back_by_call_async(guard, self.limiter, hits)
         elif holders.give_back(self, guard.give_back_of(held.admit, checks)):
             try:
