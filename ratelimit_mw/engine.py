@@ -391,8 +391,7 @@ class _Shared:
             return False
         checks, token, at_us = hits[0]
         compiled, identities = self.compiled_checks(checks)
-        kept = compiled.release_of  # `_released_here`, its cache asked here
-        release = kept[1] if kept[0] is self._backend else self._released_here(compiled)
+        release = self._released_here(compiled)
         if release is None:  # a selection the store does not type (a calendar's, a penalty's)
             return False
         deny = self._deny

@@ -57,10 +57,8 @@ async def give_back_by_call_async(guard: Guard, limiter: AsyncLimiter, hits: Hit
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        if owed or not limiter.give_back_here(hits):
-            await limiter.give_back_all([*hits, *((each.checks, each.token, 0)
-                                                  for each in owed)] if owed else hits,
-                                         guard.timeout)
+        await limiter.give_back_all([*hits, *((each.checks, each.token, 0) for each in owed)]
+                                     if owed else hits, guard.timeout)
     except Exception as exc:
         slots.keep(limiter, hits)
         slots.put_back(owed)

@@ -58,10 +58,8 @@ def give_back_by_call_sync(guard: Guard, limiter: Limiter, hits: Hits) -> None:
         return
     owed = slots.due(limiter) if slots.owed else []
     try:
-        if owed or not limiter.give_back_here(hits):
-            limiter.give_back_all([*hits, *((each.checks, each.token, 0)
-                                                  for each in owed)] if owed else hits,
-                                         guard.timeout)
+        limiter.give_back_all([*hits, *((each.checks, each.token, 0) for each in owed)]
+                                     if owed else hits, guard.timeout)
     except Exception as exc:
         slots.keep(limiter, hits)
         slots.put_back(owed)
