@@ -66,10 +66,15 @@ class _Algorithms(_Store):
     # -- concurrency (lua/concurrency.lua): the value is `_Slots`, {member: lease end ms} -----
     def _cc_live(self, key: str, now: int) -> _Slots | None:
         """The tier's slots, those whose lease has ended dropped first (the script's
-        ZREMRANGEBYSCORE: nothing any reply says changes); None: none held."""
-        slots: _Slots | None = (self._data[key] if self._expires.get(key, 0) > now
-                                else None)  # `_get`, inline
-        if slots is not None and slots.soonest <= now:
+        ZREMRANGEBYSCORE: nothing any reply says changes); None: none held. A set found
+        expired goes now, as Redis drops a key read past its expiry: a clock stepped back
+        must not find it again before the sweep does."""
+        if self._expires.get(key, 0) <= now:
+            if key in self._data:
+                self._delete(key)
+            return None
+        slots: _Slots = self._data[key]
+        if slots.soonest <= now:
             for member in [m for m, end in slots.items() if end <= now]:
                 del slots[member]
             if not slots:
