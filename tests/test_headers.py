@@ -6,11 +6,14 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.http.headers import (
     PolicyHeader,
     rate_limit_headers,
+    refusal_shape,
     retry_after_seconds,
     too_many_requests_body,
     unavailable_body,
@@ -138,3 +141,64 @@ def test_headers_from_a_real_decision(step_clock: object) -> None:
     refused = dict(rate_limit_headers(limiter.hit(policy, "u"), header))
     assert refused["RateLimit-Policy"] == '"minute";q=2;w=60, "hour";q=3;w=3600'
     assert refused["RateLimit"] == '"minute";r=0;t=60' and refused["Retry-After"] == "60"
+
+
+_SHAPED = [rl.Policy("10/minute;100/hour", name="api"),
+           rl.Policy("2/second", algorithm="gcra", penalty="1 minute"),
+           rl.Policy.in_flight(3)]
+_HEADERS = PolicyHeader(_SHAPED)
+# Few values, so that two draws often agree on all but one field.
+_WAITS = st.sampled_from([math.inf, 0.2, 0.9, 1.0, 4.2, 4.8, 59.5, 60.0])
+
+
+_FIELDS = {
+    "policy": st.sampled_from(_SHAPED),
+    "rate": st.sampled_from([rate for policy in _SHAPED for rate in policy.rates]),
+    "limit": st.sampled_from([2, 7, 10]),
+    "remaining": st.integers(0, 1),
+    "retry_after": _WAITS,
+    "reset_after": _WAITS,
+    "identity": st.sampled_from(["ip:1", "ip:2"]),
+    "banned": st.booleans(),
+    "at_us": st.integers(0, 10),
+}
+
+
+@st.composite
+def _refusal_pairs(draw: st.DrawFn) -> tuple[rl.Decision, rl.Decision]:
+    """A refusal, and another that differs from it in one or two fields."""
+    policy = draw(_FIELDS["policy"])
+    first = rl.Decision(allowed=False, limit=draw(_FIELDS["limit"]),
+                        remaining=draw(_FIELDS["remaining"]),
+                        retry_after=draw(_WAITS), reset_after=draw(_WAITS), policy=policy,
+                        rate=draw(st.sampled_from(policy.rates)),
+                        identity=draw(_FIELDS["identity"]), banned=draw(st.booleans()))
+    changed = draw(st.lists(st.sampled_from(sorted(_FIELDS)), min_size=1, max_size=2))
+    return first, first._replace(**{name: draw(_FIELDS[name]) for name in changed})
+
+
+def _rendered(refusal: rl.Decision) -> tuple[object, ...]:
+    return (rate_limit_headers(refusal, _HEADERS), rate_limit_headers(refusal, _HEADERS, True),
+            too_many_requests_body(refusal))
+
+
+@settings(max_examples=500)
+@given(pair=_refusal_pairs())
+def test_refusals_of_one_shape_render_the_same_429(
+    pair: tuple[rl.Decision, rl.Decision]
+) -> None:
+    """The guard renders a flood's 429 once per shape (`refusal_shape`): whatever else two
+    refusals differ in (their milliseconds, identity, reset) must not show in the bytes.
+    (Each field of the shape left out fails this.)"""
+    first, second = pair
+    if refusal_shape(first) == refusal_shape(second):
+        assert _rendered(first) == _rendered(second)
+
+
+def test_a_refusal_a_millisecond_later_has_the_same_shape() -> None:
+    policy = _SHAPED[0]
+    early = decision(False, retry=4.2, reset=4.2, policy=policy, rate=policy.rates[0])
+    later = early._replace(retry_after=4.199, reset_after=4.199)
+    assert refusal_shape(early) == refusal_shape(later)
+    assert refusal_shape(early) != refusal_shape(early._replace(retry_after=3.9))
+    assert refusal_shape(early) != refusal_shape(early._replace(retry_after=math.inf))

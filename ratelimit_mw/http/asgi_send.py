@@ -16,7 +16,7 @@ from typing import Any
 from ratelimit_mw._async import slots as slots_async
 from ratelimit_mw.core.codec import GiveBack
 from ratelimit_mw.http.guard import Guard
-from ratelimit_mw.http.headers import RawHeaders, encode_raw
+from ratelimit_mw.http.headers import Headers, RawHeaders, encode_raw
 from ratelimit_mw.http.slots import LeaseLost, given_back_here
 from ratelimit_mw.http.verdict import Admit, Held, Refuse, Unavailable
 from ratelimit_mw.limiter import AsyncLimiter
@@ -97,24 +97,24 @@ async def serve_holding(guard: Guard, limiter: AsyncLimiter, held: Held, app: Ap
 
 
 class DefaultResponses:
-    """The default 429 or 503, as JSON. The guard hands a flood the same verdict while its
-    numbers hold: its headers are encoded once (the last verdict's are kept)."""
+    """The default 429 or 503, as JSON. The guard hands a flood the same headers and body
+    while its numbers hold: they are encoded once (the last verdict's are kept)."""
 
     __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self._last: tuple[Refuse | Unavailable, RawHeaders] | None = None
+        self._last: tuple[Headers, bytes, RawHeaders] | None = None
 
     async def send(self, verdict: Refuse | Unavailable, send: Send,
                    kind: str = "http.response") -> None:
         last = self._last
-        if last is not None and last[0] is verdict:
-            raw = last[1]
+        if last is not None and last[0] is verdict.headers and last[1] is verdict.body:
+            raw = last[2]
         else:
             raw = [(b"content-type", b"application/json"),
                    (b"content-length", str(len(verdict.body)).encode()),
                    *encode_raw([item for item in verdict.headers if item[0] != "Content-Type"])]
-            self._last = (verdict, raw)
+            self._last = (verdict.headers, verdict.body, raw)
         # A copy: a server or an outer middleware may add to the list it is given.
         await send({"type": f"{kind}.start", "status": verdict.status, "headers": [*raw]})
         await send({"type": f"{kind}.body", "body": verdict.body})

@@ -155,6 +155,15 @@ def encode_raw(pairs: Headers) -> RawHeaders:
     return raw
 
 
+def refusal_shape(decision: Decision) -> tuple[Any, ...]:
+    """Everything of a refused `decision` that its 429 renders (`rate_limit_headers`, legacy
+    fields or not, and `too_many_requests_body`): two refusals of one selection with equal
+    shapes answer the same bytes (tests/test_http_caches.py holds the two to it)."""
+    retry = decision.retry_after
+    return (id(decision.policy), decision.rate, decision.remaining, decision.banned,
+            decision.limit, retry == math.inf, retry_after_seconds(decision))
+
+
 def too_many_requests_body(decision: Decision) -> bytes:
     """The default 429 body: ``{"detail": ..., "retry_after": N}``."""
     if decision.retry_after == math.inf:

@@ -21,6 +21,7 @@ from ratelimit_mw.http.headers import (
     Headers,
     encode_raw,
     rate_limit_headers,
+    refusal_shape,
     too_many_requests_body,
     unavailable_body,
 )
@@ -64,11 +65,11 @@ class Outcomes:
         self.unavailable = Unavailable(
             503, [_JSON, _NO_STORE, ("Retry-After", str(retry))], unavailable_body(retry)
         )
-        # The last refusal rendered, with the Decision and Selection it was rendered from: a
-        # flood gets the same Decision object from the deny cache while its numbers stay
-        # the same (about a millisecond), and the same objects render the same 429. One
-        # tuple, replaced whole (threads may share the guard).
-        self._last_refusal: tuple[Decision, Selection, Refuse] | None = None
+        # The last refusal rendered, with what of its Decision it renders (`refusal_shape`)
+        # and its Selection: a flood's refusals render alike for up to a second (the
+        # Retry-After seconds), whatever the store's milliseconds. One tuple, replaced
+        # whole (threads may share the guard).
+        self._last_refusal: tuple[tuple[Any, ...], Selection, Refuse] | None = None
         # Handed to an on_backend_error callable while the breaker skips the backend.
         self._cooling = BackendError(
             "the rate-limit backend failed recently; not calling it during the cool-down"
@@ -90,12 +91,15 @@ class Outcomes:
             if not self.headers:
                 return _new(Admit, (decision, None, None, None))
             return self._headed(decision, self.served_headers(decision, selection), None)
+        shape = refusal_shape(decision)
         last = self._last_refusal
-        if last is not None and last[0] is decision and last[1] is selection:
-            return last[2]
+        if last is not None and last[1] is selection and last[0] == shape:
+            kept = last[2]  # its headers and body; this request's own decision
+            return (kept if kept.decision is decision
+                    else _new(Refuse, (decision, 429, kept.headers, kept.body)))
         refusal = Refuse(decision, 429, self.refusal_headers(decision, selection),
                          too_many_requests_body(decision))
-        self._last_refusal = (decision, selection, refusal)
+        self._last_refusal = (shape, selection, refusal)
         return refusal
 
     def admitter(self, selection: Selection) -> Callable[[Decision, Plan | None], Admit]:
