@@ -166,9 +166,7 @@ class _Shared:
                 f"got {deny_cache!r}; e.g. deny_cache=10_000"
             )
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
-        # As configured; in use only before a store elsewhere (`_fresh_deny`).
-        self._deny_as_set = deny if deny_cache else None
-        self._deny = None if self.local_store else self._deny_as_set
+        self._deny = deny if deny_cache else None
         self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
         self._semaphores: dict[tuple[str, int, float], Policy] = {}
         # Last: everything an isolation saves and replaces is set by now.
@@ -187,11 +185,9 @@ class _Shared:
         self._backend = backend
         self.local_store = bool(getattr(backend, "in_process", False))
         self.generation += 1
-        # Empty (what it held, the other store said); none before a store in this process,
-        # which answers a refusal as cheaply as the cache, and exactly.
-        deny = self._deny_as_set
-        self._deny = (None if deny is None or self.local_store
-                      else DenyCache(deny.size, deny.max_age_us / 1e6, deny.max_bytes))
+        deny = self._deny
+        if deny is not None:  # what it holds, the other store said
+            self._deny = DenyCache(deny.size, deny.max_age_us / 1e6, deny.max_bytes)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -380,8 +376,7 @@ class _Shared:
                          time.perf_counter() - started)
         return decision
 
-    def _here(self, compiled: Compiled) -> Callable[[Sequence[str], str | None,
-                                                     Callable[[], float] | None],
+    def _here(self, compiled: Compiled) -> Callable[[Sequence[str], str | None, bool],
                                                     Decision] | None:
         """`in_process` of `compiled`, kept on it with the store it is of."""
         here = self.in_process(compiled)
@@ -390,8 +385,8 @@ class _Shared:
 
     def give_back_here(self, hits: Sequence[GiveBack]) -> bool:
         """The give-back of one response's hits where the store is in this process: done
-        now, no call built, on this limiter's clock, by the store's own `releaser`. False:
-        several, or the store runs the refund's call."""
+        now, no call built, with this limiter's deny cache and clock around the store's own
+        `releaser`. False: several, or the store runs the refund's call."""
         if len(hits) != 1 or not self.local_store:
             return False
         checks, token, at_us = hits[0]
@@ -399,6 +394,9 @@ class _Shared:
         release = self._released_here(compiled)
         if release is None:  # a selection the store does not type (a calendar's, a penalty's)
             return False
+        deny = self._deny
+        if deny is not None:
+            deny.forget(checks)
         clock = self.clock
         release(identities, token or "", None if clock is None else round(clock() * 1_000_000),
                 at_us)
@@ -417,30 +415,45 @@ class _Shared:
         compiled.release_of = (backend, release)
         return release
 
-    def in_process(self, compiled: Compiled) -> Callable[[Sequence[str], str | None,
-                                                          Callable[[], float] | None],
+    def in_process(self, compiled: Compiled) -> Callable[[Sequence[str], str | None, bool],
                                                          Decision] | None:
-        """How the store decides `compiled` when it is in this process: the memory store's
-        own typed hit (`Compiled.hitter`), ``here(identities, token, clock)`` with this
-        limiter's clock (None: the system's), no I/O, no deadline, no deny cache (it would
-        only repeat what the store answers as cheaply and exactly); wrapped only where
-        metrics report it. None: the store is elsewhere, and `hit_compiled` asks it. Built
-        once per compiled hit and store (a middleware's handler keeps it while
-        `generation` stands)."""
+        """How the store decides `compiled` when it is in this process (the memory store's
+        own typed hit, `Compiled.hitter`), with this limiter's deny cache and metrics around
+        it: ``here(identities, token, cached)``, no I/O and no deadline, the same on both
+        sides. None: the store is elsewhere, and `hit_compiled` asks it. Built once per compiled
+        hit and store (a middleware's handler keeps it while `generation` stands)."""
         hit = compiled.hitter(self._backend)
-        metrics = self.metrics
-        if hit is None or metrics is None:
-            return hit  # type: ignore[no-any-return]
+        if hit is None:
+            return None
 
-        def timed(identities: Sequence[str], token: str | None,
-                  clock: Callable[[], float] | None) -> Decision:
-            started = time.perf_counter()
-            answer: Decision = hit(identities, token, clock)
-            self._report(compiled.checks(identities), ADMITTED if answer[0] else REFUSED,
-                         time.perf_counter() - started)
-            return answer
+        def here(identities: Sequence[str], token: str | None, cached: bool) -> Decision:
+            deny, metrics, clock = self._deny, self.metrics, self.clock
+            checks = None
+            if cached and deny is not None and deny.entries:
+                checks = compiled.checks(identities)
+                found = deny.find(checks, self._cache_now())
+                if type(found) is Decision:
+                    self._report(checks, REFUSED, 0.0)
+                    return found
+            now_us = None if clock is None else round(clock() * 1_000_000)
+            sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
+                                           else now_us)
+            started = time.perf_counter() if metrics is not None else 0.0
+            answer = hit(identities, now_us, token)
+            if type(answer) is Decision:
+                if metrics is None and (deny is None or not deny.index):
+                    return answer
+                if checks is None:
+                    checks = compiled.checks(identities)
+                if deny is not None:
+                    deny.forget(checks)
+                self._report(checks, ADMITTED, time.perf_counter() - started)
+                return answer
+            call = compiled.call(identities, now_us, token or "")
+            return self._settled(call, compiled, identities, checks, answer, sent, cached,
+                                 started)
 
-        return timed
+        return here
 
     def _failed(self, checks: Sequence[Check], started: float) -> None:
         self._report(checks, BACKEND_ERROR, time.perf_counter() - started)

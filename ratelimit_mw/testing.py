@@ -105,8 +105,10 @@ class Isolation:
                 return
             deny = limiter._deny
             self._saved[limiter] = (limiter.backend, limiter.clock, deny, limiter._sleep)
-            limiter.backend = self.backend  # a store in this process: no deny cache
+            limiter.backend = self.backend
             limiter.clock = self.clock
+            if deny is not None:
+                limiter._deny = _emptied(deny)
             limiter._sleep = self.clock.asleep if isinstance(limiter, AsyncLimiter) else (
                 self.clock.sleep)
 

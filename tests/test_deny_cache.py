@@ -232,11 +232,10 @@ def test_the_cache_is_bounded_in_bytes_whatever_the_identities(step_clock: StepC
 
 def test_a_long_identity_flood_keeps_traced_memory_under_50_mb() -> None:
     """65,536 distinct 8 KB identities (a header a client controls), each refused, through a
-    limiter with the deny cache before a store (the memory backend's, as Redis is reached):
-    neither the key-encoding cache nor the deny cache may keep their text (before: ~600
-    MB)."""
+    limiter with the deny cache on the memory backend: neither the key-encoding cache nor the
+    deny cache may keep their text (before: ~600 MB)."""
     clock = StepClock()
-    limiter = rl.Limiter(CountingBackend(), clock=clock)  # type: ignore[arg-type]
+    limiter = rl.Limiter(rl.MemoryBackend(), clock=clock)
     policy = rl.Policy("1/second", algorithm="gcra")
     tracemalloc.start()
     try:
@@ -322,9 +321,9 @@ def test_remaining_grows_while_a_refusal_is_held(step_clock: StepClock, algorith
 
 
 def test_a_reset_elsewhere_takes_effect_within_the_age_bound(step_clock: StepClock) -> None:
-    backend = CountingBackend()
-    worker = rl.Limiter(backend, clock=step_clock, deny_cache_max_age=0.25)  # type: ignore[arg-type]
-    operator = rl.Limiter(backend, clock=step_clock)  # type: ignore[arg-type]
+    backend = rl.MemoryBackend()
+    worker = rl.Limiter(backend, clock=step_clock, deny_cache_max_age=0.25)
+    operator = rl.Limiter(backend, clock=step_clock)
     policy = rl.Policy("1/hour", penalty="1 hour")
     worker.hit(policy, "u")
     assert worker.hit(policy, "u").banned
@@ -333,42 +332,6 @@ def test_a_reset_elsewhere_takes_effect_within_the_age_bound(step_clock: StepClo
     assert not worker.hit(policy, "u").allowed  # still within the bound: the cached ban
     step_clock.advance_ms(1)
     assert worker.hit(policy, "u").allowed
-
-
-def test_the_memory_store_answers_every_refusal_itself(step_clock: StepClock) -> None:
-    """No deny cache before a store in this process: it answers a refusal as cheaply as the
-    cache would, and exactly, so an unban made by another limiter of the same store holds
-    at once, not after the age bound."""
-    backend = rl.MemoryBackend()
-    worker = rl.Limiter(backend, clock=step_clock, deny_cache_max_age=0.25)
-    operator = rl.Limiter(backend, clock=step_clock)
-    policy = rl.Policy("1/hour", algorithm="gcra")
-    worker.hit(policy, "u")
-    assert not worker.hit(policy, "u").allowed
-    operator.reset(policy, "u")
-    assert worker.hit(policy, "u").allowed
-    assert worker._deny is None
-
-
-def test_a_store_swapped_in_or_out_of_process_takes_or_drops_the_cache(
-    counting: CountingBackend, step_clock: StepClock
-) -> None:
-    """Swapped to the memory store (as `ratelimit_mw.testing` does), the limiter has no
-    cache; swapped back to a store elsewhere, an empty one of the size it was made with."""
-    limiter = make(counting, step_clock, deny_cache=7, deny_cache_max_age=0.5)
-    policy = rl.Policy("1/hour", algorithm="gcra")
-    limiter.hit(policy, "u")
-    assert not limiter.hit(policy, "u").allowed
-    assert limiter._deny is not None and len(limiter._deny) == 1
-    limiter.backend = rl.MemoryBackend()
-    assert limiter._deny is None
-    limiter.backend = counting
-    assert limiter._deny is not None and len(limiter._deny) == 0
-    assert (limiter._deny.size, limiter._deny.max_age_us) == (7, 500_000)
-    assert not limiter.hit(policy, "u").allowed  # the store's refusal, remembered again
-    calls = counting.calls
-    assert not limiter.hit(policy, "u").allowed
-    assert counting.calls == calls
 
 
 def test_a_penalty_refusal_that_started_no_ban_is_not_cached(

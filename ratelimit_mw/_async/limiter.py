@@ -40,11 +40,10 @@ class AsyncLimiter(_Shared):
     """``AsyncLimiter(AsyncRedisBackend.from_url(...))``, or ``AsyncLimiter()`` (memory).
 
     ``clock`` (tests only) replaces Redis's clock with a callable returning seconds;
-    ``sleep`` replaces the sleep of ``acquire``; ``deny_cache`` is how many of Redis's
-    refusals are answered in process, exactly as Redis would, for at most
-    ``deny_cache_max_age`` seconds (0 turns the cache off; the memory store needs none);
-    ``metrics`` is a hook with ``observe(event, policy, seconds)`` (see
-    `ratelimit_mw.metrics`).
+    ``sleep`` replaces the sleep of ``acquire``; ``deny_cache`` is how many refusals are
+    answered in process, exactly as the store would, for at most ``deny_cache_max_age``
+    seconds (0 turns the cache off); ``metrics`` is a hook with ``observe(event, policy,
+    seconds)`` (see `ratelimit_mw.metrics`).
     """
 
     asynchronous = side_async
@@ -71,10 +70,10 @@ class AsyncLimiter(_Shared):
         request that comes while the question is out (`_refresh`, which sends that one
         call with `asked`: the cache told, not asked)."""
         backend = self._backend
-        kept = compiled.here  # in process: the store's own typed hit (`in_process`)
+        kept = compiled.here  # in process: decided here, the deny cache asked there
         here = kept[1] if kept[0] is backend else self._here(compiled)
         if here is not None:
-            return here(identities, token, self.clock)
+            return here(identities, token, cached)
         checks = None
         if cached and not asked:
             deny = self._deny
@@ -200,7 +199,7 @@ class AsyncLimiter(_Shared):
         compiled = self._compiled_hit(policy, identity, cost)
         kept = compiled.here  # in process: `hit_compiled`'s first step, taken here
         if kept[0] is self._backend and kept[1] is not None:
-            return kept[1]((identity,), None, self.clock)  # type: ignore[no-any-return]
+            return kept[1]((identity,), None, True)  # type: ignore[no-any-return]
         return await self.hit_compiled(compiled, (identity,))
 
     def messages(self, policy: Policy | str) -> handles.Messages:

@@ -17,7 +17,6 @@ the Lua differential test) takes `run`, the ARGV adapter over the same checks an
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from math import inf
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +28,7 @@ from ratelimit_mw.backends._script import (
     _Script,
     charges_of,
 )
-from ratelimit_mw.core.codec import ScriptCall, admitted_decision, decode_generic, new_token
+from ratelimit_mw.core.codec import ScriptCall, admitted_decision, new_token
 from ratelimit_mw.core.decision import Decision, TierState
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
 
@@ -38,10 +37,9 @@ if TYPE_CHECKING:
     from ratelimit_mw.core.policy import Policy
     from ratelimit_mw.core.rates import Rate
 
-# A compiled hit on this store: (identities, token or None, the caller's clock or None for
-# this process's) -> its Decision.
-Clock = Callable[[], float]
-Hitter = Callable[[Sequence[str], "str | None", "Clock | None"], Decision]
+# A compiled hit on this store: (identities, now µs or None, token or None) -> the Decision
+# of an admitted hit, or a refusal's reply (main.lua's).
+Hitter = Callable[[Sequence[str], "int | None", "str | None"], "Decision | list[int]"]
 # One tier of a compiled call as `run` reads it from ARGV, before its key is known.
 _Typed = tuple[str, int, int, int, int, str, str]
 _new = tuple.__new__
@@ -111,8 +109,8 @@ class MemoryBackend(_Script):
     def hitter(self, compiled: Compiled) -> Hitter | None:
         """The hit of `compiled` on this store, for the limiter to cache per (Compiled,
         backend): the same checks and writes as `run` (`_check_all`, `_commit`), its tiers
-        typed once here, its answer the `Decision`, admitted or refused (read as
-        `codec.decoded` reads `run`'s reply). None where the arguments vary per
+        typed once here, its answer the `Decision` of an admitted hit, or a refusal's reply
+        as main.lua's (the deny cache keeps that). None where the arguments vary per
         request (a penalty's end, a calendar's schedule) or a policy is named twice: then
         the limiter builds the call and `run` answers it, as it does for a subclass with a
         `run` or `arun` of its own."""
@@ -129,22 +127,18 @@ class MemoryBackend(_Script):
         layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
         log = compiled.log
         keyed = self._keyed(compiled, tiers)
-        policies = compiled.policies
 
-        def hit(identities: Sequence[str], token: str | None,
-                clock: Clock | None) -> Decision:
+        def hit(identities: Sequence[str], now_us: int | None,
+                token: str | None) -> Decision | list[int]:
             if log and not token:
                 token = new_token()
             keys, typed = keyed(identities)
             lock.acquire()
             try:
-                now = (now_us := self._tick(None if clock is None
-                                            else round(clock() * 1_000_000))) // 1000
+                now = (now_us := self._tick(now_us)) // 1000
                 admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                 if not admitted:
-                    reply = self._refused("H", keys, typed, results, None, now, now, now_us)
-                    return decode_generic(tuple(zip(policies, identities, strict=True)),
-                                          reply, None)
+                    return self._refused("H", keys, typed, results, None, now, now, now_us)
                 self._commit(keys, typed, results, logs, token or "", now, now)
             finally:
                 lock.release()
@@ -268,8 +262,8 @@ class MemoryBackend(_Script):
         # come back (bounded likewise, emptied whole when full).
         keys: dict[str, str] = {}
 
-        def hit(identities: Sequence[str], token: str | None,
-                clock: Clock | None) -> Decision:
+        def hit(identities: Sequence[str], now_us: int | None,
+                token: str | None) -> Decision | list[int]:
             identity = identities[0]
             key = keys.get(identity)
             if key is None:
@@ -283,23 +277,14 @@ class MemoryBackend(_Script):
                 token = new_token()
             lock.acquire()
             try:
-                now = (now_us := time_ns() // 1000 if clock is None
-                       else round(clock() * 1_000_000)) // 1000
+                now = (now_us := time_ns() // 1000 if now_us is None else now_us) // 1000
                 if due_times and due_times[0] <= now:  # `_tick`, written out: every request
                     self._sweep(now, now - self._called_at)
                 self._called_at = now
                 result = check(key, limit, period, cost, cal, now, now, now_us)
                 if not result[0]:
-                    # `_refused` of one tier and no ban: its own numbers, as `decoded` reads
-                    # them (an admitting slots check's lazy reset is never a refusal's).
-                    retry = inf if result[2] < 0 else result[2] / 1000
-                    left = result[1] if result[1] > 0 else 0
-                    reset = result[3] / 1000
-                    return _new(Decision, (False, rate_limit, left, retry, reset, policy, rate,
-                                           identity, False,
-                                           (_new(TierState, (policy, rate, identity, False,
-                                                             left, retry, reset, False)),),
-                                           None, 0))
+                    return self._refused("H", [key], [(*tier, key)], [result], None, now, now,
+                                         now_us)
                 if px := result[6]:  # as `_commit`, for a value with a time to live
                     data[key] = result[5]
                     expires[key] = until = now + px

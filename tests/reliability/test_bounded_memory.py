@@ -130,7 +130,7 @@ def test_redis_forgets_100k_identities_once_their_windows_close(
     })
 
 
-def test_memory_backend_forgets_idle_identities(
+def test_memory_backend_forgets_idle_identities_and_the_deny_cache_stays_bounded(
     figures: Figures,
 ) -> None:
     backend = rl.MemoryBackend()
@@ -142,13 +142,15 @@ def test_memory_backend_forgets_idle_identities(
         policy = policies[i % len(policies)]
         limiter.hit(policy, f"user:{i}")
         if i % len(policies) == len(policies) - 1:
-            limiter.hit(policy, f"user:{i}")  # refused: a ban
+            limiter.hit(policy, f"user:{i}")  # refused: a ban and a deny-cache entry
     held = len(backend)
     assert held >= IDENTITIES
-    assert limiter._deny is None  # a store in this process is asked every time
+    deny_entries = len(limiter._deny or ())
+    assert 0 < deny_entries <= 10_000  # the deny cache's default size
 
     clock.advance(3.0)  # every window (and ban) of the run has closed
-    # A limit the driving identity never reaches: every call admitted, each one sweeping.
+    # A limit the driving identity never reaches: a refusal would be answered from the deny
+    # cache, without a backend call, and so without a sweep.
     active = rl.Policy("1000000/second", algorithm="gcra", name="active")
     calls = 0
     while len(backend) > 1 and calls < 2 * held // SWEEP_PER_CALL + 10:
@@ -157,7 +159,8 @@ def test_memory_backend_forgets_idle_identities(
     assert len(backend) <= 1, len(backend)  # only the one identity still active
     assert calls <= held // SWEEP_PER_CALL + 2
     figures.record("bounded_memory.memory_backend", {
-        "identities": IDENTITIES, "keys_held": held, "calls_to_sweep_everything": calls,
+        "identities": IDENTITIES, "keys_held": held, "deny_cache_entries": deny_entries,
+        "calls_to_sweep_everything": calls,
     })
 
 
