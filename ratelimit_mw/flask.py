@@ -155,7 +155,9 @@ class RateLimited(_JSONAnswer, TooManyRequests):
     def __init__(self, refusal: Refuse) -> None:
         super().__init__(retry_after=retry_after_seconds(refusal.decision))
         self.decision = refusal.decision
-        self.ratelimit_headers = refusal.headers
+        # A copy: the guard hands one rendering to every refusal of a shape, and the app's
+        # error handler may add to this list.
+        self.ratelimit_headers = list(refusal.headers)
         self._body = refusal.body.decode()
 
 
@@ -165,7 +167,7 @@ class BackendUnavailable(_JSONAnswer, ServiceUnavailable):
 
     def __init__(self, retry_after: int, headers: Headers, body: bytes) -> None:
         super().__init__(retry_after=retry_after)
-        self.ratelimit_headers = headers
+        self.ratelimit_headers = list(headers)  # a copy, as RateLimited's
         self._body = body.decode()
 
 

@@ -290,6 +290,27 @@ def test_a_generic_http_exception_handler_sees_the_refusal_too(limiter: rl.Limit
     assert refused.headers["Retry-After"] == "60"
 
 
+def test_an_errorhandler_that_adds_to_the_refusals_headers_changes_only_its_own(
+    limiter: rl.Limiter,
+) -> None:
+    """The guard renders a flood's 429 once per shape: each RateLimited carries its own
+    copy of those headers, so a handler appending to it leaves the next refusal as it was."""
+    app = new_app()
+    app.add_url_rule("/", "index", lambda: "ok")
+
+    @app.errorhandler(429)
+    def too_many(error: RateLimited) -> Any:
+        error.ratelimit_headers.append(("X-Seen", "1"))
+        return error.get_response()
+
+    RateLimit(app, limiter=limiter, default="1/minute")
+    c = app.test_client()
+    c.get("/")
+    first, second = c.get("/"), c.get("/")
+    assert first.status_code == second.status_code == 429
+    assert first.headers.getlist("X-Seen") == second.headers.getlist("X-Seen") == ["1"]
+
+
 def test_shadow_mode_and_on_refusal_in_flask(limiter: rl.Limiter) -> None:
     app = new_app()
     app.add_url_rule("/", "index", lambda: "ok")
