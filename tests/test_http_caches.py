@@ -1,7 +1,7 @@
 """The guard's caches against fresh answers, on random requests.
 
 `Guard.select` caches a selection per request shape, and a flood's refusals are rendered
-once while their Decision stays the same. Both must give what a fresh guard gives: the same
+once per shape (`refusal_shape`: what the 429 reads of their Decision). Both must give what a fresh guard gives: the same
 selection, the same verdicts, the same headers, for any request a client can send (methods,
 paths, headers, peers, garbage included). A handler keeps the plan a response carries per
 identity: each client's give-back stays its own.
@@ -150,6 +150,26 @@ async def test_a_flood_at_a_standing_clock_reuses_one_rendering_in_fresh_lists()
     assert second[0] == 429
     assert (b"x-added-by-an-outer-middleware", b"1") not in second[1]
     assert second[1] == first[1][:-1]
+
+
+async def test_a_floods_refusals_a_millisecond_apart_share_one_rendering() -> None:
+    """Without the deny cache each refusal is the store's own Decision, its wait a
+    millisecond shorter each time: the 429 is still rendered once while Retry-After's whole
+    seconds stand, and each request keeps its own Decision."""
+    clock = StepClock()
+    limiter = rl.AsyncLimiter(rl.MemoryBackend(), clock=clock, deny_cache=0)
+    app = RateLimitMiddleware(_hello, limiter=limiter, default="2/10s")
+    for _ in range(3):
+        await _respond(app, "203.0.113.1")
+    refusal = app.guard._last_refusal
+    assert refusal is not None
+    answers = []
+    for _ in range(3):
+        clock.us += 1_000
+        answers.append(await _respond(app, "203.0.113.1"))
+        assert app.guard._last_refusal is refusal
+    assert answers[0] == answers[1] == answers[2]
+    assert answers[0][0] == 429
 
 
 # -- the plan a response carries, kept per identity (`verdict.keep`) -------------------------
