@@ -19,8 +19,9 @@ their rule template (``/users/<int:id>``, see ``keys.route()``). The closest set
 view's own decorator, else that of its innermost blueprint that has one, else ``default``;
 path ``rules`` always add. A refusal raises `RateLimited` (a werkzeug ``TooManyRequests``),
 so ``@app.errorhandler(429)`` can render it; without a handler the answer is the same JSON 429
-as the middleware's. Headers are added and ``count_when`` refunds are decided in
-``after_request``.
+as the middleware's. ``count_when`` refunds are decided in ``after_request``; the rate-limit
+headers are added as the response starts (`_with_fields`, around ``app.wsgi_app``), after
+every ``after_request`` hook.
 
 Per-app state (the options' caches, the breaker) lives in ``app.extensions["ratelimit_mw"]``,
 so one extension object serves any number of apps built by an app factory.
@@ -74,8 +75,8 @@ __all__ = ["EXTENSION_KEY", "BackendUnavailable", "Config", "RateLimit", "RateLi
 #: The extension's per-app state: ``app.extensions[EXTENSION_KEY]``.
 EXTENSION_KEY = "ratelimit_mw"
 
-# What before_request leaves for after_request: the headers to add, whether they only fill
-# gaps (a refusal rendered by the app's own handler), and the checks to refund.
+# What before_request leaves for the response's start (`_with_fields`): the headers to add,
+# and whether they only fill gaps (a refusal rendered by the app's own handler).
 _PENDING = "ratelimit_mw.pending"
 # An admitted request whose response may give its hit back: its `_Refund` when any response
 # may (slots, a count_when), else its `Admit` until an uncharged 405 makes one.
@@ -128,6 +129,26 @@ class _Refund:
             return
         self.done = True
         slots_sync.refund_sync(self.guard, self.limiter, self.admit, back)
+
+
+def _with_fields(wsgi_app: Callable[..., Any]) -> Callable[..., Any]:
+    """`wsgi_app` with the rate-limit headers that ``before_request`` left (`_PENDING`)
+    added as the response starts: after every ``after_request`` hook, to whatever response
+    goes out (an error handler's, a 500 Flask made instead), as the WSGI middleware adds
+    them. Plain pairs: werkzeug's ``Headers.add`` checks each value again (9k instructions
+    a request); ours are printable ASCII by construction."""
+
+    def with_fields(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            pending = environ.pop(_PENDING, None)
+            if pending is not None:
+                extra, fill_only = pending
+                headers.extend(missing(headers, extra) if fill_only else extra)
+            return start_response(status, headers, exc_info)
+
+        return wsgi_app(environ, start)
+
+    return with_fields
 
 
 class _JSONAnswer(HTTPException):
@@ -311,14 +332,6 @@ class _AppState:
             # An Admit kept: `may_give_back` said no for all but the status (a 405 may).
             environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)
             refund.on(response)
-        pending = environ.pop(_PENDING, None)
-        if pending is not None:
-            headers, fill_only = pending
-            target = response.headers
-            # add() one by one: extend() first works out what kind of mapping it got.
-            add = target.add
-            for name, value in missing(target, headers) if fill_only else headers:
-                add(name, value)
         return response
 
     def teardown_request(self, exc: BaseException | None) -> None:
@@ -378,6 +391,7 @@ class RateLimit:
         app.before_request(state.before_request)
         app.after_request(state.after_request)
         app.teardown_request(state.teardown_request)
+        app.wsgi_app = _with_fields(app.wsgi_app)  # type: ignore[method-assign]
 
     # -- decorators (metadata only, like Limiter.limit / Limiter.exempt) --------------------
     def limit_blueprint(self, blueprint: Blueprint, rates: Policy | str | None = None, *,

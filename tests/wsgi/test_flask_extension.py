@@ -290,6 +290,33 @@ def test_a_generic_http_exception_handler_sees_the_refusal_too(limiter: rl.Limit
     assert refused.headers["Retry-After"] == "60"
 
 
+@pytest.mark.parametrize("hook_first", [True, False])
+def test_the_fields_go_on_the_response_that_goes_out_after_every_after_request_hook(
+    limiter: rl.Limiter, hook_first: bool,
+) -> None:
+    """An app's after_request hook may hand back a new response, registered before the
+    extension or after it: the fields are added as the response starts, so the one that
+    goes out carries them, once; the hook itself sees the decision in ``g.ratelimit``."""
+    app = new_app()
+    app.add_url_rule("/", "index", lambda: "ok")
+    seen: list[Any] = []
+
+    def replace(response: Any) -> Any:
+        seen.append((flask.g.ratelimit.remaining, "RateLimit" in response.headers))
+        return flask.Response("replaced", 200)
+
+    if hook_first:
+        app.after_request(replace)
+    RateLimit(app, limiter=limiter, default="3/minute")
+    if not hook_first:
+        app.after_request(replace)
+    answer = app.test_client().get("/")
+    assert answer.get_data(as_text=True) == "replaced"
+    assert answer.headers.getlist("RateLimit") == ['"minute";r=2;t=60']
+    assert answer.headers.getlist("RateLimit-Policy") == ['"minute";q=3;w=60']
+    assert seen == [(2, False)]
+
+
 def test_an_errorhandler_that_adds_to_the_refusals_headers_changes_only_its_own(
     limiter: rl.Limiter,
 ) -> None:
