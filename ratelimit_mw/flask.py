@@ -75,8 +75,12 @@ __all__ = ["EXTENSION_KEY", "BackendUnavailable", "Config", "RateLimit", "RateLi
 #: The extension's per-app state: ``app.extensions[EXTENSION_KEY]``.
 EXTENSION_KEY = "ratelimit_mw"
 
-# What before_request leaves for the response's start (`_with_fields`): the headers to add,
-# and whether they only fill gaps (a refusal rendered by the app's own handler).
+# What before_request leaves for the response: the headers to add, and whether they only
+# fill gaps (a refusal rendered by the app's own handler). In `_FIELDS`, the list the
+# wrapper around app.wsgi_app reads as the response starts (a copy of the environ shares
+# it); without the wrapper (an app whose wsgi_app was taken before init_app), under
+# `_PENDING`, for after_request.
+_FIELDS = "ratelimit_mw.fields"
 _PENDING = "ratelimit_mw.pending"
 # An admitted request whose response may give its hit back: its `_Refund` when any response
 # may (slots, a count_when), else its `Admit` until an uncharged 405 makes one.
@@ -132,23 +136,41 @@ class _Refund:
 
 
 def _with_fields(wsgi_app: Callable[..., Any]) -> Callable[..., Any]:
-    """`wsgi_app` with the rate-limit headers that ``before_request`` left (`_PENDING`)
+    """`wsgi_app` with the rate-limit headers that ``before_request`` left (in `_FIELDS`)
     added as the response starts: after every ``after_request`` hook, to whatever response
-    goes out (an error handler's, a 500 Flask made instead), as the WSGI middleware adds
+    goes out (one a hook returned instead, an error handler's, a 500 Flask made), on each
+    start (a second one with ``exc_info`` too), in a new list, as the WSGI middleware adds
     them. Plain pairs: werkzeug's ``Headers.add`` checks each value again (9k instructions
     a request); ours are printable ASCII by construction."""
 
     def with_fields(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        left: list[tuple[Headers, bool]] = []
+        environ[_FIELDS] = left
+
         def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-            pending = environ.pop(_PENDING, None)
-            if pending is not None:
-                extra, fill_only = pending
-                headers.extend(missing(headers, extra) if fill_only else extra)
+            if left:
+                extra, fill_only = left[-1]
+                headers = [*headers, *(missing(headers, extra) if fill_only else extra)]
             return start_response(status, headers, exc_info)
 
         return wsgi_app(environ, start)
 
     return with_fields
+
+
+def _leave(environ: dict[str, Any], headers: Headers | None, fill_only: bool) -> None:
+    """Leave `headers` (None: none) for the response, where the wrapper around app.wsgi_app
+    reads them, else for after_request."""
+    left = environ.get(_FIELDS)
+    if left is not None:
+        if headers is None:
+            left.clear()
+        else:
+            left.append((headers, fill_only))
+    elif headers is None:
+        environ.pop(_PENDING, None)
+    else:
+        environ[_PENDING] = (headers, fill_only)
 
 
 class _JSONAnswer(HTTPException):
@@ -282,12 +304,12 @@ class _AppState:
             verdict, "decision", None)
         if isinstance(verdict, Admit):
             if verdict.headers:
-                environ[_PENDING] = (verdict.headers, False)
+                _leave(environ, verdict.headers, False)
             if verdict.plan is not None:
                 environ[_REFUND] = (_Refund(self.guard, self.limiter, verdict)
                                     if may_give_back(verdict, 500, self.guard) else verdict)
         elif verdict is not None:
-            environ[_PENDING] = (verdict.headers, True)
+            _leave(environ, verdict.headers, True)
             return self._refuse(request, verdict)
         return None
 
@@ -319,8 +341,8 @@ class _AppState:
             raise RateLimited(verdict)
         # No @app.errorhandler(429): answer directly. Raising would cost Flask's whole
         # exception path for every request of a flood, to render the same response. It
-        # carries every rate-limit header already: nothing left for after_request.
-        del request.environ[_PENDING]
+        # carries every rate-limit header already: nothing left to add.
+        _leave(request.environ, None, True)
         return Response(verdict.body, 429, json_headers(verdict.headers))
 
     def after_request(self, response: Response) -> Response:
@@ -332,6 +354,13 @@ class _AppState:
             # An Admit kept: `may_give_back` said no for all but the status (a 405 may).
             environ[_REFUND] = refund = _Refund(self.guard, self.limiter, found)
             refund.on(response)
+        pending = environ.pop(_PENDING, None)
+        if pending is not None:  # no wrapper around app.wsgi_app: added here instead
+            headers, fill_only = pending
+            target = response.headers
+            add = target.add
+            for name, value in missing(target, headers) if fill_only else headers:
+                add(name, value)
         return response
 
     def teardown_request(self, exc: BaseException | None) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import flask
 import pytest
+import werkzeug.test
 from flask import Blueprint, Flask
 from flask.views import MethodView
 from support import failing_backend as FailingBackend
@@ -315,6 +316,39 @@ def test_the_fields_go_on_the_response_that_goes_out_after_every_after_request_h
     assert answer.headers.getlist("RateLimit") == ['"minute";r=2;t=60']
     assert answer.headers.getlist("RateLimit-Policy") == ['"minute";q=3;w=60']
     assert seen == [(2, False)]
+
+
+def _environ_copying(wsgi_app: Any) -> Any:
+    """A middleware that hands the app a copy of the environ (as some do)."""
+    def copying(environ: dict[str, Any], start_response: Any) -> Any:
+        return wsgi_app(dict(environ), start_response)
+    return copying
+
+
+@pytest.mark.parametrize("setup", ["wsgi_app taken before init_app",
+                                   "an environ-copying middleware installed first"])
+def test_the_fields_are_sent_however_the_app_is_served(limiter: rl.Limiter,
+                                                       setup: str) -> None:
+    """A framework that took ``app.wsgi_app`` before ``init_app`` (Connexion does) never
+    runs the extension's wrapper: the fields go on in ``after_request`` instead. A
+    middleware installed first that copies the environ still shares what is left for the
+    wrapper. Either way admitted responses and the 429 carry them once."""
+    app = new_app()
+    app.add_url_rule("/", "index", lambda: "ok")
+    if setup.startswith("wsgi_app taken"):
+        served = app.wsgi_app
+        RateLimit(app, limiter=limiter, default="1/minute")
+    else:
+        app.wsgi_app = _environ_copying(app.wsgi_app)  # type: ignore[method-assign]
+        RateLimit(app, limiter=limiter, default="1/minute")
+        served = app.wsgi_app
+    client = werkzeug.test.Client(served, flask.Response)
+    admitted, refused = client.get("/"), client.get("/")
+    assert admitted.status_code == 200
+    assert admitted.headers.getlist("RateLimit") == ['"minute";r=0;t=60']
+    assert refused.status_code == 429
+    assert refused.headers.getlist("Retry-After") == ["60"]
+    assert refused.headers.getlist("RateLimit-Policy") == ['"minute";q=1;w=60']
 
 
 def test_an_errorhandler_that_adds_to_the_refusals_headers_changes_only_its_own(
