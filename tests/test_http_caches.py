@@ -1,10 +1,10 @@
 """The guard's caches against fresh answers, on random requests.
 
 `Guard.select` caches a selection per request shape, and a flood's refusals are rendered
-once per shape (`refusal_shape`: what the 429 reads of their Decision). Both must give what a fresh guard gives: the same
-selection, the same verdicts, the same headers, for any request a client can send (methods,
-paths, headers, peers, garbage included). A handler keeps the plan a response carries per
-identity: each client's give-back stays its own.
+once per shape (`refusal_shape`: what the 429 reads of their Decision). Both must give
+what a fresh guard gives: the same selection, the same verdicts, the same headers, for any
+request a client can send (methods, paths, headers, peers, garbage included). A handler
+keeps the plan a response carries per identity: each client's give-back stays its own.
 """
 
 from __future__ import annotations
