@@ -358,6 +358,7 @@ class _AppState:
         if pending is not None:  # no wrapper around app.wsgi_app: added here instead
             headers, fill_only = pending
             target = response.headers
+            # add() one by one: extend() first works out what kind of mapping it got.
             add = target.add
             for name, value in missing(target, headers) if fill_only else headers:
                 add(name, value)
