@@ -140,8 +140,8 @@ def _with_fields(wsgi_app: Callable[..., Any]) -> Callable[..., Any]:
     added as the response starts: after every ``after_request`` hook, to whatever response
     goes out (one a hook returned instead, an error handler's, a 500 Flask made), on each
     start (a second one with ``exc_info`` too), in a new list, as the WSGI middleware adds
-    them. Plain pairs: werkzeug's ``Headers.add`` checks each value again (9k instructions
-    a request); ours are printable ASCII by construction."""
+    them. Plain pairs: werkzeug's ``Headers.add`` would check each value again, and ours
+    are printable ASCII by construction."""
 
     def with_fields(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         left: list[tuple[Headers, bool]] = []
