@@ -28,7 +28,7 @@ from ratelimit_mw.backends._script import (
     _Script,
     charges_of,
 )
-from ratelimit_mw.core.codec import ScriptCall, admitted_decision, new_token
+from ratelimit_mw.core.codec import ScriptCall, admitted_decision, governing_tier, new_token
 from ratelimit_mw.core.decision import Decision, TierState
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
 
@@ -126,13 +126,15 @@ class MemoryBackend(_Script):
         # Per tier (as `results`), what its TierState takes besides the check's answer.
         layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
         log = compiled.log
-        keyed = self._keyed(compiled, tiers)
+        kept, keyed = self._keyed(compiled, tiers)
+        fixed = governing_tier([policy.algorithm for _, policy, _ in owners])
 
         def hit(identities: Sequence[str], now_us: int | None,
                 token: str | None) -> Decision | list[int]:
             if log and not token:
                 token = new_token()
-            keys, typed = keyed(identities)
+            found = kept.get(identities) if type(identities) is tuple else None
+            keys, typed = found if found is not None else keyed(identities)
             lock.acquire()
             try:
                 now = (now_us := self._tick(now_us)) // 1000
@@ -148,7 +150,7 @@ class MemoryBackend(_Script):
                 states.append(_new(TierState, (policy, rate, identities[i], True,
                                                left if left > 0 else 0, 0.0, result[4] / 1000,
                                                False)))
-            return admitted_decision(states, now_us)
+            return admitted_decision(states, now_us, None, fixed)
 
         return hit
 
@@ -163,7 +165,7 @@ class MemoryBackend(_Script):
         if tiers is None:
             return None
         lock = self._lock
-        keyed = self._keyed(compiled, tiers)
+        kept, keyed = self._keyed(compiled, tiers)
         # Slots alone (most responses' give-back) have no window to keep to.
         windowed = any(tier[0] != "cc" for tier in tiers)
         if len(tiers) == 1 and not windowed:  # one policy's slots: `_upkeep`'s one case
@@ -172,7 +174,8 @@ class MemoryBackend(_Script):
 
             def release_slots(identities: Sequence[str], token: str, now_us: int | None,
                               charged_us: int) -> None:
-                key = keyed(identities)[0][0]
+                found = kept.get(identities) if type(identities) is tuple else None
+                key = (found if found is not None else keyed(identities))[0][0]
                 lock.acquire()
                 try:
                     now = (time_ns() // 1000 if now_us is None else now_us) // 1000
@@ -187,7 +190,8 @@ class MemoryBackend(_Script):
 
         def release(identities: Sequence[str], token: str, now_us: int | None,
                     charged_us: int) -> None:
-            keys, typed = keyed(identities)
+            found = kept.get(identities) if type(identities) is tuple else None
+            keys, typed = found if found is not None else keyed(identities)
             lock.acquire()
             try:
                 now_us = self._tick(now_us)
@@ -212,9 +216,11 @@ class MemoryBackend(_Script):
 
     @staticmethod
     def _keyed(compiled: Compiled, tiers: list[_Typed]
-               ) -> Callable[[Sequence[str]], tuple[list[str], list[_Tier]]]:
+               ) -> tuple[dict[tuple[str, ...], tuple[list[str], list[_Tier]]],
+                          Callable[[Sequence[str]], tuple[list[str], list[_Tier]]]]:
         """The keys and typed tiers of a call of `compiled` for some identities, kept per
-        identities as `_one_tier` keeps its keys (bounded likewise)."""
+        identities as `_one_tier` keeps its keys (bounded likewise): the kept ones, for a
+        hit to look up in place, and the function that finds them."""
         prefix, suffixes = compiled.prefix, compiled.key_suffixes
         kept: dict[tuple[str, ...], tuple[list[str], list[_Tier]]] = {}
 
@@ -242,7 +248,7 @@ class MemoryBackend(_Script):
                 kept[identities] = (keys, typed)
             return keys, typed
 
-        return keyed
+        return kept, keyed
 
     def _one_tier(self, compiled: Compiled, tier: tuple[str, int, int, int, int, str, str],
                   policy: Policy, rate: Rate) -> Hitter:

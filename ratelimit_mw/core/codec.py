@@ -293,12 +293,23 @@ def decode_generic(
                            None, 0))
 
 
+def governing_tier(algorithms: Sequence[str]) -> int | None:
+    """Which tier governs every admitted decision of tiers of these algorithms, where their
+    layout alone decides it (`admitted_decision`'s order: one tier, or one rate among slots
+    in flight); None where the remaining counts decide."""
+    rates = [i for i, algorithm in enumerate(algorithms) if algorithm != CONCURRENCY]
+    if len(algorithms) == 1 or len(rates) == 1:
+        return rates[0] if rates else 0
+    return None
+
+
 def admitted_decision(tiers: Sequence[TierState], at_us: int,
-                      booking: Booking | None = None) -> Decision:
+                      booking: Booking | None = None, fixed: int | None = None) -> Decision:
     """The Decision of an admitted call from its tiers' states: a rate's tier before slots
-    in flight, then the one with the least remaining, the later reset on a tie."""
-    governing = tiers[0]
-    if len(tiers) > 1:
+    in flight, then the one with the least remaining, the later reset on a tie (`fixed`:
+    the tier `governing_tier` found)."""
+    governing = tiers[0 if fixed is None else fixed]
+    if fixed is None and len(tiers) > 1:
         best: tuple[bool, int, float] | None = None
         for state in tiers:
             rank = (state.policy.algorithm == CONCURRENCY, state.remaining, -state.reset_after)

@@ -182,7 +182,11 @@ class Holding(Watch):
 
     def __init__(self, guard: Guard, limiter: AsyncLimiter, held: Held, send: Send,
                  http: bool = True) -> None:
-        Watch.__init__(self, send, held.admit.raw if http else None)
+        # Watch's fields, set here: one call fewer per request.
+        self.send_on = send
+        self.extra = held.admit.raw if http else None
+        self.fill = False
+        self.status = 500
         self.http = http  # a WebSocket gives back its slots only (as it never gives back hits)
         self.guard = guard
         self.limiter = limiter
@@ -225,19 +229,24 @@ class Holding(Watch):
         if held.done:
             return
         held.done = True
-        guard = self.guard
-        # Most responses give back no hit: their slots alone (a WebSocket's, always).
-        checks = (guard.released(held.admit, self.status)
-                  if self.http and guard.given_back(held.admit, self.status) else held.checks)
+        guard, status = self.guard, self.status
+        # Most responses give back no hit: their slots alone (a WebSocket's, always). The
+        # status is asked only where it may give some back (as `serve_admitted`).
+        if (self.http and (status == 405 or guard.count_when is not None
+                           or held.admit.plan.whens is not None)  # type: ignore[union-attr]
+                and guard.given_back(held.admit, status)):
+            back = guard.give_back_of(held.admit, guard.released(held.admit, status))
+        else:
+            back = held.back
         holders = self.holders
         if holders is None or self.limiter.local_store:
             # A store in this process has no round trip for the turn to share: in place.
             if holders is not None:
                 holders.live.discard(self)
-            hits = (guard.give_back_of(held.admit, checks),)
+            hits = (back,)
             if not given_back_here(guard, self.limiter, hits):  # as `give_back_async`, no coroutine
                 await slots_async.give_back_by_call_async(guard, self.limiter, hits)
-        elif holders.give_back(self, guard.give_back_of(held.admit, checks)):
+        elif holders.give_back(self, back):
             try:
                 await asyncio.sleep(0)  # a turn of the loop: the others of this one join
             finally:  # cancelled or not, the turn's slots go back

@@ -60,16 +60,19 @@ class Held:
     """The in-flight slots of one admitted request while its response runs: when their
     lease is due for renewal (a third of the shortest lease since the last one, on the
     limiter's clock), whether they have been given back (once), and whether a renewal found
-    them gone to another request (`slots.Slots.renewed`)."""
+    them gone to another request (`slots.Slots.renewed`). `back`: the give-back of the slots
+    alone (`Guard.give_back_of`), what most responses send when they end."""
 
-    __slots__ = ("admit", "checks", "clock", "done", "every", "lost", "next")
+    __slots__ = ("admit", "back", "checks", "clock", "done", "every", "lost", "next")
 
     def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
         plan = admit.plan
         if plan is None or plan.token is None:
             raise ValueError("Held is for an admitted request that holds in-flight slots")
         self.admit = admit
-        self.checks = plan.held
+        self.checks = checks = plan.held
+        decision = admit.decision
+        self.back = (checks, plan.token, 0 if decision is None else decision.at_us)
         self.every = plan.compiled.renew_every
         self.clock = clock
         self.next = clock() + self.every
