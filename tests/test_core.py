@@ -166,6 +166,31 @@ def test_decide_on_equal_remaining_prefers_the_later_reset() -> None:
     assert decision.rate == rl.Rate(5, 3_600_000)
 
 
+@pytest.mark.parametrize(("algorithms", "governing"), [
+    (["fixed-window"], 0),  # one tier governs itself
+    (["concurrency"], 0),
+    (["fixed-window", "concurrency"], 0),  # one rate among slots: the rate, always
+    (["concurrency", "gcra"], 1),
+    (["concurrency", "sliding-log", "concurrency"], 1),
+    (["fixed-window", "gcra"], None),  # two rates: the remaining counts decide
+    (["concurrency", "concurrency"], None),  # slots alone: likewise
+])
+def test_the_governing_tier_is_fixed_where_the_layout_alone_decides_it(
+        algorithms: list[str], governing: int | None) -> None:
+    assert codec.governing_tier(algorithms) == governing
+
+
+def test_a_fixed_governing_tier_decides_as_the_ranking_does() -> None:
+    rate, slots = rl.Policy("5/minute"), rl.Policy.in_flight(2)
+    call = codec.build(codec.HIT, [codec.Check(rate, "u"), codec.Check(slots, "u")], "rl")
+    # The slots have less left than the rate: the rate governs all the same.
+    reply = _reply(1, (1, 4, 0, 12_000, 0), (1, 1, 0, 30_000, 0))
+    ranked = codec.decoded(call, reply)
+    fixed = codec.admitted_decision(ranked.tiers, ranked.at_us, None,
+                                    codec.governing_tier(["fixed-window", "concurrency"]))
+    assert ranked.policy is rate and fixed == ranked
+
+
 def test_decide_picks_the_refusing_tier_with_the_longest_wait() -> None:
     a = rl.Policy("1/second", name="a")
     b = rl.Policy("2/minute", name="b")
