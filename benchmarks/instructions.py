@@ -16,7 +16,8 @@ Starlette bare, behind the least a limiter does (``starlette-floor``: a dict cou
 RateLimit fields, benchmarks/profiling.py), and behind ``RateLimitMiddleware`` (fixed-window;
 ``starlette-inflight``: with an in-flight limit beside it, one request at a time), Flask bare,
 behind the same floor as an extension (``flask-floor``) and with the ``RateLimit`` extension,
-and ``Limiter.hit`` for each algorithm, 1000 returning identities; an in-flight slot taken and
+and ``Limiter.hit`` for each algorithm, 1000 returning identities, of one rate (``hit-``) and of
+three (``hit3-``: the store's multi-tier path); an in-flight slot taken and
 given back (``slot-alone``), and the same while 1000 other slots of the tier are held
 (``slot-among-1000``: a store's work per slot should not grow with the slots held).
 """
@@ -35,6 +36,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 CASES = ["starlette-bare", "starlette-floor", "starlette-memory", "starlette-inflight",
          "flask-bare", "flask-floor", "flask-memory",
          "hit-fixed-window", "hit-sliding-log", "hit-sliding-window", "hit-gcra",
+         "hit3-fixed-window", "hit3-sliding-log", "hit3-sliding-window", "hit3-gcra",
          "slot-alone", "slot-among-1000"]
 SHORT, LONG = 500, 2500
 
@@ -58,10 +60,13 @@ def _child(case: str, n: int) -> None:
             limiter.hit_compiled(compiled, ("user",), token=f"t{k}")
             limiter.give_back_all([(given, f"t{k}", 0)])
         return
-    if case.startswith("hit-"):
+    if case.startswith("hit"):
         from ratelimit_mw import Limiter, MemoryBackend, Policy
 
-        policy = Policy("1000000/minute", algorithm=case.removeprefix("hit-"))  # type: ignore[arg-type]
+        shape, algorithm = case.split("-", 1)
+        rates = ("100000/second;1000000/minute;10000000/hour" if shape == "hit3"
+                 else "1000000/minute")
+        policy = Policy(rates, algorithm=algorithm)  # type: ignore[arg-type]
         limiter = Limiter(MemoryBackend(), deny_cache=0)
         identities = [f"user:{i}" for i in range(1000)]
         for identity in identities:
