@@ -6,13 +6,13 @@ the hit's token, and whether the store may be asked now. `Guard` is made of it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from ratelimit_mw.core.codec import Check, GiveBack
+from ratelimit_mw.core.codec import Check
 from ratelimit_mw.core.policy import CONCURRENCY
 from ratelimit_mw.http.breaker import Breaker
-from ratelimit_mw.http.verdict import Admit, Held
+from ratelimit_mw.http.verdict import Admit, Held, give_back_of
 from ratelimit_mw.log import ThrottledLog, describe
 
 
@@ -55,13 +55,7 @@ class AfterResponse:
         return tuple(check for check in plan.checks
                      if check.policy.algorithm == CONCURRENCY or check in back)
 
-    @staticmethod
-    def give_back_of(admit: Admit, checks: Sequence[Check]) -> GiveBack:
-        """`checks` of an admitted request given back: by its hit's token, and only within
-        the window the store charged it in (its decision's time; 0: not known)."""
-        plan, decision = admit.plan, admit.decision
-        return (checks, None if plan is None else plan.token,
-                0 if decision is None else decision.at_us)
+    give_back_of = staticmethod(give_back_of)
 
     def holding(self, admit: Admit) -> Held | None:
         """The slots an admitted request holds while its response runs (None: none)."""

@@ -6,10 +6,10 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from ratelimit_mw.core.codec import Check
+from ratelimit_mw.core.codec import Check, GiveBack
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Decision
 from ratelimit_mw.core.identity import CACHED_LENGTH
@@ -61,7 +61,7 @@ class Held:
     lease is due for renewal (a third of the shortest lease since the last one, on the
     limiter's clock), whether they have been given back (once), and whether a renewal found
     them gone to another request (`slots.Slots.renewed`). `back`: the give-back of the slots
-    alone (`Guard.give_back_of`), what most responses send when they end."""
+    alone (`give_back_of`), what most responses send when they end."""
 
     __slots__ = ("admit", "back", "checks", "clock", "done", "every", "lost", "next")
 
@@ -70,9 +70,8 @@ class Held:
         if plan is None or plan.token is None:
             raise ValueError("Held is for an admitted request that holds in-flight slots")
         self.admit = admit
-        self.checks = checks = plan.held
-        decision = admit.decision
-        self.back = (checks, plan.token, 0 if decision is None else decision.at_us)
+        self.checks = plan.held
+        self.back = give_back_of(admit, self.checks)
         self.every = plan.compiled.renew_every
         self.clock = clock
         self.next = clock() + self.every
@@ -90,6 +89,14 @@ class Held:
             return False
         self.next = now + self.every
         return True
+
+
+def give_back_of(admit: Admit, checks: Sequence[Check]) -> GiveBack:
+    """`checks` of an admitted request given back: by its hit's token, and only within the
+    window the store charged it in (its decision's time; 0: not known)."""
+    plan, decision = admit.plan, admit.decision
+    return (checks, None if plan is None else plan.token,
+            0 if decision is None else decision.at_us)
 
 
 class Admit(NamedTuple):
