@@ -104,7 +104,9 @@ def _check(policy: Policy | str, identity: str, cost: int) -> Check:
             f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
         )
     codec.validate_cost(cost)
-    parsed = policy if isinstance(policy, Policy) else _policy_from_text(policy)
+    # Text is parsed once per text; anything else, as_policy explains.
+    parsed = (policy if isinstance(policy, Policy) else _policy_from_text(policy)
+              if isinstance(policy, str) else as_policy(policy))
     codec.validate_cost(cost, parsed)
     return Check(parsed, identity, cost)
 
@@ -148,13 +150,15 @@ class _Shared:
         self._backend = backend
         # The store answers in this process (`backends.base`): decided once per store.
         self.local_store = bool(getattr(backend, "in_process", False))
-        # Bumped when the store is swapped (`ratelimit_mw.testing`): what was built for the
-        # old one (`in_process`) is built again.
+        # Bumped when the store, the clock or the metrics hook is replaced
+        # (`ratelimit_mw.testing`, a test's recorder): what was built for the old ones
+        # (`in_process`, a handler) is built again. `_built` names the current set.
         self.generation = 0
+        self._built = object()
         self.prefix = validate_prefix(prefix)
-        self.clock = clock
+        self._clock = clock
         self._sleep = sleep
-        self.metrics = _metrics_hook(metrics)
+        self._metrics = _metrics_hook(metrics)
         self._metrics_failed = ThrottledLog()
         # Sliding-log policies of one name share one log in the store: every policy
         # configured on this limiter (decorators, a middleware's) must keep it as long.
@@ -168,6 +172,10 @@ class _Shared:
         deny = DenyCache(deny_cache, deny_cache_max_age)  # validates the age even when off
         self._deny = deny if deny_cache else None
         self._compiled: dict[tuple[tuple[Policy, int], ...], Compiled] = {}
+        # `hit`'s in-process decision of a cost of one, by the policy (or its text) as given:
+        # one lookup per hit (`_here_of`).
+        self._hits_here: dict[Policy | str, Callable[[Sequence[str], str | None],
+                                                     Decision]] = {}
         self._semaphores: dict[tuple[str, int, float], Policy] = {}
         # Last: everything an isolation saves and replaces is set by now.
         _LIVE.add(self)
@@ -184,10 +192,37 @@ class _Shared:
     def backend(self, backend: Any) -> None:
         self._backend = backend
         self.local_store = bool(getattr(backend, "in_process", False))
-        self.generation += 1
+        self._rebuild()
         deny = self._deny
         if deny is not None:  # what it holds, the other store said
             self._deny = DenyCache(deny.size, deny.max_age_us / 1e6, deny.max_bytes)
+
+    @property
+    def clock(self) -> Callable[[], float] | None:
+        """The clock the store is given instead of its own (tests), in seconds; None: the
+        store's."""
+        return self._clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float] | None) -> None:
+        self._clock = clock
+        self._rebuild()
+
+    @property
+    def metrics(self) -> MetricsHook | None:
+        """The hook told of every hit (`ratelimit_mw.metrics`); None: none."""
+        return self._metrics
+
+    @metrics.setter
+    def metrics(self, metrics: MetricsHook | None) -> None:
+        self._metrics = _metrics_hook(metrics)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """What was built around the store, its clock and the metrics hook is built again."""
+        self.generation += 1
+        self._built = object()
+        self._hits_here = {}
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.backend!r}, prefix={self.prefix!r})"
@@ -228,20 +263,20 @@ class _Shared:
     # -- clocks ------------------------------------------------------------------------------
     def _now_us(self) -> int | None:
         """The `now` a call carries: None (the store's clock) unless a test gave a clock."""
-        clock = self.clock
+        clock = self._clock
         return None if clock is None else round(clock() * 1_000_000)
 
     def _clock_ms(self) -> int:
-        return int((self.clock or time.time)() * 1000)
+        return int((self._clock or time.time)() * 1000)
 
     def monotonic(self) -> float:
-        return time.monotonic() if self.clock is None else self.clock()
+        return time.monotonic() if self._clock is None else self._clock()
 
     def _cache_now(self) -> int:
         """The deny cache's clock in µs: the test clock (exactly the `now` the store is given),
         else a monotonic one (an answer counts down from its call's send: never past the
         store's own)."""
-        return time.monotonic_ns() // 1000 if self.clock is None else round(self.clock() * 1e6)
+        return time.monotonic_ns() // 1000 if self._clock is None else round(self._clock() * 1e6)
 
     # -- building calls ----------------------------------------------------------------------
     def compile(self, items: Sequence[tuple[Policy, int]]) -> Compiled:
@@ -371,16 +406,30 @@ class _Shared:
         if cached and deny is not None and (reply[0] != 1 or deny.index):
             deny.record(checks, call.layout, reply, sent)
         decision = codec.decoded(call, reply)
-        if self.metrics is not None:
+        if self._metrics is not None:
             self._report(checks, ADMITTED if decision.allowed else REFUSED,
                          time.perf_counter() - started)
         return decision
 
-    def _here(self, compiled: Compiled) -> Callable[[Sequence[str], str | None, bool],
+    def _here_of(self, compiled: Compiled, policy: Policy | str, cost: int
+                 ) -> Callable[[Sequence[str], str | None], Decision] | None:
+        """`_here` of `hit`'s `compiled`, kept by the policy as it was given where the cost is
+        one (bounded: texts may vary)."""
+        kept = compiled.here
+        here = kept[1] if kept[0] is self._built else self._here(compiled)
+        if here is not None and cost == 1:
+            hits = self._hits_here
+            if len(hits) >= _COMPILED_CACHE_SIZE:
+                hits.clear()
+            hits[policy] = here
+        return here
+
+    def _here(self, compiled: Compiled) -> Callable[[Sequence[str], str | None],
                                                     Decision] | None:
-        """`in_process` of `compiled`, kept on it with the store it is of."""
+        """`in_process` of `compiled`, kept on it for this limiter's store, clock and metrics
+        hook (`_built`)."""
         here = self.in_process(compiled)
-        compiled.here = (self._backend, here)
+        compiled.here = (self._built, here)
         return here
 
     def give_back_here(self, hits: Sequence[GiveBack]) -> bool:
@@ -397,7 +446,7 @@ class _Shared:
         deny = self._deny
         if deny is not None:
             deny.forget(checks)
-        clock = self.clock
+        clock = self._clock
         release(identities, token or "", None if clock is None else round(clock() * 1_000_000),
                 at_us)
         return True
@@ -415,31 +464,45 @@ class _Shared:
         compiled.release_of = (backend, release)
         return release
 
-    def in_process(self, compiled: Compiled) -> Callable[[Sequence[str], str | None, bool],
+    def in_process(self, compiled: Compiled) -> Callable[[Sequence[str], str | None],
                                                          Decision] | None:
         """How the store decides `compiled` when it is in this process (the memory store's
-        own typed hit, `Compiled.hitter`), with this limiter's deny cache and metrics around
-        it: ``here(identities, token, cached)``, no I/O and no deadline, the same on both
-        sides. None: the store is elsewhere, and `hit_compiled` asks it. Built once per compiled
-        hit and store (a middleware's handler keeps it while `generation` stands)."""
-        hit = compiled.hitter(self._backend)
+        own typed hit, its ``hitter``), on this limiter's clock, with its deny cache and
+        metrics around it: ``here(identities, token)``, no I/O and no deadline, the same on
+        both sides, the deny cache asked and told. None: the store is elsewhere, and
+        `hit_compiled` asks it. Built once per compiled hit, store, clock and metrics hook
+        (a middleware's handler keeps it while `generation` stands). With neither a deny
+        cache nor metrics, the store's hit is the decision: nothing is wrapped around it."""
+        make = getattr(self._backend, "hitter", None)
+        if make is None:
+            return None
+        clock = self._clock
+        clock_us = None if clock is None else (lambda: round(clock() * 1_000_000))
+        deny, metrics = self._deny, self._metrics
+        if deny is None and metrics is None:
+            def refused(identities: Sequence[str], token: str | None, reply: list[int],
+                        now_us: int) -> Decision:
+                return codec.decoded(compiled.call(identities, now_us, token or ""), reply)
+
+            return make(compiled, clock_us, refused)  # type: ignore[no-any-return]
+        hit = make(compiled, clock_us)
         if hit is None:
             return None
 
-        def here(identities: Sequence[str], token: str | None, cached: bool) -> Decision:
-            deny, metrics, clock = self._deny, self.metrics, self.clock
+        def here(identities: Sequence[str], token: str | None) -> Decision:
+            deny = self._deny  # replaced whole when emptied (`ratelimit_mw.testing`)
             checks = None
-            if cached and deny is not None and deny.entries:
+            if deny is not None and deny.entries:
                 checks = compiled.checks(identities)
                 found = deny.find(checks, self._cache_now())
                 if type(found) is Decision:
                     self._report(checks, REFUSED, 0.0)
                     return found
-            now_us = None if clock is None else round(clock() * 1_000_000)
-            sent = 0 if deny is None else (time.monotonic_ns() // 1000 if now_us is None
-                                           else now_us)
+            # As `hit_compiled`: a refusal counts down from the moment the store was asked.
+            sent = (0 if deny is None else time.monotonic_ns() // 1000 if clock_us is None
+                    else clock_us())
             started = time.perf_counter() if metrics is not None else 0.0
-            answer = hit(identities, now_us, token)
+            answer = hit(identities, token)
             if type(answer) is Decision:
                 if metrics is None and (deny is None or not deny.index):
                     return answer
@@ -449,8 +512,8 @@ class _Shared:
                     deny.forget(checks)
                 self._report(checks, ADMITTED, time.perf_counter() - started)
                 return answer
-            call = compiled.call(identities, now_us, token or "")
-            return self._settled(call, compiled, identities, checks, answer, sent, cached,
+            call = compiled.call(identities, None, token or "")  # its layout: the reply's
+            return self._settled(call, compiled, identities, checks, answer, sent, True,
                                  started)
 
         return here
@@ -460,7 +523,7 @@ class _Shared:
 
     def _report(self, checks: Sequence[Check], event: Event, seconds: float) -> None:
         """One event per policy of the call (a refused call is refused under each)."""
-        metrics = self.metrics
+        metrics = self._metrics
         if metrics is None:
             return
         names: list[str] = []

@@ -531,10 +531,42 @@ def test_acquire_gives_up_with_the_decision_when_the_wait_exceeds_the_timeout(
 
 
 # -- argument checks ------------------------------------------------------------------------
-@pytest.mark.parametrize("cost", [0, -1, 1.5, True, "2"])
+@pytest.mark.parametrize("cost", [0, -1, 1.0, 1.5, True, "2"])
 def test_a_bad_cost_is_a_configuration_error(step_limiter: rl.Limiter, cost: object) -> None:
     with pytest.raises(rl.ConfigurationError, match="cost=2"):
         step_limiter.hit("5/minute", "u", cost)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("policy", "identity", "cost"), [
+    ("5/minute", "u", True), ("5/minute", "u", 1.0), ("5/minute", 42, 1),
+    (["5/minute"], "u", 1), ({"rates": "5/minute"}, "u", 1)])
+def test_bad_arguments_are_refused_after_a_good_hit_of_the_same_policy(
+        step_limiter: rl.Limiter, policy: object, identity: object, cost: object) -> None:
+    # The first hit keeps its decision by the policy as given: a later call finds it only
+    # with a cost of exactly one and a string identity, else it is checked.
+    assert step_limiter.hit("5/minute", "u").allowed
+    with pytest.raises(rl.ConfigurationError):
+        step_limiter.hit(policy, identity, cost)  # type: ignore[arg-type]
+    assert step_limiter.peek("5/minute", "u").remaining == 4
+
+
+def test_a_clock_or_metrics_hook_assigned_later_takes_effect_on_the_next_hit() -> None:
+    events: list[tuple[str, str]] = []
+
+    class Recorder:
+        def observe(self, event: str, policy: str, seconds: float) -> None:
+            events.append((event, policy))
+
+    limiter = rl.Limiter(deny_cache=0)
+    policy = rl.Policy("1/minute", name="one")
+    assert limiter.hit(policy, "u").allowed and events == []
+    limiter.metrics = Recorder()  # type: ignore[assignment]
+    assert not limiter.hit(policy, "u").allowed
+    assert events == [("refused", "one")]
+    clock = [4_000_000_000.0]
+    limiter.clock = lambda: clock[0]  # an hour past the window: the store reads this clock
+    assert limiter.hit(policy, "u").allowed
+    assert events[-1] == ("admitted", "one")
 
 
 def test_limiter_rejects_a_bad_prefix_and_a_non_string_identity() -> None:

@@ -25,6 +25,11 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
     now_ms = START_MS
     tokens: list[tuple[list[codec.Check], str]] = []
     typed_hits = 0
+    now_us = 0
+
+    def clock_us() -> int:  # the typed hit's clock: the step's time, as `run`'s calls carry
+        return now_us
+
     for op in sequence:
         now_ms += op.advance_ms
         now_us = now_ms * 1000 + 137
@@ -35,14 +40,14 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
         if op.kind in ("hit", "charge", "book", "settle"):
             token = compiled.token() or ""
             call = compiled.call(identities, now_us, token)
-            hit = compiled.hitter(typed)
+            hit = typed.hitter(compiled, clock_us)
             expected = adapter.run(call)
             if hit is None:  # arguments that vary per request: both take `run`
                 assert not compiled.static
                 assert typed.run(call) == expected
                 continue
             typed_hits += 1
-            answer = hit(identities, now_us, token)
+            answer = hit(identities, token)
             if type(answer) is Decision:
                 assert expected[0] == 1
                 assert answer == codec.decoded(call, expected)

@@ -150,8 +150,8 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
             if peek:  # Django's increment=False: the first check, asked without counting
                 first = hit.items[0]
                 decision = limiter.peek(first[0], identities[0], timeout)
-            elif here is not None and hit is compiled:
-                decision = here(identities, token, not node.open_until)
+            elif here is not None and hit is compiled and not node.open_until:
+                decision = here(identities, token)
             else:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.

@@ -33,6 +33,8 @@ from ratelimit_mw.core.policy import DEFAULT_LEASE, Policy
 from ratelimit_mw.engine import LimiterOptions, _check, _Shared, ping_failed, pinger
 from ratelimit_mw.metrics import ADMITTED, REFUSED
 
+_ONE = 1
+
 if TYPE_CHECKING:  # annotations only (they are strings at run time): no dependency on 3.10
     from typing_extensions import Unpack
 
@@ -72,9 +74,10 @@ class Limiter(_Shared):
         call with `asked`: the cache told, not asked)."""
         backend = self._backend
         kept = compiled.here  # in process: decided here, the deny cache asked there
-        here = kept[1] if kept[0] is backend else self._here(compiled)
-        if here is not None:
-            return here(identities, token, cached)
+        here = kept[1] if kept[0] is self._built else self._here(compiled)
+        # Not cached (a breaker's probe): the store's call, the deny cache left alone.
+        if here is not None and (cached or self._deny is None):
+            return here(identities, token)
         checks = None
         if cached and not asked:
             deny = self._deny
@@ -96,7 +99,7 @@ class Limiter(_Shared):
             return bounded_sync(
                 self._across_slots(checks or compiled.checks(identities), cached, token),
                 timeout)
-        deny, metrics, clock = self._deny, self.metrics, self.clock
+        deny, metrics, clock = self._deny, self._metrics, self._clock
         now_us = None if clock is None else round(clock() * 1_000_000)
         # Read before the write: a refusal is counted down from the moment its call was
         # sent, so a pause after the write cannot make the deny cache outlive the store
@@ -197,10 +200,19 @@ class Limiter(_Shared):
 
     def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
         """Check and record one hit of `cost`; nothing is recorded when refused."""
+        # The usual hit, a cost of one: in CPython every int 1 is this one object (a bool or
+        # a float is not), and any other takes the checked way below.
+        if cost is _ONE and type(identity) is str:
+            try:
+                here = self._hits_here.get(policy)  # in process: its decision, by its policy
+            except TypeError:  # unhashable: not a policy, as `_compiled_hit` says
+                here = None
+            if here is not None:
+                return here((identity,), None)
         compiled = self._compiled_hit(policy, identity, cost)
-        kept = compiled.here  # in process: `hit_compiled`'s first step, taken here
-        if kept[0] is self._backend and kept[1] is not None:
-            return kept[1]((identity,), None, True)  # type: ignore[no-any-return]
+        here = self._here_of(compiled, policy, cost)  # `hit_compiled`'s first step, taken here
+        if here is not None:
+            return here((identity,), None)
         return self.hit_compiled(compiled, (identity,))
 
     def messages(self, policy: Policy | str) -> handles.Messages:

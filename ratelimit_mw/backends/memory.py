@@ -37,9 +37,12 @@ if TYPE_CHECKING:
     from ratelimit_mw.core.policy import Policy
     from ratelimit_mw.core.rates import Rate
 
-# A compiled hit on this store: (identities, now µs or None, token or None) -> the Decision
-# of an admitted hit, or a refusal's reply (main.lua's).
-Hitter = Callable[[Sequence[str], "int | None", "str | None"], "Decision | list[int]"]
+# A compiled hit on this store: (identities, token or None) -> the Decision of an admitted
+# hit, and of a refusal its reply (main.lua's) or what `Refused` makes of it.
+Hitter = Callable[[Sequence[str], "str | None"], "Decision | list[int]"]
+# (identities, token, a refusal's reply, the store's now in µs) -> the refusal's Decision.
+Refused = Callable[[Sequence[str], "str | None", list[int], int], Decision]
+ClockUs = Callable[[], int]
 # One tier of a compiled call as `run` reads it from ARGV, before its key is known.
 _Typed = tuple[str, int, int, int, int, str, str]
 _new = tuple.__new__
@@ -106,14 +109,17 @@ class MemoryBackend(_Script):
         finally:
             lock.release()
     # -- the typed hit: a Compiled's tiers read once, each hit straight to its Decision ------
-    def hitter(self, compiled: Compiled) -> Hitter | None:
-        """The hit of `compiled` on this store, for the limiter to cache per (Compiled,
-        backend): the same checks and writes as `run` (`_check_all`, `_commit`), its tiers
-        typed once here, its answer the `Decision` of an admitted hit, or a refusal's reply
-        as main.lua's (the deny cache keeps that). None where the arguments vary per
-        request (a penalty's end, a calendar's schedule) or a policy is named twice: then
-        the limiter builds the call and `run` answers it, as it does for a subclass with a
-        `run` or `arun` of its own."""
+    def hitter(self, compiled: Compiled, clock_us: ClockUs | None = None,
+               refused: Refused | None = None) -> Hitter | None:
+        """The hit of `compiled` on this store, ``hit(identities, token)``, for the limiter
+        to build once per (Compiled, store, clock): the same checks and writes as `run`
+        (`_check_all`, `_commit`), its tiers typed once here, on `clock_us` (µs; None: this
+        process's, as Redis's TIME). Its answer is the `Decision` of an admitted hit; of a
+        refusal, `refused` of its reply as main.lua's, after the lock is released, or that
+        reply (the deny cache keeps it). None where the arguments vary per request (a
+        penalty's end, a calendar's schedule) or a policy is named twice: then the limiter
+        builds the call and `run` answers it, as it does for a subclass with a `run` or
+        `arun` of its own."""
         tiers = self._tiers_of(compiled)
         if tiers is None:
             return None
@@ -121,7 +127,8 @@ class MemoryBackend(_Script):
         owners = [(i, policy, rate) for i, policy in enumerate(compiled.policies)
                   for rate in policy.rates]
         if len(tiers) == 1:
-            return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2])
+            return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2], clock_us,
+                                  refused)
         lock = self._lock
         # Per tier (as `results`), what its TierState takes besides the check's answer.
         layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
@@ -129,21 +136,24 @@ class MemoryBackend(_Script):
         kept, keyed = self._keyed(compiled, tiers)
         fixed = governing_tier([policy.algorithm for _, policy, _ in owners])
 
-        def hit(identities: Sequence[str], now_us: int | None,
-                token: str | None) -> Decision | list[int]:
+        def hit(identities: Sequence[str], token: str | None) -> Decision | list[int]:
             if log and not token:
                 token = new_token()
             found = kept.get(identities) if type(identities) is tuple else None
             keys, typed = found if found is not None else keyed(identities)
             lock.acquire()
             try:
-                now = (now_us := self._tick(now_us)) // 1000
+                now_us = self._tick(None if clock_us is None else clock_us())
+                now = now_us // 1000
                 admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
-                if not admitted:
-                    return self._refused("H", keys, typed, results, None, now, now, now_us)
-                self._commit(keys, typed, results, logs, token or "", now, now)
+                if admitted:
+                    self._commit(keys, typed, results, logs, token or "", now, now)
+                else:
+                    reply = self._refused("H", keys, typed, results, None, now, now, now_us)
             finally:
                 lock.release()
+            if not admitted:
+                return reply if refused is None else refused(identities, token, reply, now_us)
             states = []
             for result, (cost, i, policy, rate) in zip(results, layout, strict=False):
                 left = result[1] - cost
@@ -251,7 +261,8 @@ class MemoryBackend(_Script):
         return kept, keyed
 
     def _one_tier(self, compiled: Compiled, tier: tuple[str, int, int, int, int, str, str],
-                  policy: Policy, rate: Rate) -> Hitter:
+                  policy: Policy, rate: Rate, clock_us: ClockUs | None,
+                  refused: Refused | None) -> Hitter:
         """`hitter` for one policy of one rate (most routes): the same check and writes, the
         loops over tiers unrolled."""
         prefix = compiled.prefix
@@ -268,8 +279,7 @@ class MemoryBackend(_Script):
         # come back (bounded likewise, emptied whole when full).
         keys: dict[str, str] = {}
 
-        def hit(identities: Sequence[str], now_us: int | None,
-                token: str | None) -> Decision | list[int]:
+        def hit(identities: Sequence[str], token: str | None) -> Decision | list[int]:
             identity = identities[0]
             key = keys.get(identity)
             if key is None:
@@ -283,15 +293,16 @@ class MemoryBackend(_Script):
                 token = new_token()
             lock.acquire()
             try:
-                now = (now_us := time_ns() // 1000 if now_us is None else now_us) // 1000
+                now = (now_us := time_ns() // 1000 if clock_us is None else clock_us()) // 1000
                 if due_times and due_times[0] <= now:  # `_tick`, written out: every request
                     self._sweep(now, now - self._called_at)
                 self._called_at = now
                 result = check(key, limit, period, cost, cal, now, now, now_us)
+                reply = None
                 if not result[0]:
-                    return self._refused("H", [key], [(*tier, key)], [result], None, now, now,
-                                         now_us)
-                if px := result[6]:  # as `_commit`, for a value with a time to live
+                    reply = self._refused("H", [key], [(*tier, key)], [result], None, now, now,
+                                          now_us)
+                elif px := result[6]:  # as `_commit`, for a value with a time to live
                     data[key] = result[5]
                     expires[key] = until = now + px
                     if key not in scheduled:
@@ -302,6 +313,8 @@ class MemoryBackend(_Script):
                     self._cc_take(key, period, cost, token or "", now)
             finally:
                 lock.release()
+            if reply is not None:
+                return reply if refused is None else refused(identities, token, reply, now_us)
             left = result[1] - cost
             if left < 0:
                 left = 0

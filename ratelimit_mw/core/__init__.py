@@ -4,7 +4,7 @@ Read in this order: `rates` (rate text → Rate), `policy` (tiers, algorithm, pe
 calendar zone), `identity` (identities → safe key segments), `wire` (a policy's algorithm
 code, key segment and script arguments, calendar schedules), `codec` (the ops; checks → one
 script call, a reply → Decision), `compiled` (a set of limits compiled once: a hit's memoised
-call and wire bytes, and `Compiled.hitter`, a store's own typed hit), `decision` (the
+call and wire bytes, and where the limiter keeps its in-process decision of it), `decision` (the
 result), `deny_cache` (refusals remembered in process), `scripts` (the Lua source the Redis
 backend registers, read at first use), `errors`.
 

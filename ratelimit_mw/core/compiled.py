@@ -63,7 +63,6 @@ class Compiled:
         "costs",
         "head",
         "here",
-        "hit_of",
         "in_flight",
         "items",
         "key_suffixes",
@@ -115,28 +114,14 @@ class Compiled:
         self.after_token = bulk("") + b"".join(bulk(arg) for arg in self.tail)
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
         self.after_key = bulk(HIT) + bulk("") + bulk("") + self.after_token
-        # The backend's own hit of this selection (`hitter`), and the backend it is of: read
-        # by the limiter per hit.
-        self.hit_of: tuple[Any, Any] = (None, None)
-        # The limiter's in-process decision of it (`in_process`), and the store it is of.
+        # The limiter's in-process decision of it (`in_process`), and what it was built for
+        # (the limiter's `_built`: its store, clock and metrics hook).
         self.here: tuple[Any, Any] = (None, None)
         # The store's own give-back of a hit of it (`releaser`), and the store it is of.
         self.release_of: tuple[Any, Any] = (None, None)
 
     def __repr__(self) -> str:
         return f"Compiled({list(self.items)!r}, prefix={self.prefix!r})"
-
-    def hitter(self, backend: Any) -> Any:
-        """`backend`'s hit of this selection (its ``hitter(compiled)``: the memory backend's
-        typed closure), asked once per backend and kept: a limiter whose store is swapped
-        (`ratelimit_mw.testing`) asks the new one. None: the backend runs this call."""
-        kept = self.hit_of
-        if kept[0] is backend:
-            return kept[1]
-        make = getattr(backend, "hitter", None)
-        hit = make(self) if make is not None else None
-        self.hit_of = (backend, hit)
-        return hit
 
     def token(self) -> str | None:
         """A member token for one hit (a sliding log's), else None: drawn once per request,
