@@ -415,10 +415,10 @@ class _Shared:
                  ) -> Callable[[Sequence[str], str | None], Decision] | None:
         """`_here` of `hit`'s `compiled`, kept by the policy as it was given where the cost is
         one (bounded: texts may vary)."""
+        hits = self._hits_here  # read first: one replaced while building is not written
         kept = compiled.here
         here = kept[1] if kept[0] is self._built else self._here(compiled)
         if here is not None and cost == 1:
-            hits = self._hits_here
             if len(hits) >= _COMPILED_CACHE_SIZE:
                 hits.clear()
             hits[policy] = here
@@ -428,8 +428,9 @@ class _Shared:
                                                     Decision] | None:
         """`in_process` of `compiled`, kept on it for this limiter's store, clock and metrics
         hook (`_built`)."""
+        built = self._built  # read first: a clock or hook replaced meanwhile builds again
         here = self.in_process(compiled)
-        compiled.here = (self._built, here)
+        compiled.here = (built, here)
         return here
 
     def give_back_here(self, hits: Sequence[GiveBack]) -> bool:
@@ -482,7 +483,8 @@ class _Shared:
         if deny is None and metrics is None:
             def refused(identities: Sequence[str], token: str | None, reply: list[int],
                         now_us: int) -> Decision:
-                return codec.decoded(compiled.call(identities, now_us, token or ""), reply)
+                # The call's layout is what the reply is read by.
+                return codec.decoded(compiled.call(identities, None, token or ""), reply)
 
             return make(compiled, clock_us, refused)  # type: ignore[no-any-return]
         hit = make(compiled, clock_us)

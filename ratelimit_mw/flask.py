@@ -273,7 +273,8 @@ class _AppState:
     def _handler(self, endpoint: str | None, request: Any,
                  cache_key: tuple[str | None, str]) -> Callable[..., Any] | None:
         """The handler of what applies to this request (None: nothing); without path rules
-        kept per endpoint and method (a store swapped under it rebuilds it: its generation)."""
+        kept per endpoint and method (a store, clock or metrics hook replaced under it rebuilds
+        it: its generation)."""
         # No endpoint: no route matched (404, 405) and the defaults apply.
         route = None if endpoint is None else self.route_for(endpoint, request)
         selection = self.guard.select(request.method, request.path, route)

@@ -177,8 +177,8 @@ class RateLimitMiddleware:
         # request (a per-method default depends on the method, which select() caches).
         self._per_path = bool(self.guard.rules)
         self._fixed = None if self._per_path else self.guard.select("GET", "/", None)
-        # Its handler, built on the first request and kept (a store swapped under it
-        # rebuilds it: its generation).
+        # Its handler, built on the first request and kept (a store, clock or metrics hook
+        # replaced under it rebuilds it: its generation).
         self._fixed_handler: Callable[..., Any] | None = None
 
     def __repr__(self) -> str:

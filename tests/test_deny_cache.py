@@ -334,6 +334,23 @@ def test_a_reset_elsewhere_takes_effect_within_the_age_bound(step_clock: StepClo
     assert worker.hit(policy, "u").allowed
 
 
+def test_an_uncached_hit_in_process_asks_the_store_and_leaves_the_cache_alone(
+        step_clock: StepClock) -> None:
+    # A breaker's probe (cached=False) on a store in this process: the store's answer,
+    # the cache neither asked nor told, as on Redis.
+    backend = rl.MemoryBackend()
+    worker = rl.Limiter(backend, clock=step_clock)
+    operator = rl.Limiter(backend, clock=step_clock, deny_cache=0)
+    policy = rl.Policy("1/hour")
+    assert worker.hit(policy, "u").allowed
+    assert not worker.hit(policy, "u").allowed  # kept in the worker's cache
+    operator.reset(policy, "u")
+    compiled = worker.compile([(policy, 1)])
+    assert worker.hit_compiled(compiled, ("u",), cached=False).allowed
+    assert worker._deny is not None and len(worker._deny.entries) == 1
+    assert not worker.hit(policy, "u").allowed  # the cache's answer, and the store's now
+
+
 def test_a_penalty_refusal_that_started_no_ban_is_not_cached(
     counting: CountingBackend, step_clock: StepClock
 ) -> None:

@@ -550,23 +550,58 @@ def test_bad_arguments_are_refused_after_a_good_hit_of_the_same_policy(
     assert step_limiter.peek("5/minute", "u").remaining == 4
 
 
-def test_a_clock_or_metrics_hook_assigned_later_takes_effect_on_the_next_hit() -> None:
-    events: list[tuple[str, str]] = []
+class _Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
 
-    class Recorder:
-        def observe(self, event: str, policy: str, seconds: float) -> None:
-            events.append((event, policy))
+    def observe(self, event: str, policy: str, seconds: float) -> None:
+        self.events.append((event, policy))
 
-    limiter = rl.Limiter(deny_cache=0)
+
+@pytest.mark.parametrize("deny_cache", [0, 10])
+@pytest.mark.parametrize("side", ["sync", "async"])
+async def test_a_clock_or_metrics_hook_assigned_later_takes_effect_on_the_next_hit(
+        side: str, deny_cache: int) -> None:
+    # What is built around an in-process store's hit (its clock, the metrics hook) is built
+    # again when either is replaced: nothing built for the old ones answers after.
+    limiter: Any = (rl.Limiter(deny_cache=deny_cache) if side == "sync"
+                    else rl.AsyncLimiter(deny_cache=deny_cache))
+
+    async def hit(policy: rl.Policy) -> bool:
+        decision = limiter.hit(policy, "u")
+        return bool(decision if side == "sync" else await decision)
+
     policy = rl.Policy("1/minute", name="one")
-    assert limiter.hit(policy, "u").allowed and events == []
-    limiter.metrics = Recorder()  # type: ignore[assignment]
-    assert not limiter.hit(policy, "u").allowed
-    assert events == [("refused", "one")]
+    recorder = _Recorder()
+    assert await hit(policy) and recorder.events == []
+    limiter.metrics = recorder
+    assert not await hit(policy)
+    assert recorder.events == [("refused", "one")]
     clock = [4_000_000_000.0]
     limiter.clock = lambda: clock[0]  # an hour past the window: the store reads this clock
-    assert limiter.hit(policy, "u").allowed
-    assert events[-1] == ("admitted", "one")
+    assert await hit(policy)
+    assert recorder.events[-1] == ("admitted", "one")
+    limiter.metrics = None  # the store's hit alone again (no deny cache): nothing reported
+    clock[0] += 3600
+    assert await hit(policy) and not await hit(policy)
+    assert len(recorder.events) == 2
+    clock[0] += 3600  # the new clock's window: admitted at once, as the clock says
+    assert await hit(policy)
+
+
+def test_isolation_and_its_end_rebuild_a_limiters_in_process_decisions() -> None:
+    from ratelimit_mw.testing import isolated
+
+    backend = rl.MemoryBackend()
+    limiter = rl.Limiter(backend, deny_cache=0)
+    policy = rl.Policy("1/minute")
+    assert limiter.hit(policy, "u").allowed and not limiter.hit(policy, "u").allowed
+    with isolated(limiter) as isolation:  # another store and clock: the old hit not used
+        assert limiter.hit(policy, "u").allowed and not limiter.hit(policy, "u").allowed
+        isolation.clock.advance(60)
+        assert limiter.hit(policy, "u").allowed
+    assert not limiter.hit(policy, "u").allowed  # the first store again, still refusing
+    assert len(backend._data) == 1
 
 
 def test_limiter_rejects_a_bad_prefix_and_a_non_string_identity() -> None:

@@ -9,6 +9,8 @@ tests/test_differential.py."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -30,6 +32,13 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
     def clock_us() -> int:  # the typed hit's clock: the step's time, as `run`'s calls carry
         return now_us
 
+    calls: list[codec.ScriptCall] = []
+    seen: list[int] = []
+
+    def refused(ids: Any, token: Any, reply: list[int], at_us: int) -> Decision:
+        seen.append(at_us)
+        return codec.decoded(calls[-1], reply)
+
     for op in sequence:
         now_ms += op.advance_ms
         now_us = now_ms * 1000 + 137
@@ -40,7 +49,12 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
         if op.kind in ("hit", "charge", "book", "settle"):
             token = compiled.token() or ""
             call = compiled.call(identities, now_us, token)
-            hit = typed.hitter(compiled, clock_us)
+            # Every other hit decodes its own refusal (the limiter's `refused`, as where no
+            # deny cache or metrics sit around the store); the rest return main.lua's reply.
+            decode = typed_hits % 2 == 1
+            calls.append(call)
+            seen.clear()
+            hit = typed.hitter(compiled, clock_us, refused if decode else None)
             expected = adapter.run(call)
             if hit is None:  # arguments that vary per request: both take `run`
                 assert not compiled.static
@@ -48,11 +62,13 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
                 continue
             typed_hits += 1
             answer = hit(identities, token)
-            if type(answer) is Decision:
-                assert expected[0] == 1
+            if expected[0] == 1:
+                assert type(answer) is Decision
                 assert answer == codec.decoded(call, expected)
                 if token:
                     tokens.append((checks, token, now_us))
+            elif decode:  # the refusal, decoded at the step's time
+                assert answer == codec.decoded(call, expected) and seen == [now_us]
             else:
                 assert answer == expected
         elif op.kind in ("refund", "uncheck", "release", "renew") and tokens:

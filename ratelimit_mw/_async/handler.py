@@ -41,16 +41,18 @@ _new = tuple.__new__
 
 def handler_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> Handler:
     """The handler of `selection` on `limiter`, built on first use and kept on the selection
-    until the limiter's store is swapped (``limiter.generation``)."""
+    until the limiter's store, clock or metrics hook is replaced (``limiter.generation``)."""
     kept = selection.handler_async
-    if kept is not None and kept[0] is limiter and kept[1] == limiter.generation:
+    generation = limiter.generation  # read first: one replaced while building is seen next
+    if kept is not None and kept[0] is limiter and kept[1] == generation:
         return kept[2]
-    handle = _built_async(guard, limiter, selection)
-    selection.handler_async = (limiter, limiter.generation, handle)
+    handle = _built_async(guard, limiter, selection, generation)
+    selection.handler_async = (limiter, generation, handle)
     return handle
 
 
-def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> Handler:
+def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
+                 generation: int) -> Handler:
     compiled = selection.compiled
     applied = selection.applied
     key = applied[0].key
@@ -81,7 +83,6 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
     single = applied[0].policy if count == 1 else None
     one: Any = (len(names) == 1 and single is not None and len(single.rates) == 1
                 and next(iter(names.values())))
-    generation = limiter.generation
     switch, charge_preflight = SWITCH, guard.charge_preflight
     breaker, nodes, slots = guard.breaker, guard.nodes, guard.slots
     timeout, shadow = guard.timeout, guard.shadow
@@ -92,7 +93,7 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> H
 
     async def handle(request: Any, method: str, preflight: bool, peek: bool = False
                      ) -> Verdict | None:
-        if limiter.generation != generation:  # the store was swapped: built again for it
+        if limiter.generation != generation:  # its store, clock or metrics replaced: rebuilt
             return await handler_async(guard, limiter, selection)(request, method, preflight,
                                                                   peek)
         if switch.off:  # `ratelimit_mw.testing` switched limiting off (read per request)

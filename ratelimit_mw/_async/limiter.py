@@ -63,7 +63,8 @@ class AsyncLimiter(_Shared):
         """The hit of `compiled` (`compile`) for these identities, one per check, all or
         nothing: the deny cache's answer (no I/O, no deadline), else the store's within
         `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
-        takes this way. `cached` False: the store answers, and the cache is neither asked
+        takes this way (`hit`, the middleware's handler: its first step, in process, taken
+        there). `cached` False: the store answers, and the cache is neither asked
         nor told (the middleware's breaker probes so: a cached answer would close it on a
         store that was never asked). `token` names what the hit holds (`Compiled.token`:
         a sliding log's entries, in-flight slots), to give them back by it later.

@@ -42,16 +42,18 @@ _new = tuple.__new__
 
 def handler_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler:
     """The handler of `selection` on `limiter`, built on first use and kept on the selection
-    until the limiter's store is swapped (``limiter.generation``)."""
+    until the limiter's store, clock or metrics hook is replaced (``limiter.generation``)."""
     kept = selection.handler_sync
-    if kept is not None and kept[0] is limiter and kept[1] == limiter.generation:
+    generation = limiter.generation  # read first: one replaced while building is seen next
+    if kept is not None and kept[0] is limiter and kept[1] == generation:
         return kept[2]
-    handle = _built_sync(guard, limiter, selection)
-    selection.handler_sync = (limiter, limiter.generation, handle)
+    handle = _built_sync(guard, limiter, selection, generation)
+    selection.handler_sync = (limiter, generation, handle)
     return handle
 
 
-def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler:
+def _built_sync(guard: Guard, limiter: Limiter, selection: Selection,
+                 generation: int) -> Handler:
     compiled = selection.compiled
     applied = selection.applied
     key = applied[0].key
@@ -82,7 +84,6 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
     single = applied[0].policy if count == 1 else None
     one: Any = (len(names) == 1 and single is not None and len(single.rates) == 1
                 and next(iter(names.values())))
-    generation = limiter.generation
     switch, charge_preflight = SWITCH, guard.charge_preflight
     breaker, nodes, slots = guard.breaker, guard.nodes, guard.slots
     timeout, shadow = guard.timeout, guard.shadow
@@ -93,7 +94,7 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection) -> Handler
 
     def handle(request: Any, method: str, preflight: bool, peek: bool = False
                ) -> Verdict | None:
-        if limiter.generation != generation:  # the store was swapped: built again for it
+        if limiter.generation != generation:  # its store, clock or metrics replaced: rebuilt
             return handler_sync(guard, limiter, selection)(request, method, preflight,
                                                                   peek)
         if switch.off:  # `ratelimit_mw.testing` switched limiting off (read per request)

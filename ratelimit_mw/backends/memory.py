@@ -112,14 +112,14 @@ class MemoryBackend(_Script):
     def hitter(self, compiled: Compiled, clock_us: ClockUs | None = None,
                refused: Refused | None = None) -> Hitter | None:
         """The hit of `compiled` on this store, ``hit(identities, token)``, for the limiter
-        to build once per (Compiled, store, clock): the same checks and writes as `run`
-        (`_check_all`, `_commit`), its tiers typed once here, on `clock_us` (µs; None: this
-        process's, as Redis's TIME). Its answer is the `Decision` of an admitted hit; of a
-        refusal, `refused` of its reply as main.lua's, after the lock is released, or that
-        reply (the deny cache keeps it). None where the arguments vary per request (a
-        penalty's end, a calendar's schedule) or a policy is named twice: then the limiter
-        builds the call and `run` answers it, as it does for a subclass with a `run` or
-        `arun` of its own."""
+        to build once per (Compiled, store, clock, metrics hook): the same checks and writes
+        as `run` (`_check_all`, `_commit`), its tiers typed once here, on `clock_us` (µs,
+        read before the store's lock is taken; None: this process's, as Redis's TIME). Its
+        answer is the `Decision` of an admitted hit; of a refusal, `refused` of its reply as
+        main.lua's, after the lock is released, or that reply (the deny cache keeps it).
+        None where the arguments vary per request (a penalty's end, a calendar's schedule)
+        or a policy is named twice: then the limiter builds the call and `run` answers it,
+        as it does for a subclass with a `run` or `arun` of its own."""
         tiers = self._tiers_of(compiled)
         if tiers is None:
             return None
@@ -141,9 +141,10 @@ class MemoryBackend(_Script):
                 token = new_token()
             found = kept.get(identities) if type(identities) is tuple else None
             keys, typed = found if found is not None else keyed(identities)
+            stamp = None if clock_us is None else clock_us()  # the app's clock, not locked
             lock.acquire()
             try:
-                now_us = self._tick(None if clock_us is None else clock_us())
+                now_us = self._tick(stamp)
                 now = now_us // 1000
                 admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                 if admitted:
@@ -291,9 +292,10 @@ class MemoryBackend(_Script):
                     key = keys[identity] = f"{prefix}:{{{encode_short(identity)}}}:{suffix}"
             if log and not token:
                 token = new_token()
+            now_us = None if clock_us is None else clock_us()  # the app's clock, not locked
             lock.acquire()
             try:
-                now = (now_us := time_ns() // 1000 if clock_us is None else clock_us()) // 1000
+                now = (now_us := time_ns() // 1000 if now_us is None else now_us) // 1000
                 if due_times and due_times[0] <= now:  # `_tick`, written out: every request
                     self._sweep(now, now - self._called_at)
                 self._called_at = now
