@@ -116,10 +116,10 @@ class MemoryBackend(_Script):
         as `run` (`_check_all`, `_commit`), its tiers typed once here, on `clock_us` (µs,
         read before the store's lock is taken; None: this process's, as Redis's TIME). Its
         answer is the `Decision` of an admitted hit; of a refusal, `refused` of its reply as
-        main.lua's, after the lock is released, or that reply (the deny cache keeps it).
-        None where the arguments vary per request (a penalty's end, a calendar's schedule)
-        or a policy is named twice: then the limiter builds the call and `run` answers it,
-        as it does for a subclass with a `run` or `arun` of its own."""
+        main.lua's (the limiter's decoding, no store call), or that reply (the deny cache
+        keeps it). None where the arguments vary per request (a penalty's end, a calendar's
+        schedule) or a policy is named twice: then the limiter builds the call and `run`
+        answers it, as it does for a subclass with a `run` or `arun` of its own."""
         tiers = self._tiers_of(compiled)
         if tiers is None:
             return None
@@ -292,19 +292,24 @@ class MemoryBackend(_Script):
                     key = keys[identity] = f"{prefix}:{{{encode_short(identity)}}}:{suffix}"
             if log and not token:
                 token = new_token()
-            now_us = None if clock_us is None else clock_us()  # the app's clock, not locked
-            lock.acquire()
+            if clock_us is None:  # the store's clock, read under its lock as Redis's TIME
+                lock.acquire()
+                now_us = time_ns() // 1000
+            else:  # the app's, read before it
+                now_us = clock_us()
+                lock.acquire()
             try:
-                now = (now_us := time_ns() // 1000 if now_us is None else now_us) // 1000
+                now = now_us // 1000
                 if due_times and due_times[0] <= now:  # `_tick`, written out: every request
                     self._sweep(now, now - self._called_at)
                 self._called_at = now
                 result = check(key, limit, period, cost, cal, now, now, now_us)
-                reply = None
-                if not result[0]:
+                if not result[0]:  # decoded (the limiter's `refused`) before the lock is let go
                     reply = self._refused("H", [key], [(*tier, key)], [result], None, now, now,
                                           now_us)
-                elif px := result[6]:  # as `_commit`, for a value with a time to live
+                    return reply if refused is None else refused(identities, token, reply,
+                                                                 now_us)
+                if px := result[6]:  # as `_commit`, for a value with a time to live
                     data[key] = result[5]
                     expires[key] = until = now + px
                     if key not in scheduled:
@@ -315,8 +320,6 @@ class MemoryBackend(_Script):
                     self._cc_take(key, period, cost, token or "", now)
             finally:
                 lock.release()
-            if reply is not None:
-                return reply if refused is None else refused(identities, token, reply, now_us)
             left = result[1] - cost
             if left < 0:
                 left = 0
