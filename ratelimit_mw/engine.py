@@ -21,7 +21,7 @@ from ratelimit_mw.core import codec
 from ratelimit_mw.core.codec import Check, GiveBack, ScriptCall
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
-from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache
+from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache, Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
 from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
 from ratelimit_mw.hooks import refuse_async
@@ -390,6 +390,16 @@ class _Shared:
                             token=booking.token)
 
     # -- around each hit: the deny cache and the metrics -----------------------------------
+    def _cached(self, deny: DenyCache, compiled: Compiled, identities: Sequence[str]
+                ) -> tuple[tuple[Check, ...], Decision | Lapsed | None]:
+        """The hit's checks and the deny cache's answer to them: a refusal (reported as
+        one), a lapsed one to ask the store about, or None."""
+        checks = compiled.checks(identities)
+        found = deny.find(checks, self._cache_now())
+        if type(found) is Decision:
+            self._report(checks, REFUSED, 0.0)
+        return checks, found
+
     def _forget(self, checks: Sequence[Check]) -> None:
         if self._deny is not None:
             self._deny.forget(checks)
@@ -495,10 +505,8 @@ class _Shared:
             deny = self._deny  # replaced whole when emptied (`ratelimit_mw.testing`)
             checks = None
             if deny is not None and deny.entries:
-                checks = compiled.checks(identities)
-                found = deny.find(checks, self._cache_now())
+                checks, found = self._cached(deny, compiled, identities)
                 if type(found) is Decision:
-                    self._report(checks, REFUSED, 0.0)
                     return found
             # As `hit_compiled`: a refusal counts down from the moment the store was asked.
             sent = (0 if deny is None else time.monotonic_ns() // 1000 if clock_us is None

@@ -83,10 +83,8 @@ class Limiter(_Shared):
         if cached and not asked:
             deny = self._deny
             if deny is not None and deny.entries:
-                checks = compiled.checks(identities)
-                found = deny.find(checks, self._cache_now())
+                checks, found = self._cached(deny, compiled, identities)
                 if type(found) is Decision:
-                    self._report(checks, REFUSED, 0.0)
                     return found
                 if isinstance(found, Lapsed):
                     return bounded_sync(
