@@ -550,6 +550,31 @@ def test_bad_arguments_are_refused_after_a_good_hit_of_the_same_policy(
     assert step_limiter.peek("5/minute", "u").remaining == 4
 
 
+@pytest.mark.parametrize("error", [KeyError, TypeError])
+def test_what_a_kept_hit_raises_reaches_the_caller_once(error: type[Exception]) -> None:
+    # The kept decision is looked up inside a try that catches KeyError and TypeError (not
+    # kept yet, unhashable): the same errors raised by the hit itself (here its clock) are
+    # the caller's, not a reason to ask the store a second time.
+    calls: list[int] = []
+    failing = [False]
+
+    def clock() -> float:
+        calls.append(1)
+        if failing[0]:
+            raise error("the clock failed")
+        return 4_000_000_000.0
+
+    limiter = rl.Limiter(rl.MemoryBackend(), clock=clock, deny_cache=0)
+    policy = rl.Policy("5/minute", name="kept")
+    assert limiter.hit(policy, "u").remaining == 4
+    failing[0], calls[:] = True, []
+    with pytest.raises(error, match="the clock failed"):
+        limiter.hit(policy, "u")
+    assert len(calls) == 1
+    failing[0] = False
+    assert limiter.peek(policy, "u").remaining == 4
+
+
 class _Recorder:
     def __init__(self) -> None:
         self.events: list[tuple[str, str]] = []

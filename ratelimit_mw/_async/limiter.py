@@ -201,16 +201,16 @@ class AsyncLimiter(_Shared):
         # The usual hit, a cost of one: in CPython every int 1 is this one object (a bool or
         # a float is not), and any other takes the checked way below.
         if cost is _ONE and type(identity) is str:
-            try:
-                here = self._hits_here.get(policy)  # in process: its decision, by its policy
-            except TypeError:  # unhashable: not a policy, as `_compiled_hit` says
-                here = None
-            if here is not None:
+            try:  # in process: its decision, kept by its policy
+                here = self._hits_here[policy]
+            except (KeyError, TypeError):  # not kept yet; unhashable: `_compiled_hit` says
+                pass
+            else:  # outside the try: what the hit raises is the caller's
                 return here((identity,), None)
         compiled = self._compiled_hit(policy, identity, cost)
-        here = self._here_of(compiled, policy, cost)  # `hit_compiled`'s first step, taken here
-        if here is not None:
-            return here((identity,), None)
+        built = self._here_of(compiled, policy, cost)  # `hit_compiled`'s first step, taken here
+        if built is not None:
+            return built((identity,), None)
         return await self.hit_compiled(compiled, (identity,))
 
     def messages(self, policy: Policy | str) -> handles.Messages:

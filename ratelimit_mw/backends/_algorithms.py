@@ -157,17 +157,20 @@ class _Algorithms(_Store):
     def _fw_check(self, key: str, limit: int, period: int, cost: int, cal: str, at: int,
                   now: int, now_us: int) -> _Result:
         if cal:
-            start, stop = calendar_window(cal, period, now)
+            start, left = calendar_window(cal, period, now)
+            left -= now
         else:  # _fw_window's epoch-aligned case, without the call
-            start = now - now % period
-            stop = start + period
-        v = self._data[key] if self._expires.get(key, 0) > now else None
-        count = v[1] if v is not None and v[0] == start else 0
-        ok = count + cost <= limit
-        left = stop - now
+            left = now % period
+            start = now - left
+            left = period - left
+        if self._expires.get(key, 0) > now and (v := self._data[key])[0] == start:
+            count = v[1]
+        else:
+            count = 0
+        ok = (after := count + cost) <= limit
         return (ok, limit - count if count < limit else 0,
                 -1 if cost > limit else 0 if ok else left, left if count else 0, left,
-                (start, count + cost if ok or count + cost <= COUNT_CAP else COUNT_CAP), left)
+                (start, after if ok or after <= COUNT_CAP else COUNT_CAP), left)
 
     def _fw_refund(self, key: str, period: int, cost: int, cal: str, now: int,
                    charged_us: int | None = None) -> None:

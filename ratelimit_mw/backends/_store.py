@@ -21,6 +21,9 @@ from typing import Any
 _SWEEP_PER_CALL = 64
 _SWEEP_PER_MS = 16
 _SWEEP_MAX_MS = 4_096  # at most ~65k entries in one call, however long the backend idled
+# The schedule's last time, never due: the heap is never empty, so a call asks only whether
+# its first time has come.
+NEVER = 1 << 62
 
 
 class _Store:
@@ -36,7 +39,7 @@ class _Store:
         # mostly an append and the heap is paid per ms, not per key that expired and came
         # back (a returning identity's gcra key lives a few ms far from its limit).
         self._due: dict[int, list[str]] = {}
-        self._due_times: list[int] = []
+        self._due_times: list[int] = [NEVER]
         self._scheduled: set[str] = set()
         self._called_at = 0  # the `now` (ms) of the last call: a sweep's budget grows with time
         self._lock = threading.Lock()
@@ -50,7 +53,7 @@ class _Store:
             self._data.clear()
             self._expires.clear()
             self._due.clear()
-            self._due_times.clear()
+            self._due_times[:] = [NEVER]
             self._scheduled.clear()
 
     async def aclose(self) -> None:
@@ -95,7 +98,7 @@ class _Store:
             now_us = time.time_ns() // 1000
         now = now_us // 1000
         due_times = self._due_times
-        if due_times and due_times[0] <= now:
+        if due_times[0] <= now:
             self._sweep(now, now - self._called_at)
         self._called_at = now
         return now_us
@@ -106,7 +109,7 @@ class _Store:
         budget = _SWEEP_PER_CALL + _SWEEP_PER_MS * min(max(0, idle), _SWEEP_MAX_MS)
         due_times, due, expiry_of = self._due_times, self._due, self._expires
         scheduled = self._scheduled
-        while due_times and (at := due_times[0]) <= now:
+        while (at := due_times[0]) <= now:
             bucket = due[at]
             while bucket:
                 if not budget:

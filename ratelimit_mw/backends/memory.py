@@ -190,7 +190,7 @@ class MemoryBackend(_Script):
                 lock.acquire()
                 try:
                     now = (time_ns() // 1000 if now_us is None else now_us) // 1000
-                    if due_times and due_times[0] <= now:  # `_tick`, written out
+                    if due_times[0] <= now:  # `_tick`, written out
                         self._sweep(now, now - self._called_at)
                     self._called_at = now
                     self._cc_upkeep("R", key, limit, lease, cost, token, now)
@@ -300,30 +300,31 @@ class MemoryBackend(_Script):
                 lock.acquire()
             try:
                 now = now_us // 1000
-                if due_times and due_times[0] <= now:  # `_tick`, written out: every request
+                if due_times[0] <= now:  # `_tick`, written out: every request
                     self._sweep(now, now - self._called_at)
                 self._called_at = now
                 result = check(key, limit, period, cost, cal, now, now, now_us)
-                if not result[0]:  # decoded (the limiter's `refused`) before the lock is let go
+                ok, before, _, _, reset_ms, value, px = result
+                if not ok:  # decoded (the limiter's `refused`) before the lock is let go
                     reply = self._refused("H", [key], [(*tier, key)], [result], None, now, now,
                                           now_us)
                     return reply if refused is None else refused(identities, token, reply,
                                                                  now_us)
-                if px := result[6]:  # as `_commit`, for a value with a time to live
-                    data[key] = result[5]
+                if px:  # as `_commit`, for a value with a time to live
+                    data[key] = value
                     expires[key] = until = now + px
                     if key not in scheduled:
                         self._schedule(key, until)
                 elif algo == "sl":  # as `_commit`: a log, kept for its one period
-                    self._sl_commit(key, result[5], now, cost, token or "", period, now)
+                    self._sl_commit(key, value, now, cost, token or "", period, now)
                 else:  # slots
                     self._cc_take(key, period, cost, token or "", now)
             finally:
                 lock.release()
-            left = result[1] - cost
+            left = before - cost
             if left < 0:
                 left = 0
-            reset = result[4] / 1000
+            reset = reset_ms / 1000
             return _new(Decision, (True, rate_limit, left, 0.0, reset, policy, rate, identity,
                                    False, (_new(TierState, (policy, rate, identity, True, left,
                                                             0.0, reset, False)),),

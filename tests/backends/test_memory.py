@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.backends._log import _Log
+from ratelimit_mw.backends._store import NEVER
 from ratelimit_mw.core import codec
 from tests.conftest import StepClock
 
@@ -178,7 +179,7 @@ def _schedule_holds_every_key_once(backend: rl.MemoryBackend, latest: dict[str, 
         for key in keys:
             assert key not in due, f"{key} is scheduled twice"
             due[key] = at
-    assert sorted(backend._due_times) == sorted(backend._due)
+    assert sorted(backend._due_times) == [*sorted(backend._due), NEVER]
     assert set(due) == backend._scheduled
     for key, expires in backend._expires.items():
         assert key in backend._data
@@ -236,7 +237,7 @@ def test_the_sweep_forgets_exactly_what_expired_and_keeps_every_key_scheduled(
     for _ in range(10):
         limiter.peek(policies[0], "someone else")
     assert len(backend) == 0
-    assert not backend._due and not backend._due_times and not backend._scheduled
+    assert not backend._due and backend._due_times == [NEVER] and not backend._scheduled
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
