@@ -54,7 +54,7 @@ from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import encode_raw
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.http.verdict import Admit, Refuse, Unavailable
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY
+from ratelimit_mw.keys import ASGI, ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 
 require("starlette", "starlette", "ratelimit_mw.asgi")
@@ -301,7 +301,7 @@ class RateLimitMiddleware:
         documentation asks it before Starlette has built the middleware)."""
         limiter = require_async_limiter(limiter, "the ASGI middleware")
         config = build_config(config, options)
-        return Guard(config, limiter, timeout=config.backend_timeout, raw=True)
+        return Guard(config, limiter, timeout=config.backend_timeout, raw=True, requests=ASGI)
 
     def __repr__(self) -> str:
         return f"RateLimitMiddleware({self.app!r}, {self.limiter!r})"
@@ -316,12 +316,11 @@ class RateLimitMiddleware:
         method: str = scope["method"]
         path: str = scope["path"] if not scope.get("root_path") else route_path(scope)
         # What is fixed per method and path (its route's template, its limits' handler)
-        # is looked up whole; the routes it was resolved against are checked first.
-        app = scope.get("app")
+        # is looked up whole; the routes it was resolved against are checked first (the
+        # resolver's app is the one `_resolved` last gave it: this root, else the app seen).
         resolver = self._resolver
         routes = resolver.routes
-        if (app is not self._seen_app
-                or (self._root if self._root is not None else app) is not resolver.app
+        if (scope.get("app") is not self._seen_app
                 or (routes is not None and len(routes) != resolver.size)):
             self._entries.clear()
         key = (method, path, _host_of(scope)) if resolver.host else (method, path)

@@ -45,7 +45,7 @@ from ratelimit_mw.http.extras import require
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Applied, Selection
 from ratelimit_mw.http.verdict import Admit, Refuse
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY, KeyFunc
+from ratelimit_mw.keys import ASGI, ROUTE_SCOPE_KEY, KeyFunc
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 from ratelimit_mw.routing import Cost, Predicate, stable_module, validate_cost
 
@@ -173,7 +173,8 @@ class RateLimitDependency:
             if any(getattr(self.config, field) not in (None, False, ()) for field in fields):
                 raise ConfigurationError(message)
         self.key = key or self.config.key_func
-        self.guard = Guard(self.config, self.limiter, timeout=self.config.backend_timeout)
+        self.guard = Guard(self.config, self.limiter, timeout=self.config.backend_timeout,
+                           requests=ASGI)
         self._shared = None if shared is None else self._selection_of(shared, shared.name)
         if shared is not None:  # one quota under a name: it may meet the limiter's others
             self.limiter.shared_logs.add((shared,))

@@ -58,7 +58,7 @@ from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.headers import TOO_MANY_REQUESTS
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.http.verdict import Admit, Refuse, Unavailable
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY
+from ratelimit_mw.keys import ASGI, ROUTE_SCOPE_KEY
 from ratelimit_mw.limiter import AsyncLimiter, require_async_limiter
 from ratelimit_mw.routing import EXEMPT, RouteLimit, route_limits
 
@@ -152,7 +152,7 @@ def _guard_of(limiter: object, config: Config | None, options: dict[str, Any]) -
             if getattr(built, option) not in (None, False):
                 raise ConfigurationError(f"the Litestar middleware takes no {message}")
         found = known[key] = (given, Guard(built, checked, timeout=built.backend_timeout,
-                                           raw=True))
+                                           raw=True, requests=ASGI))
     return found[1]
 
 

@@ -40,7 +40,7 @@ from ratelimit_mw.http.guard import DECISION_KEY, Guard
 from ratelimit_mw.http.headers import Headers
 from ratelimit_mw.http.rules import Rule
 from ratelimit_mw.http.verdict import Admit, Held, Refuse
-from ratelimit_mw.keys import ROUTE_SCOPE_KEY
+from ratelimit_mw.keys import ROUTE_SCOPE_KEY, WSGI
 from ratelimit_mw.limiter import Limiter, require_sync_limiter
 
 if TYPE_CHECKING:  # annotations only (strings at run time)
@@ -74,7 +74,7 @@ PREFLIGHT = "HTTP_ACCESS_CONTROL_REQUEST_METHOD"
 def sync_guard(config: Config, limiter: Limiter, adapter: str) -> Guard:
     """The guard of a WSGI adapter: no deadline it could enforce, no async hook it could
     await (`adapter` names it in the ConfigurationError)."""
-    return Guard(config, limiter, timeout=None, awaits=adapter)
+    return Guard(config, limiter, timeout=None, awaits=adapter, requests=WSGI)
 
 
 def json_headers(headers: Headers) -> Headers:

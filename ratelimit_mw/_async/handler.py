@@ -62,6 +62,9 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
               and guard.exempt_when is None and not selection.dynamic
               and all(item.key is key and item.exempt_when is None and not item.per_method
                       for item in applied))
+    # A built-in key asked as the adapter's kind of request reads it directly.
+    for_kind = getattr(key, "for_kind", None) if guard.requests is not None else None
+    ask = key if for_kind is None else for_kind(guard.requests)
     whens = tuple(item.count_when for item in applied) if selection.counts else None
     holds = selection.holds
     # Responses whose status may give something back are watched: they carry their plan.
@@ -104,7 +107,7 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
         identity: Any
         if direct:
             try:
-                identity = key(request)
+                identity = ask(request)
             except Exception as exc:  # the planner logs it and counts the client IP
                 identity = Raised(exc)
             if type(identity) is not str:  # None (a fallback, or no limit), or not a string

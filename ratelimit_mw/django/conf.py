@@ -30,6 +30,7 @@ from ratelimit_mw.core.policy import SharedLogs
 from ratelimit_mw.django.legacy import check_key
 from ratelimit_mw.http.config import OPTION_NAMES, Config
 from ratelimit_mw.http.guard import Guard
+from ratelimit_mw.keys import DJANGO
 from ratelimit_mw.limiter import AsyncLimiter, Limiter, validate_prefix
 
 #: The keys of ``RATELIMIT`` beside Config's keywords.
@@ -146,7 +147,8 @@ class Limiters:
         nothing awaited (an async hook in the settings is a ConfigurationError)."""
         if self._sync_guard is None:
             self._sync_guard = Guard(self.settings.config, self.sync(), timeout=None,
-                                     awaits="Django under WSGI (or is_ratelimited)")
+                                     awaits="Django under WSGI (or is_ratelimited)",
+                                     requests=DJANGO)
         return self._sync_guard
 
     def async_guard(self) -> Guard:
@@ -156,7 +158,7 @@ class Limiters:
             limiter = self.asynchronous()
             self._async_guard = Guard(
                 self.settings.config, limiter,
-                timeout=self.settings.config.backend_timeout)
+                timeout=self.settings.config.backend_timeout, requests=DJANGO)
         return self._async_guard
 
 

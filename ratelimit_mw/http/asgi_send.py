@@ -51,14 +51,15 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         return
     status = 500  # an exception before the response starts will be a server error
 
-    async def watched(message: Any) -> None:
+    # No coroutine of its own: the app awaits what `send` returns.
+    def watched(message: Any) -> Awaitable[None]:
         if message["type"] == "http.response.start":
             nonlocal status
             status = message["status"]
             if raw is not None:
                 # A new message and list: a Response's own header list must not grow.
                 message = {**message, "headers": [*message.get("headers", ()), *raw]}
-        await send(message)
+        return send(message)
 
     try:
         await app(scope, receive, watched)
@@ -152,9 +153,9 @@ class Watch:
         self.fill = fill
         self.status = 500  # an exception before the response starts will be a server error
 
-    async def send(self, message: Any) -> None:
-        await self.send_on(self.started(message) if message["type"] == "http.response.start"
-                           else message)
+    def send(self, message: Any) -> Awaitable[None]:  # no coroutine: the app awaits this
+        return self.send_on(self.started(message) if message["type"] == "http.response.start"
+                            else message)
 
     def started(self, message: Any) -> Any:
         """The response's start message: its status kept, the limiter's headers added."""
@@ -197,19 +198,31 @@ class Holding(Watch):
         if self.holders is not None:
             self.holders.hold(self)
 
-    async def send(self, message: Any) -> None:
-        if (self.held.lost and message["type"] in _LATER
-                and self.guard.config.on_lease_lost == "end"):  # found by the timer's renewal
+    def send(self, message: Any) -> Awaitable[None]:
+        # A coroutine of its own only where something is awaited beside the send: the app
+        # awaits what this returns.
+        kind = message["type"]
+        if self.held.lost and kind in _LATER and self.guard.config.on_lease_lost == "end":
+            # found by the timer's renewal
             raise LeaseLost("the response's in-flight slot went to another request while its "
                             "lease had ended (on_lease_lost=\"end\")")
-        kind = message["type"]
-        body = kind == "http.response.body"
-        more = body and message.get("more_body", False)
-        if more and self.held.due():  # renewed first: a chunk goes out only with its slot
-            await slots_async.renew_async(self.guard, self.limiter, self.held)
-        await self.send_on(self.started(message) if kind == "http.response.start" else message)
-        if body and not more:
-            await self.end()
+        if kind == "http.response.start":
+            return self.send_on(self.started(message))
+        if kind != "http.response.body":
+            return self.send_on(message)
+        if not message.get("more_body", False):
+            return self._last(message)
+        if self.held.due():  # renewed first: a chunk goes out only with its slot
+            return self._renewed(message)
+        return self.send_on(message)
+
+    async def _last(self, message: Any) -> None:
+        await self.send_on(message)
+        await self.end()
+
+    async def _renewed(self, message: Any) -> None:
+        await slots_async.renew_async(self.guard, self.limiter, self.held)
+        await self.send_on(message)
 
     def renew(self) -> None:
         """From the holders' timer: renew the lease if it is due (and no renewal runs)."""

@@ -88,9 +88,12 @@ class Guard(Outcomes, AfterResponse):
     """
 
     def __init__(self, config: Config, limiter: Any, *, timeout: float | None,
-                 raw: bool = False, awaits: str | None = None) -> None:
+                 raw: bool = False, awaits: str | None = None,
+                 requests: str | None = None) -> None:
         """`awaits`: None when the adapter awaits async hooks (ASGI), else the adapter's
-        name for the ConfigurationError that an async hook is there."""
+        name for the ConfigurationError that an async hook is there. `requests`: the kind
+        of request the adapter hands over (`keys.ASGI`, `WSGI`, `DJANGO`), for a built-in
+        key to read it directly (``for_kind``); None: a key looks at each request."""
         if awaits is not None:
             refuse_async(awaits, [
                 ("exempt_when", config.exempt_when), ("key", config.key_func),
@@ -103,6 +106,7 @@ class Guard(Outcomes, AfterResponse):
         self.enabled = config.enabled  # False: nothing applies to any request
         # Admitted responses' headers as RawHeaders (the ASGI adapter's), else as Headers.
         self.raw = raw
+        self.requests = requests
         self.limiter = limiter
         self.timeout = timeout
         self.shadow = config.shadow

@@ -90,11 +90,12 @@ def _joined(values: list[str]) -> str | None:
 # Peers remembered per client_ip() without trusted proxies, and the longest peer text kept
 # (an address with a zone id; longer text is rejected by the parser anyway).
 _PEER_CACHE_SIZE = 4096
+_PAIR = (tuple, list)  # an ASGI scope's client: (host, port)
 _MAX_PEER_CHARS = 64
 
 
 class _ClientIP:
-    __slots__ = ("_by_peer", "_ipv6_prefix", "_spec", "_trusted")
+    __slots__ = ("_by_peer", "_ipv6_prefix", "_readers", "_spec", "_trusted")
     reads = frozenset({"client", "headers"})
 
     def __init__(self, trusted_proxies: Sequence[str] | int | None, ipv6_prefix: int) -> None:
@@ -103,24 +104,56 @@ class _ClientIP:
         self._ipv6_prefix = check_ipv6_prefix(ipv6_prefix)
         # Without trusted proxies the key is a pure function of the peer text: remembered.
         self._by_peer: dict[str, str] = {}
+        self._readers = {found: self._reader(found) for found in (ASGI, WSGI, DJANGO)}
 
     def __call__(self, request: Any) -> str:
-        found = _KINDS.get(type(request)) or kind(request)
+        return self._readers[_KINDS.get(type(request)) or kind(request)](request)
+
+    def for_kind(self, found: str) -> Callable[[Any], str]:
+        """This key for the requests of one kind (`ASGI`, `WSGI`, `DJANGO`: an adapter's),
+        their kind and the proxies' trust asked once: a handler calls it per request."""
+        return self._readers[found]
+
+    def _reader(self, found: str) -> Callable[[Any], str]:
+        if self._trusted is not None:
+            return lambda request: self._forwarded(found, request)
+        by_peer, peer_key = self._by_peer, self._peer_key
         if found == ASGI:
-            # The scope rather than request.client: a malformed value cannot raise here.
+            def read_scope(request: Any) -> str:
+                # The scope rather than request.client: a malformed value cannot raise here.
+                client = request.scope.get("client")
+                peer: Any = client[0] if isinstance(client, _PAIR) and client else None
+                try:
+                    known = by_peer.get(peer)
+                except TypeError:  # unhashable: no peer text remembered is
+                    known = None
+                return known if known is not None else peer_key(peer)
+
+            return read_scope
+        # Django's META holds the same names under WSGI and ASGI.
+        field = "environ" if found == WSGI else "META"
+
+        def read_environ(request: Any) -> str:
+            peer = getattr(request, field).get("REMOTE_ADDR")
+            try:
+                known = by_peer.get(peer)
+            except TypeError:  # unhashable: no peer text remembered is
+                known = None
+            return known if known is not None else peer_key(peer)
+
+        return read_environ
+
+    def _forwarded(self, found: str, request: Any) -> str:
+        """Behind trusted proxies: ``Forwarded`` (else ``X-Forwarded-For``) walked."""
+        if found == ASGI:
             client = request.scope.get("client")
-            peer = client[0] if isinstance(client, (tuple, list)) and client else None
-        else:  # Django's META holds the same names under WSGI and ASGI
-            environ = request.environ if found == WSGI else request.META
-            peer = environ.get("REMOTE_ADDR")
-        if self._trusted is None:
-            known = self._by_peer.get(peer) if type(peer) is str else None
-            return known if known is not None else self._peer_key(peer)
-        if found == ASGI:
+            peer = client[0] if isinstance(client, _PAIR) and client else None
             lines = _header_lines(request.headers)
             forwarded = _joined(lines("forwarded"))
             xff = None if forwarded is not None else _joined(lines("x-forwarded-for"))
         else:  # the server (or Django) has already joined repeated header lines
+            environ = request.environ if found == WSGI else request.META
+            peer = environ.get("REMOTE_ADDR")
             forwarded = environ.get("HTTP_FORWARDED")
             xff = None if forwarded is not None else environ.get("HTTP_X_FORWARDED_FOR")
         return self._key(resolve_client(peer, forwarded, xff, self._trusted))
