@@ -478,53 +478,28 @@ class _Shared:
     def in_process(self, compiled: Compiled) -> Callable[[Sequence[str], str | None],
                                                          Decision] | None:
         """How the store decides `compiled` when it is in this process (the memory store's
-        own typed hit, its ``hitter``), on this limiter's clock, with its deny cache and
-        metrics around it: ``here(identities, token)``, no I/O and no deadline, the same on
-        both sides, the deny cache asked and told. None: the store is elsewhere, and
-        `hit_compiled` asks it. Built once per compiled hit, store, clock and metrics hook
-        (a middleware's handler keeps it while `generation` stands). With neither a deny
-        cache nor metrics, the store's hit is the decision: nothing is wrapped around it."""
+        own typed hit, its ``hitter``), on this limiter's clock, with the metrics hook told:
+        ``here(identities, token)``, no I/O and no deadline, the same on both sides. None:
+        the store is elsewhere (or does not type this hit), and `hit_compiled` asks it.
+        Built once per compiled hit, store, clock and metrics hook (a middleware's handler
+        keeps it while `generation` stands). No deny cache stands in front of it: the
+        store's own refusal costs less than the cache's lookup. Without metrics the store's
+        hit is the decision: nothing is wrapped around it."""
         make = getattr(self._backend, "hitter", None)
         if make is None:
             return None
         clock = self._clock
         clock_us = None if clock is None else (lambda: round(clock() * 1_000_000))
-        deny, metrics = self._deny, self._metrics
-        if deny is None and metrics is None:
-            def refused(identities: Sequence[str], token: str | None, reply: list[int],
-                        now_us: int) -> Decision:
-                # The call's layout is what the reply is read by.
-                return codec.decoded(compiled.call(identities, None, token or ""), reply)
-
-            return make(compiled, clock_us, refused)  # type: ignore[no-any-return]
-        hit = make(compiled, clock_us)
-        if hit is None:
-            return None
+        hit: Callable[[Sequence[str], str | None], Decision] | None = make(compiled, clock_us)
+        if hit is None or self._metrics is None:
+            return hit
 
         def here(identities: Sequence[str], token: str | None) -> Decision:
-            deny = self._deny  # replaced whole when emptied (`ratelimit_mw.testing`)
-            checks = None
-            if deny is not None and deny.entries:
-                checks, found = self._cached(deny, compiled, identities)
-                if type(found) is Decision:
-                    return found
-            # As `hit_compiled`: a refusal counts down from the moment the store was asked.
-            sent = (0 if deny is None else time.monotonic_ns() // 1000 if clock_us is None
-                    else clock_us())
-            started = time.perf_counter() if metrics is not None else 0.0
-            answer = hit(identities, token)
-            if type(answer) is Decision:
-                if metrics is None and (deny is None or not deny.index):
-                    return answer
-                if checks is None:
-                    checks = compiled.checks(identities)
-                if deny is not None:
-                    deny.forget(checks)
-                self._report(checks, ADMITTED, time.perf_counter() - started)
-                return answer
-            call = compiled.call(identities, None, token or "")  # its layout: the reply's
-            return self._settled(call, compiled, identities, checks, answer, sent, True,
-                                 started)
+            started = time.perf_counter()
+            decision = hit(identities, token)
+            self._report(compiled.checks(identities), ADMITTED if decision.allowed else REFUSED,
+                         time.perf_counter() - started)
+            return decision
 
         return here
 

@@ -96,7 +96,8 @@ async def test_the_async_limiter_reports_the_same_events(step_clock: StepClock) 
     await limiter.hit(policy, "u")
     await limiter.hit(policy, "u")
     assert [e for e, _, _ in hook.events] == ["admitted", "refused", "refused"]
-    assert hook.events[-1][2] == 0.0
+    # The memory store decides every hit itself (no deny cache before it): each one timed.
+    assert all(seconds > 0 for _, _, seconds in hook.events)
     failing = rl.AsyncLimiter(Flaky(down=1), metrics=hook)  # type: ignore[arg-type]
     with pytest.raises(rl.BackendError):
         await failing.hit(policy, "u")

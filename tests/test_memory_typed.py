@@ -3,13 +3,11 @@ what `Limiter.hit`, the middleware and its give-backs take) and its ARGV adapter
 what peeks, resets, bookings, the CLI and the Lua differential test take) are one
 implementation: hypothesis plays the same operations on two backends, every hit and
 give-back through the typed path on one and through `run` on the other; each answer (the
-Decision of an admitted hit, a refusal's reply as main.lua's) and the state they leave (a
-peek of every check after every step) must be equal. `run` itself is held to the Lua by
-tests/test_differential.py."""
+typed hit's Decision, admitted or refused, against `codec.decoded` of `run`'s reply) and the
+state they leave (a peek of every check after every step) must be equal. `run` itself is
+held to the Lua by tests/test_differential.py."""
 
 from __future__ import annotations
-
-from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,13 +30,6 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
     def clock_us() -> int:  # the typed hit's clock: the step's time, as `run`'s calls carry
         return now_us
 
-    calls: list[codec.ScriptCall] = []
-    seen: list[int] = []
-
-    def refused(ids: Any, token: Any, reply: list[int], at_us: int) -> Decision:
-        seen.append(at_us)
-        return codec.decoded(calls[-1], reply)
-
     for op in sequence:
         now_ms += op.advance_ms
         now_us = now_ms * 1000 + 137
@@ -49,12 +40,7 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
         if op.kind in ("hit", "charge", "book", "settle"):
             token = compiled.token() or ""
             call = compiled.call(identities, now_us, token)
-            # Every other hit decodes its own refusal (the limiter's `refused`, as where no
-            # deny cache or metrics sit around the store); the rest return main.lua's reply.
-            decode = typed_hits % 2 == 1
-            calls.append(call)
-            seen.clear()
-            hit = typed.hitter(compiled, clock_us, refused if decode else None)
+            hit = typed.hitter(compiled, clock_us)
             expected = adapter.run(call)
             if hit is None:  # arguments that vary per request: both take `run`
                 assert not compiled.static
@@ -62,15 +48,11 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
                 continue
             typed_hits += 1
             answer = hit(identities, token)
-            if expected[0] == 1:
-                assert type(answer) is Decision
-                assert answer == codec.decoded(call, expected)
-                if token:
-                    tokens.append((checks, token, now_us))
-            elif decode:  # the refusal, decoded at the step's time
-                assert answer == codec.decoded(call, expected) and seen == [now_us]
-            else:
-                assert answer == expected
+            # Admitted or refused, the Decision the limiter reads from main.lua's reply.
+            assert type(answer) is Decision
+            assert answer == codec.decoded(call, expected)
+            if expected[0] == 1 and token:
+                tokens.append((checks, token, now_us))
         elif op.kind in ("refund", "uncheck", "release", "renew") and tokens:
             held, token, charged_us = tokens.pop() if op.kind != "renew" else tokens[-1]
             # A response's give-back names when its hit was charged (the middleware's), or

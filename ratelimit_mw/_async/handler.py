@@ -153,13 +153,13 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
             if peek:  # Django's increment=False: the first check, asked without counting
                 first = hit.items[0]
                 decision = await limiter.peek(first[0], identities[0], timeout)
-            elif here is not None and hit is compiled and not node.open_until:
+            elif here is not None and hit is compiled:  # the store in this process decides
                 decision = here(identities, token)
             else:
                 # The breaker's probe (it is still open) must reach the store: the deny
                 # cache's answer would close it on a store nobody asked.
                 decision = await limiter.hit_compiled(hit, identities, timeout,
-                                                 cached=not node.open_until, token=token)
+                                                      cached=not node.open_until, token=token)
         except Exception as exc:  # anything from the store: never a 500
             return guard.failed(request, plan or whole(hit, identities, token), exc,
                                 peek=peek)

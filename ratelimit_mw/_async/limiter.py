@@ -61,22 +61,22 @@ class AsyncLimiter(_Shared):
                            timeout: float | None = None, *, cached: bool = True,
                            token: str | None = None, asked: bool = False) -> Decision:
         """The hit of `compiled` (`compile`) for these identities, one per check, all or
-        nothing: the deny cache's answer (no I/O, no deadline), else the store's within
-        `timeout` seconds (TimeoutError after it: the middleware's deadline). Every hit
-        takes this way (`hit`, the middleware's handler: its first step, in process, taken
-        there). `cached` False: the store answers, and the cache is neither asked
-        nor told (the middleware's breaker probes so: a cached answer would close it on a
-        store that was never asked). `token` names what the hit holds (`Compiled.token`:
-        a sliding log's entries, in-flight slots), to give them back by it later.
+        nothing: a store in this process decides it there (`in_process`); else the deny
+        cache's answer (no I/O, no deadline), else the store's within `timeout` seconds
+        (TimeoutError after it: the middleware's deadline). Every hit takes this way (`hit`,
+        the middleware's handler: its first step, in process, taken there). `cached` False:
+        the store answers, and the cache is neither asked nor told (the middleware's breaker
+        probes so: a cached answer would close it on a store that was never asked). `token`
+        names what the hit holds (`Compiled.token`: a sliding log's entries, in-flight
+        slots), to give them back by it later.
 
         A refusal of this very hit that has just lapsed is asked about once for every
         request that comes while the question is out (`_refresh`, which sends that one
         call with `asked`: the cache told, not asked)."""
         backend = self._backend
-        kept = compiled.here  # in process: decided here, the deny cache asked there
+        kept = compiled.here  # in process: the store's own decision, no deny cache before it
         here = kept[1] if kept[0] is self._built else self._here(compiled)
-        # Not cached (a breaker's probe): the store's call, the deny cache left alone.
-        if here is not None and (cached or self._deny is None):
+        if here is not None:
             return here(identities, token)
         checks = None
         if cached and not asked:

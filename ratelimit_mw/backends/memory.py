@@ -17,6 +17,7 @@ the Lua differential test) takes `run`, the ARGV adapter over the same checks an
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from math import inf
 from time import time_ns
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +29,13 @@ from ratelimit_mw.backends._script import (
     _Script,
     charges_of,
 )
-from ratelimit_mw.core.codec import ScriptCall, admitted_decision, governing_tier, new_token
+from ratelimit_mw.core.codec import (
+    ScriptCall,
+    admitted_decision,
+    decode_generic,
+    governing_tier,
+    new_token,
+)
 from ratelimit_mw.core.decision import Decision, TierState
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
 
@@ -37,11 +44,8 @@ if TYPE_CHECKING:
     from ratelimit_mw.core.policy import Policy
     from ratelimit_mw.core.rates import Rate
 
-# A compiled hit on this store: (identities, token or None) -> the Decision of an admitted
-# hit, and of a refusal its reply (main.lua's) or what `Refused` makes of it.
-Hitter = Callable[[Sequence[str], "str | None"], "Decision | list[int]"]
-# (identities, token, a refusal's reply, the store's now in µs) -> the refusal's Decision.
-Refused = Callable[[Sequence[str], "str | None", list[int], int], Decision]
+# A compiled hit on this store: (identities, token or None) -> its Decision.
+Hitter = Callable[[Sequence[str], "str | None"], Decision]
 ClockUs = Callable[[], int]
 # One tier of a compiled call as `run` reads it from ARGV, before its key is known.
 _Typed = tuple[str, int, int, int, int, str, str]
@@ -109,17 +113,15 @@ class MemoryBackend(_Script):
         finally:
             lock.release()
     # -- the typed hit: a Compiled's tiers read once, each hit straight to its Decision ------
-    def hitter(self, compiled: Compiled, clock_us: ClockUs | None = None,
-               refused: Refused | None = None) -> Hitter | None:
+    def hitter(self, compiled: Compiled, clock_us: ClockUs | None = None) -> Hitter | None:
         """The hit of `compiled` on this store, ``hit(identities, token)``, for the limiter
         to build once per (Compiled, store, clock, metrics hook): the same checks and writes
         as `run` (`_check_all`, `_commit`), its tiers typed once here, on `clock_us` (µs,
         read before the store's lock is taken; None: this process's, as Redis's TIME). Its
-        answer is the `Decision` of an admitted hit; of a refusal, `refused` of its reply as
-        main.lua's (the limiter's decoding, no store call), or that reply (the deny cache
-        keeps it). None where the arguments vary per request (a penalty's end, a calendar's
-        schedule) or a policy is named twice: then the limiter builds the call and `run`
-        answers it, as it does for a subclass with a `run` or `arun` of its own."""
+        answer is the hit's `Decision`, as `codec.decoded` reads main.lua's reply. None
+        where the arguments vary per request (a penalty's end, a calendar's schedule)
+        or a policy is named twice: then the limiter builds the call and `run` answers it,
+        as it does for a subclass with a `run` or `arun` of its own."""
         tiers = self._tiers_of(compiled)
         if tiers is None:
             return None
@@ -127,16 +129,16 @@ class MemoryBackend(_Script):
         owners = [(i, policy, rate) for i, policy in enumerate(compiled.policies)
                   for rate in policy.rates]
         if len(tiers) == 1:
-            return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2], clock_us,
-                                  refused)
+            return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2], clock_us)
         lock = self._lock
         # Per tier (as `results`), what its TierState takes besides the check's answer.
         layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
         log = compiled.log
+        policies = compiled.policies
         kept, keyed = self._keyed(compiled, tiers)
         fixed = governing_tier([policy.algorithm for _, policy, _ in owners])
 
-        def hit(identities: Sequence[str], token: str | None) -> Decision | list[int]:
+        def hit(identities: Sequence[str], token: str | None) -> Decision:
             if log and not token:
                 token = new_token()
             found = kept.get(identities) if type(identities) is tuple else None
@@ -149,12 +151,13 @@ class MemoryBackend(_Script):
                 admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                 if admitted:
                     self._commit(keys, typed, results, logs, token or "", now, now)
-                else:
-                    reply = self._refused("H", keys, typed, results, None, now, now, now_us)
+                else:  # a peek's reply: a hit's adds the figures a deny cache keeps
+                    reply = self._refused("P", keys, typed, results, None, now, now, now_us)
             finally:
                 lock.release()
-            if not admitted:
-                return reply if refused is None else refused(identities, token, reply, now_us)
+            if not admitted:  # read as `codec.decoded` reads main.lua's
+                return decode_generic(tuple(zip(policies, identities, strict=True)), reply,
+                                      None)
             states = []
             for result, (cost, i, policy, rate) in zip(results, layout, strict=False):
                 left = result[1] - cost
@@ -262,8 +265,7 @@ class MemoryBackend(_Script):
         return kept, keyed
 
     def _one_tier(self, compiled: Compiled, tier: tuple[str, int, int, int, int, str, str],
-                  policy: Policy, rate: Rate, clock_us: ClockUs | None,
-                  refused: Refused | None) -> Hitter:
+                  policy: Policy, rate: Rate, clock_us: ClockUs | None) -> Hitter:
         """`hitter` for one policy of one rate (most routes): the same check and writes, the
         loops over tiers unrolled."""
         prefix = compiled.prefix
@@ -280,7 +282,7 @@ class MemoryBackend(_Script):
         # come back (bounded likewise, emptied whole when full).
         keys: dict[str, str] = {}
 
-        def hit(identities: Sequence[str], token: str | None) -> Decision | list[int]:
+        def hit(identities: Sequence[str], token: str | None) -> Decision:
             identity = identities[0]
             key = keys.get(identity)
             if key is None:
@@ -303,24 +305,28 @@ class MemoryBackend(_Script):
                 if due_times[0] <= now:  # `_tick`, written out: every request
                     self._sweep(now, now - self._called_at)
                 self._called_at = now
-                result = check(key, limit, period, cost, cal, now, now, now_us)
-                ok, before, _, _, reset_ms, value, px = result
-                if not ok:  # decoded (the limiter's `refused`) before the lock is let go
-                    reply = self._refused("H", [key], [(*tier, key)], [result], None, now, now,
-                                          now_us)
-                    return reply if refused is None else refused(identities, token, reply,
-                                                                 now_us)
-                if px:  # as `_commit`, for a value with a time to live
-                    data[key] = value
-                    expires[key] = until = now + px
-                    if key not in scheduled:
-                        self._schedule(key, until)
-                elif algo == "sl":  # as `_commit`: a log, kept for its one period
-                    self._sl_commit(key, value, now, cost, token or "", period, now)
-                else:  # slots
-                    self._cc_take(key, period, cost, token or "", now)
+                ok, before, retry, reset_now, reset_ms, value, px = check(
+                    key, limit, period, cost, cal, now, now, now_us)
+                if ok:  # recorded as `_commit` records it (a refusal records nothing)
+                    if px:  # a value with a time to live
+                        data[key] = value
+                        expires[key] = until = now + px
+                        if key not in scheduled:
+                            self._schedule(key, until)
+                    elif algo == "sl":  # a log, kept for its one period
+                        self._sl_commit(key, value, now, cost, token or "", period, now)
+                    else:  # slots
+                        self._cc_take(key, period, cost, token or "", now)
             finally:
                 lock.release()
+            if not ok:  # as `codec.decoded` reads one refused tier's reply (its reset its own)
+                left = before if before > 0 else 0
+                wait = inf if retry < 0 else retry / 1000
+                reset = reset_now / 1000
+                return _new(Decision, (False, rate_limit, left, wait, reset, policy, rate,
+                                       identity, False, (_new(TierState, (
+                                           policy, rate, identity, False, left, wait, reset,
+                                           False)),), None, 0))
             left = before - cost
             if left < 0:
                 left = 0
