@@ -330,7 +330,7 @@ class RateLimitMiddleware:
         template, handle, scope_only = entry
         if template is not None:
             scope[ROUTE_SCOPE_KEY] = template
-        state = scope.get("state") or scope.setdefault("state", {})
+        state = scope.setdefault("state", {})
         state["ratelimit"] = None
         if handle is None:
             await self.app(scope, receive, send)
@@ -389,7 +389,7 @@ class RateLimitMiddleware:
         template, meta = self._resolved(scope, method, path)
         if template is not None:
             scope[ROUTE_SCOPE_KEY] = template
-        state = scope.get("state") or scope.setdefault("state", {})
+        state = scope.setdefault("state", {})
         state["ratelimit"] = None
         return state, meta
 
