@@ -9,21 +9,20 @@ the deny cache's and the metrics' bookkeeping around each call. No I/O here.
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import random
-import re
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, TypedDict, TypeVar
 
+from ratelimit_mw.arguments import at_ms, checked, metrics_hook, validate_prefix
 from ratelimit_mw.core import codec
 from ratelimit_mw.core.codec import Check, GiveBack, ScriptCall
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache, Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError
-from ratelimit_mw.core.policy import Policy, SharedLogs, as_policy
+from ratelimit_mw.core.policy import Policy, SharedLogs
 from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.log import ThrottledLog
 from ratelimit_mw.metrics import ADMITTED, BACKEND_ERROR, REFUSED, Event, MetricsHook
@@ -34,7 +33,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Distinct (policy, cost) sets compiled and kept: the middleware's selections, plus those
 # that dynamic limits and costs make per request; cleared whole when full.
 _COMPILED_CACHE_SIZE = 1024
-_PREFIX_RE = re.compile(r"[A-Za-z0-9_.:\-]{1,32}")
 
 # Every limiter made in this process, for `ratelimit_mw.testing` (weak: never kept alive),
 # and what each new one is handed to as its construction ends: the isolations active then,
@@ -68,54 +66,6 @@ SWITCH = _Switch()
 def live_limiters() -> list[_Shared]:
     """The limiters alive in this process."""
     return list(_LIVE)
-
-
-def validate_prefix(prefix: object) -> str:
-    """The keys' prefix, checked: ConfigurationError says what to write."""
-    if not isinstance(prefix, str) or not _PREFIX_RE.fullmatch(prefix):
-        raise ConfigurationError(
-            f"prefix must be 1-32 characters of letters, digits, '_', '.', ':' or '-', "
-            f"got {prefix!r}; e.g. prefix=\"rl\""
-        )
-    return prefix
-
-
-def _at_ms(at: _dt.datetime) -> int:
-    if not isinstance(at, _dt.datetime) or at.tzinfo is None or at.utcoffset() is None:
-        raise ConfigurationError(
-            f"reserve(at=...) needs an aware datetime, got {at!r}; e.g. "
-            "datetime(2026, 5, 1, 9, 30, tzinfo=ZoneInfo('Europe/Paris'))"
-        )
-    return int(at.timestamp() * 1000)
-
-
-def _metrics_hook(metrics: Any) -> MetricsHook | None:
-    if metrics is not None and not callable(getattr(metrics, "observe", None)):
-        raise ConfigurationError(
-            f"metrics must have a method observe(event, policy, seconds), got {metrics!r}; "
-            "e.g. metrics=ratelimit_mw.metrics adapters, or any object with such a method"
-        )
-    return metrics  # type: ignore[no-any-return]
-
-
-def _check(policy: Policy | str, identity: str, cost: int) -> Check:
-    if not isinstance(identity, str):
-        raise ConfigurationError(
-            f"identity must be a string, got {type(identity).__name__}; e.g. \"user:42\""
-        )
-    codec.validate_cost(cost)
-    # Text is parsed once per text; anything else, as_policy explains.
-    parsed = (policy if isinstance(policy, Policy) else _policy_from_text(policy)
-              if isinstance(policy, str) else as_policy(policy))
-    codec.validate_cost(cost, parsed)
-    return Check(parsed, identity, cost)
-
-
-@functools.lru_cache(maxsize=256)
-def _policy_from_text(text: str) -> Policy:
-    # limiter.hit("10/minute", ...) with a string: one Policy per text, not one per call, so
-    # parsing stays off the hot path and the deny cache recognises the policy.
-    return as_policy(text)
 
 
 class LimiterOptions(TypedDict, total=False):
@@ -158,7 +108,7 @@ class _Shared:
         self.prefix = validate_prefix(prefix)
         self._clock = clock
         self._sleep = sleep
-        self._metrics = _metrics_hook(metrics)
+        self._metrics = metrics_hook(metrics)
         self._metrics_failed = ThrottledLog()
         # Sliding-log policies of one name share one log in the store: every policy
         # configured on this limiter (decorators, a middleware's) must keep it as long.
@@ -215,7 +165,7 @@ class _Shared:
 
     @metrics.setter
     def metrics(self, metrics: MetricsHook | None) -> None:
-        self._metrics = _metrics_hook(metrics)
+        self._metrics = metrics_hook(metrics)
         self._rebuild()
 
     def _rebuild(self) -> None:
@@ -307,11 +257,11 @@ class _Shared:
         return found
 
     def _compiled_hit(self, policy: Policy | str, identity: str, cost: int) -> Compiled:
-        """One check's compiled calls, its arguments checked as `_check` does: a Check is
+        """One check's compiled calls, its arguments checked as `checked` does: a Check is
         built only to raise, or to parse a policy given as text."""
         if (type(policy) is not Policy or type(identity) is not str or type(cost) is not int
                 or cost < 1 or cost > policy.max_cost):
-            policy = _check(policy, identity, cost).policy
+            policy = checked(policy, identity, cost).policy
         items = ((policy, cost),)
         found = self._compiled.get(items)  # `compile`, its cache asked here
         return found if found is not None else self.compile(items)
@@ -374,7 +324,7 @@ class _Shared:
                 at: _dt.datetime | None = None, token: str | None = None) -> ScriptCall:
         """The call of `op` (peek, reset, refund, book, cancel) for one check; the deny
         cache forgets that check, since the store is asked, never the cache."""
-        check = _check(policy, identity, cost)
+        check = checked(policy, identity, cost)
         if op == codec.BOOK and check.policy.algorithm != "sliding-log":
             raise ConfigurationError(
                 f"reserve needs a sliding-log policy (it checks every window around the "
@@ -383,7 +333,7 @@ class _Shared:
             )
         self._forget((check,))
         return self._call(self.compile(((check.policy, check.cost),)), (identity,), op,
-                          None if at is None else _at_ms(at), token)
+                          None if at is None else at_ms(at), token)
 
     def _cancel_call(self, booking: Booking) -> ScriptCall:
         return self._single(codec.CANCEL, booking.policy, booking.identity, booking.cost,

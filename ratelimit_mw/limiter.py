@@ -7,8 +7,9 @@
 from ratelimit_mw._async.handles import Messages
 from ratelimit_mw._async.limiter import AsyncLimiter
 from ratelimit_mw._sync.limiter import Limiter
+from ratelimit_mw.arguments import validate_prefix
 from ratelimit_mw.core.errors import ConfigurationError
-from ratelimit_mw.engine import SWITCH, LimiterOptions, _Shared, live_limiters, validate_prefix
+from ratelimit_mw.engine import SWITCH, LimiterOptions, _Shared, live_limiters
 
 __all__ = ["SWITCH", "AsyncLimiter", "Limiter", "LimiterOptions", "Messages", "_Shared",
            "live_limiters", "require_async_limiter", "require_sync_limiter", "validate_prefix"]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ratelimit_mw._async import handles
 from ratelimit_mw._synchronization import AsyncFlights, bounded_async, side_async, sleep_async
+from ratelimit_mw.arguments import checked
 from ratelimit_mw.backends.base import AsyncBackend
 from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import codec
@@ -29,7 +30,7 @@ from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
 from ratelimit_mw.core.policy import DEFAULT_LEASE, Policy
-from ratelimit_mw.engine import LimiterOptions, _check, _Shared, ping_failed, pinger
+from ratelimit_mw.engine import LimiterOptions, _Shared, ping_failed, pinger
 from ratelimit_mw.metrics import ADMITTED, REFUSED
 
 _ONE = 1
@@ -193,7 +194,7 @@ class AsyncLimiter(_Shared):
 
     async def check(self, checks: Sequence[Check]) -> Decision:
         """Hit several policies at once, all or nothing."""
-        checks = [_check(*check) for check in checks]
+        checks = [checked(*check) for check in checks]
         return await self.hit_compiled(*self.compiled_checks(checks))
 
     async def hit(self, policy: Policy | str, identity: str, cost: int = 1) -> Decision:
@@ -218,7 +219,7 @@ class AsyncLimiter(_Shared):
         apart from every other: ``messages = limiter.messages("10/second")`` when it opens,
         then ``if not await messages.hit(): ...`` per message (a Decision: False when
         refused, with its ``retry_after``)."""
-        return handles.Messages(self, _check(policy, "conn", 1).policy,
+        return handles.Messages(self, checked(policy, "conn", 1).policy,
                         "conn:" + secrets.token_hex(8))
 
     async def _give_back(self, checks: Sequence[Check], timeout: float | None = None,
@@ -277,7 +278,7 @@ class AsyncLimiter(_Shared):
                 or not 0 < seconds < math.inf):
             raise ConfigurationError(f"a pause lasts a number of seconds > 0, got {seconds!r}; "
                                      "e.g. limiter.pause(policy, identity, 2.5)")
-        check = _check(policy, identity, 1)
+        check = checked(policy, identity, 1)
         self._forget((check,))
         reply = await self._backend.arun(self._call(
             self.compile(((check.policy, 1),)), (identity,), codec.PAUSE,
@@ -366,10 +367,10 @@ class AsyncLimiter(_Shared):
         limit (N, or `Policy.in_flight`), held until the ticket is settled or released.
         `timeout` and `wait_out` are `acquire`'s: a wait longer than the timeout raises
         RateLimitExceeded at once (with its ``retry_after``) unless `wait_out`."""
-        check = _check(policy, identity, estimate)
+        check = checked(policy, identity, estimate)
         items = [(check.policy, estimate)]
         if calls is not None:
-            items.append((_check(calls, identity, 1).policy, 1))
+            items.append((checked(calls, identity, 1).policy, 1))
         held: tuple[Check, ...] = ()
         if concurrency is not None:
             slots = concurrency if isinstance(concurrency, Policy) else self._in_flight(
