@@ -118,30 +118,24 @@ class _ClientIP:
         if self._trusted is not None:
             return lambda request: self._forwarded(found, request)
         by_peer, peer_key = self._by_peer, self._peer_key
-        if found == ASGI:
-            def read_scope(request: Any) -> str:
-                # The scope rather than request.client: a malformed value cannot raise here.
-                client = request.scope.get("client")
-                peer: Any = client[0] if isinstance(client, _PAIR) and client else None
-                try:
-                    known = by_peer.get(peer)
-                except TypeError:  # unhashable: no peer text remembered is
-                    known = None
-                return known if known is not None else peer_key(peer)
-
-            return read_scope
+        scope = found == ASGI
         # Django's META holds the same names under WSGI and ASGI.
         field = "environ" if found == WSGI else "META"
 
-        def read_environ(request: Any) -> str:
-            peer = getattr(request, field).get("REMOTE_ADDR")
+        def read(request: Any) -> str:
+            peer: Any
+            if scope:  # the scope rather than request.client: a malformed value cannot raise
+                client = request.scope.get("client")
+                peer = client[0] if isinstance(client, _PAIR) and client else None
+            else:
+                peer = getattr(request, field).get("REMOTE_ADDR")
             try:
                 known = by_peer.get(peer)
             except TypeError:  # unhashable: no peer text remembered is
                 known = None
             return known if known is not None else peer_key(peer)
 
-        return read_environ
+        return read
 
     def _forwarded(self, found: str, request: Any) -> str:
         """Behind trusted proxies: ``Forwarded`` (else ``X-Forwarded-For``) walked."""
