@@ -24,7 +24,7 @@ guard awaits the one backend call, bounded by ``backend_timeout``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Iterable, MutableMapping, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only (strings at run time)
@@ -44,7 +44,6 @@ from ratelimit_mw.http.asgi_send import (
     DefaultResponses,
     Watch,
     deny_handshake,
-    given_back_405,
     is_preflight,
     serve_admitted,
     serve_connection,
@@ -285,7 +284,6 @@ class RateLimitMiddleware:
         self._root: object = app if routes_of(app) is not None else None
         self._resolver = RouteResolver(always=any(map(needs_route, self.guard.keys_in_use)))
         self._defaults = DefaultResponses()  # the default 429 and 503
-        self._counted = self.guard.count_when is not None  # any status may give back
         # (method, path[, host]) -> what `_entry` worked out for them.
         self._entries: dict[tuple[str, ...], tuple[str | None, Handler | None, bool]] = {}
         # The app the requests come through (scope["app"]; or the app wrapped here): a FastAPI
@@ -349,30 +347,8 @@ class RateLimitMiddleware:
         verdict = await handle(request, method, method == "OPTIONS" and is_preflight(scope))
         if type(verdict) is Admit:
             state["ratelimit"] = verdict.decision
-            plan = verdict.plan
-            if (plan is None or plan.token is not None or plan.whens is not None
-                    or self._counted):
-                await serve_admitted(self.guard, self.limiter, verdict, self.app, scope,
-                                     receive, send)
-                return
-            # Most responses: their RateLimit fields added, and a 405 given back after it,
-            # in this frame (`serve_admitted`'s, written out: no call of its own).
-            raw = verdict.raw
-            status = 500
-
-            def watched(message: Any) -> Awaitable[None]:
-                if message["type"] == "http.response.start":
-                    nonlocal status
-                    status = message["status"]
-                    if raw is not None:  # a new message and list, as `serve_admitted`
-                        message = {**message, "headers": [*message.get("headers", ()), *raw]}
-                return send(message)
-
-            try:
-                await self.app(scope, receive, watched)
-            finally:
-                if status == 405:
-                    await given_back_405(self.guard, self.limiter, verdict)
+            await serve_admitted(self.guard, self.limiter, verdict, self.app, scope, receive,
+                                 send)
         elif type(verdict) is Refuse:
             state["ratelimit"] = verdict.decision
             await self._refuse(request, verdict, scope, receive, send)

@@ -72,13 +72,6 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
                 await slots_async.refund_async(guard, limiter, verdict, back)
 
 
-async def given_back_405(guard: Guard, limiter: AsyncLimiter, verdict: Admit) -> None:
-    """What a 405 gives back (the hits of a method not allowed, unless they are charged)."""
-    back = guard.given_back(verdict, 405)
-    if back:
-        await slots_async.refund_async(guard, limiter, verdict, back)
-
-
 async def serve_connection(guard: Guard, limiter: AsyncLimiter, verdict: Admit | None,
                            app: App, scope: Scope, receive: Receive, send: Send) -> None:
     """Run the app for an admitted (or unlimited) WebSocket: the slots it holds, if any,
