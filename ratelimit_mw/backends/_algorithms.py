@@ -116,10 +116,29 @@ class _Algorithms(_Store):
             slots[member] = end
         self._set(key, slots, now, lease)
 
+    def _cc_release(self, key: str, cost: int, token: str, now: int) -> None:
+        """Give a holder's slots back: ZREM of its members; Redis drops an empty set (and
+        one read past its expiry)."""
+        if not token:
+            return
+        slots: _Slots | None = self._data[key] if self._expires.get(key, 0) > now else None
+        if slots is not None:
+            if cost == 1:  # most holders: one slot
+                slots.pop(token + ":1", None)
+            else:
+                for member in _members(token, cost):
+                    slots.pop(member, None)
+            if slots:
+                return
+        self._delete(key)
+
     def _cc_upkeep(self, op: str, key: str, limit: int, lease: int, cost: int, token: str,
                    now: int) -> bool:
         """Give a holder's slots back (R), or renew its leases (N): those that have ended are
         taken again if the tier has room for them all; False when it has not (lost)."""
+        if op == "R":
+            self._cc_release(key, cost, token, now)
+            return True
         slots: _Slots | None = (self._data[key] if self._expires.get(key, 0) > now
                                 else None)  # `_get`, inline
         if not token:
@@ -130,9 +149,7 @@ class _Algorithms(_Store):
         renewed = False
         ended: list[str] = []
         for member in _members(token, cost):
-            if op == "R":
-                slots.pop(member, None)
-            elif slots.get(member, 0) > now:
+            if slots.get(member, 0) > now:
                 slots[member] = now + lease
                 renewed = True
             else:

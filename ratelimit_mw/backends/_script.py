@@ -115,7 +115,7 @@ class _Script(_Algorithms):
         (a counter or a TAT as main.lua SETs it, slots through `_cc_take`, a log once, by the
         first of its tiers, for the longest period reading it)."""
         data, expires, scheduled = self._data, self._expires, self._scheduled
-        for result, tier in zip(results, tiers, strict=True):
+        for result, tier in zip(results, tiers):  # noqa: B905
             key = tier[7]
             if px := result[6]:  # _set, inline: SET value PX px
                 data[key] = result[5]

@@ -137,6 +137,12 @@ class MemoryBackend(_Script):
         policies = compiled.policies
         kept, keyed = self._keyed(compiled, tiers)
         fixed = governing_tier([policy.algorithm for _, policy, _ in owners])
+        # Without a ban or a log (a rate and its slots, several rates) each tier's check and
+        # write is its own: `_check_all` and `_commit` unrolled, over the checks found now.
+        plain = all(not tier[4] and tier[0] != "sl" for tier in tiers)
+        steps = [(self._checks[algo], limit, period, cost, cal, algo == "cc")
+                 for algo, limit, period, cost, _, _, cal in tiers]
+        data, expires, scheduled = self._data, self._expires, self._scheduled
 
         def hit(identities: Sequence[str], token: str | None) -> Decision:
             if log and not token:
@@ -148,10 +154,31 @@ class MemoryBackend(_Script):
             try:
                 now_us = self._tick(stamp)
                 now = now_us // 1000
-                admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
-                if admitted:
-                    self._commit(keys, typed, results, logs, token or "", now, now)
-                else:  # a peek's reply: a hit's adds the figures a deny cache keeps
+                if plain:
+                    results = []
+                    admitted = True
+                    # zip without a keyword: one sends zip through its argument parser, at
+                    # a cost of three of these loops. `steps` and `keys` are one per tier.
+                    for (check, limit, period, cost, cal, _), key in zip(steps, keys):  # noqa: B905
+                        result = check(key, limit, period, cost, cal, now, now, now_us)
+                        if not result[0]:
+                            admitted = False
+                        results.append(result)
+                    if admitted:
+                        for result, (_, _, period, cost, _, slots), key in zip(  # noqa: B905
+                                results, steps, keys):
+                            if px := result[6]:  # as `_commit`: SET value PX px
+                                data[key] = result[5]
+                                expires[key] = until = now + px
+                                if key not in scheduled:
+                                    self._schedule(key, until)
+                            elif slots:
+                                self._cc_take(key, period, cost, token or "", now)
+                else:
+                    admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
+                    if admitted:
+                        self._commit(keys, typed, results, logs, token or "", now, now)
+                if not admitted:  # a peek's reply: a hit's adds the figures a deny cache keeps
                     reply = self._refused("P", keys, typed, results, None, now, now, now_us)
             finally:
                 lock.release()
@@ -159,7 +186,7 @@ class MemoryBackend(_Script):
                 return decode_generic(tuple(zip(policies, identities, strict=True)), reply,
                                       None)
             states = []
-            for result, (cost, i, policy, rate) in zip(results, layout, strict=False):
+            for result, (cost, i, policy, rate) in zip(results, layout):  # noqa: B905
                 left = result[1] - cost
                 states.append(_new(TierState, (policy, rate, identities[i], True,
                                                left if left > 0 else 0, 0.0, result[4] / 1000,
@@ -183,7 +210,7 @@ class MemoryBackend(_Script):
         # Slots alone (most responses' give-back) have no window to keep to.
         windowed = any(tier[0] != "cc" for tier in tiers)
         if len(tiers) == 1 and not windowed:  # one policy's slots: `_upkeep`'s one case
-            _, limit, lease, cost, _, _, _ = tiers[0]
+            cost = tiers[0][3]
             due_times = self._due_times
 
             def release_slots(identities: Sequence[str], token: str, now_us: int | None,
@@ -196,7 +223,7 @@ class MemoryBackend(_Script):
                     if due_times[0] <= now:  # `_tick`, written out
                         self._sweep(now, now - self._called_at)
                     self._called_at = now
-                    self._cc_upkeep("R", key, limit, lease, cost, token, now)
+                    self._cc_release(key, cost, token, now)
                 finally:
                     lock.release()
 

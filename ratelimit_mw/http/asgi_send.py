@@ -247,24 +247,27 @@ class Holding(Watch):
         # Most responses give back no hit: their slots alone (a WebSocket's, always). The
         # status is asked only where it may give some back (as `serve_admitted`).
         if (self.http and (status == 405 or guard.count_when is not None
-                           or held.admit.plan.whens is not None)  # type: ignore[union-attr]
+                           or held.plan.whens is not None)
                 and guard.given_back(held.admit, status)):
-            back = guard.give_back_of(held.admit, guard.released(held.admit, status))
+            back: GiveBack | None = guard.give_back_of(held.admit,
+                                                       guard.released(held.admit, status))
         else:
-            back = held.back
+            back = None  # its slots alone
         holders = self.holders
-        if holders is None or self.limiter.local_store:
-            # A store in this process has no round trip for the turn to share: in place.
-            if holders is not None:
-                holders.live.discard(self)
-            hits = (back,)
-            if not given_back_here(guard, self.limiter, hits):  # as `give_back_async`, no coroutine
-                await slots_async.give_back_by_call_async(guard, self.limiter, hits)
-        elif holders.give_back(self, back):
-            try:
-                await asyncio.sleep(0)  # a turn of the loop: the others of this one join
-            finally:  # cancelled or not, the turn's slots go back
-                await holders.send()
+        if holders is not None and not self.limiter.local_store:
+            if holders.give_back(self, held.back if back is None else back):
+                try:
+                    await asyncio.sleep(0)  # a turn of the loop: the others of this one join
+                finally:  # cancelled or not, the turn's slots go back
+                    await holders.send()
+            return
+        # A store in this process has no round trip for the turn to share: in place.
+        if holders is not None:
+            holders.live.discard(self)
+        # As `give_back_async`, no coroutine.
+        if not given_back_here(guard, self.limiter, held if back is None else (back,)):
+            await slots_async.give_back_by_call_async(guard, self.limiter,
+                                                      (held.back if back is None else back,))
 
 
 class Holders:

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ratelimit_mw.core.codec import Check, GiveBack
 from ratelimit_mw.core.policy import CONCURRENCY
+from ratelimit_mw.http.verdict import Held
 from ratelimit_mw.log import ThrottledLog
 from ratelimit_mw.metrics import LEASE_LOST
 
 if TYPE_CHECKING:
     from ratelimit_mw.http.guard import Guard
-    from ratelimit_mw.http.verdict import Held
     from ratelimit_mw.limiter import Limiter
 
 # Give-backs kept for a store that is out: a worker's in-flight responses of a few leases
@@ -57,19 +57,24 @@ class Owed(NamedTuple):
     token: str
 
 
-def given_back_here(guard: Guard, limiter: Any, hits: Hits) -> bool:
-    """One response's give-back done now, in this process (the limiter's `give_back_here`),
-    where nothing asks for more than the store's own release: no slot of the guard's is in
-    its fallback's memory, nothing is owed to the store, and the breaker lets the store be
-    asked. False: left to `give_back_by_call_async` or its sync twin. Never raises: a
-    failure is kept owed and reported, as there."""
+def given_back_here(guard: Guard, limiter: Any, hits: Hits | Held) -> bool:
+    """One response's give-back done now, in this process (the limiter's `give_back_here`;
+    for a `Held`, its slots alone: `give_back_held`), where nothing asks for more than the
+    store's own release: no slot of the guard's is in its fallback's memory, nothing is owed
+    to the store, and the breaker lets the store be asked. False: left to
+    `give_back_by_call_async` or its sync twin. Never raises: a failure is kept owed and
+    reported, as there."""
     slots = guard.slots
     if slots.local or slots.owed or guard.breaker.open_until:
         return False
     try:
-        return bool(limiter.give_back_here(hits))
+        if not isinstance(hits, Held):
+            return bool(limiter.give_back_here(hits))
+        plan, decision = hits.plan, hits.admit.decision
+        return bool(limiter.give_back_held(plan.compiled, plan.identities, plan.token,
+                                           0 if decision is None else decision.at_us))
     except Exception as exc:
-        slots.keep(limiter, hits)
+        slots.keep(limiter, (hits.back,) if isinstance(hits, Held) else hits)
         guard.refund_failed(exc)
         return True
 

@@ -63,15 +63,14 @@ class Held:
     them gone to another request (`slots.Slots.renewed`). `back`: the give-back of the slots
     alone (`give_back_of`), what most responses send when they end."""
 
-    __slots__ = ("admit", "back", "checks", "clock", "done", "every", "lost", "next")
+    __slots__ = ("admit", "clock", "done", "every", "lost", "next", "plan")
 
     def __init__(self, admit: Admit, clock: Callable[[], float]) -> None:
         plan = admit.plan
         if plan is None or plan.token is None:
             raise ValueError("Held is for an admitted request that holds in-flight slots")
         self.admit = admit
-        self.checks = plan.held
-        self.back = give_back_of(admit, self.checks)
+        self.plan = plan
         self.every = plan.compiled.renew_every
         self.clock = clock
         self.next = clock() + self.every
@@ -80,7 +79,17 @@ class Held:
 
     @property
     def token(self) -> str:
-        return self.admit.plan.token  # type: ignore[union-attr,return-value]
+        return self.plan.token  # type: ignore[return-value]
+
+    # Asked where the slots go back through the store's call (or a renewal): a store in this
+    # process gives them back from the plan (`slots.given_back_here`).
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        return self.plan.held
+
+    @property
+    def back(self) -> GiveBack:
+        return give_back_of(self.admit, self.checks)
 
     def due(self) -> bool:
         """Whether to renew now (and then not again for a third of the lease)."""
