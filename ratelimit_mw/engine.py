@@ -401,30 +401,36 @@ class _Shared:
             return False
         checks, token, at_us = hits[0]
         compiled, identities = self.compiled_checks(checks)
-        return self._release_here(compiled, identities, token, at_us, checks)
-
-    def give_back_held(self, compiled: Compiled, identities: Sequence[str], token: str | None,
-                       at_us: int) -> bool:
-        """`give_back_here` of the in-flight slots alone of a hit of `compiled` (what most
-        holders give back when their response ends), read from the hit itself: no Check
-        built unless the deny cache holds some refusal."""
-        if not self.local_store:
-            return False
-        part = compiled.held_part()
-        if part is not compiled:
-            in_flight = compiled.in_flight
-            identities = ((identities[in_flight[0]],) if len(in_flight) == 1
-                          else tuple(identities[i] for i in in_flight))
-        return self._release_here(part, identities, token, at_us, None)
-
-    def _release_here(self, compiled: Compiled, identities: Sequence[str], token: str | None,
-                      at_us: int, checks: Sequence[Check] | None) -> bool:
         release = self._released_here(compiled)
         if release is None:  # a selection the store does not type (a calendar's, a penalty's)
             return False
         deny = self._deny
-        if deny is not None and deny.index:
-            deny.forget(compiled.checks(identities) if checks is None else checks)
+        if deny is not None:
+            deny.forget(checks)
+        clock = self._clock
+        release(identities, token or "", None if clock is None else round(clock() * 1_000_000),
+                at_us)
+        return True
+
+    def give_back_held(self, compiled: Compiled, identities: Sequence[str], token: str | None,
+                       at_us: int) -> bool:
+        """`give_back_here` of the in-flight slots alone of a hit of `compiled` (what most
+        holders give back when their response ends), by the hit's own identities: the
+        store's slots-only ``releaser``, kept on `compiled` with the store it is of."""
+        if not self.local_store:
+            return False
+        backend = self._backend
+        kept = compiled.held_release
+        if kept[0] is backend:
+            release = kept[1]
+        else:
+            make = getattr(backend, "releaser", None)
+            release = make(compiled, slots_only=True) if make is not None else None
+            compiled.held_release = (backend, release)
+        if release is None:  # a selection the store does not type (a calendar's, a penalty's)
+            return False
+        # No deny-cache entry to forget: a refusal with slots is never kept (one frees
+        # whenever a response ends).
         clock = self._clock
         release(identities, token or "", None if clock is None else round(clock() * 1_000_000),
                 at_us)

@@ -504,3 +504,18 @@ def test_a_ban_started_by_one_policy_binds_its_namesake_in_the_same_reply(
     assert call.keys.count(call.keys[-1]) == 1  # one KEYS entry for the shared ban key
     for limiter in (cached, plain):
         limiter.reset(pair[0], "ip:0")
+
+
+def test_no_refusal_with_slots_is_kept(step_clock: StepClock) -> None:
+    # A slot frees whenever a response ends: a refusal whose call holds slots is never
+    # kept, so a holder giving its slots back (`give_back_held`) has no entry to forget.
+    limiter = rl.Limiter(rl.MemoryBackend(), clock=step_clock)
+    slots = rl.Policy.in_flight(2, lease=60)
+    daily = rl.Policy("1/day", algorithm="fixed-window", tz="UTC")  # not typed: cached
+    alone, other = limiter.compile([(daily, 1)]), limiter.compile([(daily, 1), (slots, 1)])
+    assert limiter.hit_compiled(other, ("u", "u")).allowed
+    assert not limiter.hit_compiled(other, ("u", "u")).allowed  # the day's one is spent
+    deny = limiter._deny
+    assert deny is not None and len(deny) == 0
+    assert not limiter.hit_compiled(alone, ("u",)).allowed
+    assert len(deny) == 1  # the same refusal without slots is kept

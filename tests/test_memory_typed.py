@@ -59,11 +59,16 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
             # not (0: from the window as it is).
             if op.kind == "uncheck":
                 charged_us = 0
-            call = codec.build(codec.REFUND if op.kind != "renew" else codec.RENEW, held, "t",
-                               now_us=now_us, token=token,
+            # "release": a holder's give-back when its response ends, its slots alone, asked
+            # of the store by the whole hit (`releaser(..., slots_only=True)`).
+            slots = [c for c in held if c.policy.algorithm == "concurrency"]
+            alone = op.kind == "release" and bool(slots)
+            call = codec.build(codec.REFUND if op.kind != "renew" else codec.RENEW,
+                               slots if alone else held, "t", now_us=now_us, token=token,
                                at_ms=str(charged_us) if charged_us and op.kind != "renew"
-                               else None)
-            release = (typed.releaser(Compiled([(c.policy, c.cost) for c in held], "t"))
+                               and not alone else None)
+            release = (typed.releaser(Compiled([(c.policy, c.cost) for c in held], "t"),
+                                      slots_only=alone)
                        if op.kind != "renew" else None)
             if release is None:
                 assert typed.run(call) == adapter.run(call)
@@ -84,6 +89,40 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
        sequence=st.lists(ops, min_size=8, max_size=50))
 def test_the_typed_hit_and_run_agree(pool: list[rl.Policy], sequence: list[Op]) -> None:
     _play(pool, sequence)
+
+
+def test_a_holder_gives_back_its_slots_alone_and_keeps_its_hit() -> None:
+    """`releaser(..., slots_only=True)`: the slots of a rate-and-slots hit go back, by the
+    whole hit's identities; the rate's count stays (a holder's response ended, charged)."""
+    rate, slots = rl.Policy("5/minute"), rl.Policy.in_flight(1, lease=60)
+    store = MemoryBackend()
+    compiled = Compiled([(rate, 1), (slots, 1)], "t")
+    hit = store.hitter(compiled)
+    release = store.releaser(compiled, slots_only=True)
+    assert hit is not None and release is not None
+    first = hit(("u", "u"), "tok1")
+    assert first.allowed and first.remaining == 4
+    assert not hit(("u", "u"), "tok2").allowed  # its one slot is held
+    release(("u", "u"), "tok1", None, 0)
+    again = hit(("u", "u"), "tok3")
+    assert again.allowed and again.remaining == 3  # the first hit still counts
+
+
+def test_two_slot_tiers_of_one_key_take_both_slots() -> None:
+    """Two in-flight limits of one name on one identity write to one set: the second
+    take reads it again, as the script's ZADD does (the first took more members)."""
+    one, two = rl.Policy.in_flight(6, lease=60), rl.Policy.in_flight(6, lease=60)
+    store, adapter = MemoryBackend(), MemoryBackend()
+    compiled = Compiled([(one, 2), (two, 1)], "t")
+    now_us = START_MS * 1000
+    hit = store.hitter(compiled, lambda: now_us)
+    assert hit is not None
+    assert compiled.key_suffixes[0] == compiled.key_suffixes[1]  # one set
+    for i in range(3):
+        call = compiled.call(["u", "u"], now_us, f"tok{i}")
+        assert hit(("u", "u"), f"tok{i}") == codec.decoded(call, adapter.run(call))
+    key = compiled.call(["u", "u"]).keys[0]
+    assert store._data.get(key) == adapter._data.get(key)
 
 
 def test_the_typed_hit_is_taken_for_every_static_selection() -> None:

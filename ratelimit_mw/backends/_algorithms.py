@@ -102,18 +102,22 @@ class _Algorithms(_Store):
         slots = self._cc_live(key, now)
         return max(slots.values()) - now if slots else 0
 
-    def _cc_take(self, key: str, lease: int, cost: int, token: str, now: int) -> None:
-        # Read again, as the script's ZADD writes to the key as it is: two tiers of one call
-        # may take slots in the same set.
-        slots = self._cc_live(key, now)
+    def _cc_take(self, key: str, slots: _Slots | None, lease: int, cost: int, token: str,
+                 now: int) -> None:
+        """Take the slots into `slots`, the tier's live set (`_cc_live`): the one its check
+        read where no other tier of the call writes to the key, else read again, as the
+        script's ZADD writes to the key as it is."""
         end = now + lease
-        if slots is None:
+        if not slots:
             slots = _Slots()
             slots.soonest = end
         elif end < slots.soonest:
             slots.soonest = end
-        for member in _members(token, cost):
-            slots[member] = end
+        if cost == 1:  # most holders: one slot
+            slots[token + ":1"] = end
+        else:
+            for member in _members(token, cost):
+                slots[member] = end
         self._set(key, slots, now, lease)
 
     def _cc_release(self, key: str, cost: int, token: str, now: int) -> None:

@@ -123,7 +123,8 @@ class _Script(_Algorithms):
                 if key not in scheduled:
                     self._schedule(key, until)
             elif tier[0] == "cc":
-                self._cc_take(key, tier[2], tier[3], token, now)
+                # Read again: two tiers of one call may take slots in the same set.
+                self._cc_take(key, self._cc_live(key, now), tier[2], tier[3], token, now)
             elif logs is not None and (longest := logs.pop(key, 0)):  # a sliding log
                 self._sl_commit(key, result[5], at, tier[3], token, longest, now)
 

@@ -142,6 +142,9 @@ class MemoryBackend(_Script):
         plain = all(not tier[4] and tier[0] != "sl" for tier in tiers)
         steps = [(self._checks[algo], limit, period, cost, cal, algo == "cc")
                  for algo, limit, period, cost, _, _, cal in tiers]
+        # Slots go into the set their check read unless two tiers write to one key.
+        suffixes = [suffix for each in compiled.key_suffixes for suffix in each]
+        shared = len(set(suffixes)) < len(suffixes)
         data, expires, scheduled = self._data, self._expires, self._scheduled
 
         def hit(identities: Sequence[str], token: str | None) -> Decision:
@@ -173,7 +176,8 @@ class MemoryBackend(_Script):
                                 if key not in scheduled:
                                     self._schedule(key, until)
                             elif slots:
-                                self._cc_take(key, period, cost, token or "", now)
+                                self._cc_take(key, self._cc_live(key, now) if shared
+                                              else result[5], period, cost, token or "", now)
                 else:
                     admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                     if admitted:
@@ -195,35 +199,37 @@ class MemoryBackend(_Script):
 
         return hit
 
-    def releaser(self, compiled: Compiled) -> Callable[[Sequence[str], str, int | None, int],
-                                                       None] | None:
+    def releaser(self, compiled: Compiled, slots_only: bool = False
+                 ) -> Callable[[Sequence[str], str, int | None, int], None] | None:
         """The give-back of what a hit of `compiled` recorded, by its token, on this store:
         `run`'s refund (R) with the tiers typed once; ``release(identities, token, now_us,
         charged_us)``, `charged_us` when the hit was charged (0: not known), each tier then
-        giving back only within the window it was charged in. None where `hitter` is
-        None."""
+        giving back only within the window it was charged in. `slots_only`: its in-flight
+        slots alone (what a holder gives back when its response ends), for the identities
+        of the whole hit. None where `hitter` is None."""
         tiers = self._tiers_of(compiled)
         if tiers is None:
             return None
         lock = self._lock
         kept, keyed = self._keyed(compiled, tiers)
-        # Slots alone (most responses' give-back) have no window to keep to.
-        windowed = any(tier[0] != "cc" for tier in tiers)
-        if len(tiers) == 1 and not windowed:  # one policy's slots: `_upkeep`'s one case
-            cost = tiers[0][3]
+        # Slots (most responses' give-back) have no window to keep to: each given back alone.
+        held = [(j, tier[3]) for j, tier in enumerate(tiers) if tier[0] == "cc"]
+        windowed = len(held) < len(tiers)
+        if slots_only or not windowed:
             due_times = self._due_times
 
             def release_slots(identities: Sequence[str], token: str, now_us: int | None,
                               charged_us: int) -> None:
                 found = kept.get(identities) if type(identities) is tuple else None
-                key = (found if found is not None else keyed(identities))[0][0]
+                keys = (found if found is not None else keyed(identities))[0]
                 lock.acquire()
                 try:
-                    now = (time_ns() // 1000 if now_us is None else now_us) // 1000
+                    now = time_ns() // 1_000_000 if now_us is None else now_us // 1000
                     if due_times[0] <= now:  # `_tick`, written out
                         self._sweep(now, now - self._called_at)
                     self._called_at = now
-                    self._cc_release(key, cost, token, now)
+                    for j, cost in held:
+                        self._cc_release(keys[j], cost, token, now)
                 finally:
                     lock.release()
 
@@ -237,7 +243,7 @@ class MemoryBackend(_Script):
             try:
                 now_us = self._tick(now_us)
                 self._upkeep("R", keys, typed, token, now_us // 1000, now_us,
-                             ((charged_us, None),) if charged_us and windowed else ())
+                             ((charged_us, None),) if charged_us else ())
             finally:
                 lock.release()
 
@@ -342,8 +348,8 @@ class MemoryBackend(_Script):
                             self._schedule(key, until)
                     elif algo == "sl":  # a log, kept for its one period
                         self._sl_commit(key, value, now, cost, token or "", period, now)
-                    else:  # slots
-                        self._cc_take(key, period, cost, token or "", now)
+                    else:  # slots, into the set the check read
+                        self._cc_take(key, value, period, cost, token or "", now)
             finally:
                 lock.release()
             if not ok:  # as `codec.decoded` reads one refused tier's reply (its reset its own)

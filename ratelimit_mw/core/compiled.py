@@ -57,12 +57,12 @@ class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
     __slots__ = (
-        "_held",
         "_hit_args",
         "after_key",
         "after_token",
         "costs",
         "head",
+        "held_release",
         "here",
         "in_flight",
         "items",
@@ -120,7 +120,8 @@ class Compiled:
         self.here: tuple[Any, Any] = (None, None)
         # The store's own give-back of a hit of it (`releaser`), and the store it is of.
         self.release_of: tuple[Any, Any] = (None, None)
-        self._held: Compiled | None = None  # `held_part`, built when first asked
+        # The same of its in-flight slots alone (a holder's, when its response ends).
+        self.held_release: tuple[Any, Any] = (None, None)
 
     def __repr__(self) -> str:
         return f"Compiled({list(self.items)!r}, prefix={self.prefix!r})"
@@ -129,15 +130,6 @@ class Compiled:
         """A member token for one hit (a sliding log's), else None: drawn once per request,
         so that a call sent again is the very same call."""
         return new_token() if self.log else None
-
-    def held_part(self) -> Compiled:
-        """The hit of its in-flight items alone (what a holder gives back when its response
-        ends), in their order; itself where they are all it holds."""
-        part = self._held
-        if part is None:
-            part = self._held = (self if len(self.in_flight) == len(self.items) else
-                                 Compiled([self.items[i] for i in self.in_flight], self.prefix))
-        return part
 
     def checks(self, identities: Sequence[str]) -> tuple[Check, ...]:
         """The Checks this hit stands for (the deny cache's key, a refund, a fallback)."""
