@@ -106,6 +106,30 @@ def test_a_sliding_log_hit_is_named_by_a_fresh_token_each_time() -> None:
     assert compiled.call(("u",)).args[2] != compiled.call(("u",)).args[2]
 
 
+def test_a_returning_client_gets_the_same_call_and_bytes() -> None:
+    policy = rl.Policy("5/minute", algorithm="fixed-window")
+    compiled = Compiled([(policy, 1)], "rl")
+    first = compiled.call(("u",))
+    assert compiled.call(("u",)) is first  # kept: built once per client
+    plain = codec.build(codec.HIT, [Check(policy, "u", 1)], "rl")
+    assert first.keys == plain.keys and pack(first) == pack(plain) == _pack(plain)
+    # Only the common hit is kept: the app's clock, or a token, is a call of its own.
+    assert compiled.call(("u",), now_us=1) is not compiled.call(("u",), now_us=1)
+    long = "x" * 65  # past the identity encoding's cache: not kept either
+    assert compiled.call((long,)) is not compiled.call((long,))
+
+
+def test_the_kept_calls_are_bounded() -> None:
+    from ratelimit_mw.core import compiled as module
+
+    compiled = Compiled([(rl.Policy("5/minute", algorithm="fixed-window"), 1)], "rl")
+    first = compiled.call(("u0",))
+    for i in range(1, module._CALLS_KEPT + 1):
+        compiled.call((f"u{i}",))
+    assert len(compiled._kept) <= module._CALLS_KEPT
+    assert compiled.call(("u0",)) is not first  # emptied whole when full, then built again
+
+
 def test_a_limiter_compiles_each_set_once() -> None:
     limiter = rl.Limiter()
     policy = rl.Policy("1/second")

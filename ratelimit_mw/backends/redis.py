@@ -87,22 +87,16 @@ def _tier_bytes(value: Arg) -> bytes:
 def pack(call: ScriptCall) -> bytes:
     """The EVALSHA of `call` in Redis's wire format. A hit a `Compiled` built is its
     memoised bytes around its keys'."""
+    wire = call.wire
+    if wire is not None:
+        return wire
     compiled = call.compiled
     if compiled is None:
         keys, args = call.keys, call.args
         return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), bulk("EVALSHA"),
                          bulk(scripts.sha1()), bulk(len(keys)), *map(bulk, keys),
                          *map(bulk, args[:5]), *map(_tier_bytes, args[5:])))
-    wire = [compiled.head]
-    for key in call.keys:
-        raw = key.encode()
-        wire.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-    args = call.args
-    if args[1] == "" and args[2] == "":  # Redis's clock, no token: all fixed
-        wire.append(compiled.after_key)
-    else:
-        wire += (bulk(args[0]), bulk(args[1]), bulk(args[2]), compiled.after_token)
-    return b"".join(wire)
+    return compiled.packed(call.keys, call.args)  # type: ignore[no-any-return]
 
 
 def store_error(exc: BaseException) -> BackendError:

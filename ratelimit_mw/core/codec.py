@@ -70,6 +70,7 @@ class ScriptCall(NamedTuple):
     op: str
     booking: Booking | None = None
     compiled: Any = None  # the `Compiled` that built it: its wire bytes are memoised
+    wire: bytes | None = None  # a kept call's whole EVALSHA (`Compiled.packed`)
 
 
 class _Tokens:
@@ -372,7 +373,7 @@ def replay(
                 changes = exact - 1000 * (ms - 1)
                 if changes < same_until:
                     same_until = changes
-    return decoded(_new(ScriptCall, ([], [], layout, HIT, None, None)), now), same_until
+    return decoded(_new(ScriptCall, ([], [], layout, HIT, None, None, None)), now), same_until
 
 
 def group_by_slot(checks: Sequence[Check]) -> list[list[Check]]:

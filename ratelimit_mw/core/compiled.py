@@ -31,7 +31,6 @@ from ratelimit_mw.core.codec import (
     RENEW,
     TOKENED,
     Check,
-    Layout,
     ScriptCall,
     build,
     new_token,
@@ -45,6 +44,9 @@ from ratelimit_mw.core.wire import Arg, wire
 _BY_TOKEN = frozenset((REFUND, RENEW))  # ops that name what a hit holds by its token
 
 _new = tuple.__new__
+# Common calls kept per compiled hit, by identity: the clients that come back (a flood of
+# new ones empties it whole, as the identity encoding's cache).
+_CALLS_KEPT = 4_096
 
 
 def bulk(value: Arg) -> bytes:
@@ -58,6 +60,7 @@ class Compiled:
 
     __slots__ = (
         "_hit_args",
+        "_kept",
         "after_key",
         "after_token",
         "costs",
@@ -115,6 +118,7 @@ class Compiled:
         self.after_token = bulk("") + b"".join(bulk(arg) for arg in self.tail)
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
         self.after_key = bulk(HIT) + bulk("") + bulk("") + self.after_token
+        self._kept: dict[str, tuple[ScriptCall, bytes]] = {}
         # The limiter's in-process decision of it (`in_process`), and what it was built for
         # (the limiter's `_built`: its store, clock and metrics hook).
         self.here: tuple[Any, Any] = (None, None)
@@ -157,25 +161,58 @@ class Compiled:
                          at_ms=at_ms, token=token, clock_ms=clock_ms)
         if self.log and token is None:
             token = new_token()
-        prefix = self.prefix
-        if len(identities) == 1:  # one check: its identity's head before each suffix
-            identity = identities[0]
-            # encode_identity, its cache asked here: the same clients come back.
-            encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
-                       else encode_identity(identity))
-            head = f"{prefix}:{{{encoded}}}:"
-            suffixes = self.key_suffixes[0]
-            keys = [head + suffixes[0]] if len(suffixes) == 1 else [head + s for s in suffixes]
-            layout: Layout = ((self.policies[0], identities[0]),)
-        else:
-            keys = []
-            for identity, suffixes in zip(identities, self.key_suffixes, strict=True):
-                head = f"{prefix}:{{{encode_identity(identity)}}}:"
-                keys += [head + suffix for suffix in suffixes]
-            layout = tuple(zip(self.policies, identities, strict=True))
+        if len(identities) == 1:  # one check: its client's call, kept (the clients come back)
+            kept = self._kept.get(identities[0])
+            if kept is None:
+                kept = self._keep(identities[0])
+            common, sent = kept
+            if now_us is None and not token and op == HIT:  # Redis's clock, no token: all fixed
+                return common
+            now: Arg = "" if now_us is None else now_us
+            return _new(ScriptCall, (common.keys, (op, now, token or "", "", *self.tail),
+                                     common.layout, op, None, self,
+                                     b"".join((sent, bulk(op), bulk(now), bulk(token or ""),
+                                               self.after_token))))
+        keys = []
+        for identity, suffixes in zip(identities, self.key_suffixes, strict=True):
+            head = f"{self.prefix}:{{{encode_identity(identity)}}}:"
+            keys += [head + suffix for suffix in suffixes]
         args = (self._hit_args if now_us is None and not token and op == HIT
                 else (op, "" if now_us is None else now_us, token or "", "", *self.tail))
-        return _new(ScriptCall, (keys, args, layout, op, None, self))
+        return _new(ScriptCall, (keys, args, tuple(zip(self.policies, identities, strict=True)),
+                                 op, None, self, None))
+
+    def _keep(self, identity: str) -> tuple[ScriptCall, bytes]:
+        """One client's common hit (Redis's clock, no token), its EVALSHA whole, and the
+        bytes of that EVALSHA up to its op (a call with a clock or a token goes on from
+        them): kept where the identity is short, as its encoding's cache keeps it."""
+        short = len(identity) <= CACHED_LENGTH
+        encoded = encode_short(identity) if short else encode_identity(identity)
+        head = f"{self.prefix}:{{{encoded}}}:"
+        keys = [head + suffix for suffix in self.key_suffixes[0]]
+        sent = b"".join([self.head, *(b"$%d\r\n%s\r\n" % (len(raw), raw)
+                                      for raw in (key.encode() for key in keys))])
+        kept = (_new(ScriptCall, (keys, self._hit_args, ((self.policies[0], identity),), HIT,
+                                  None, self, sent + self.after_key)), sent)
+        if short:
+            if len(self._kept) >= _CALLS_KEPT:
+                self._kept.clear()
+            self._kept[identity] = kept
+        return kept
+
+    def packed(self, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
+        """The EVALSHA of a hit of it for several identities (one identity's is kept with
+        its call, `_keep`), in Redis's wire format: its memoised bytes around the keys' (and,
+        where they vary, the op, the clock and the token)."""
+        wire = [self.head]
+        for key in keys:
+            raw = key.encode()
+            wire.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+        if args[1] == "" and args[2] == "":  # Redis's clock, no token: all fixed
+            wire.append(self.after_key)
+        else:
+            wire += (bulk(args[0]), bulk(args[1]), bulk(args[2]), self.after_token)
+        return b"".join(wire)
 
     @staticmethod
     def spans_slots(identities: Sequence[str]) -> bool:
