@@ -85,18 +85,15 @@ def _tier_bytes(value: Arg) -> bytes:
 
 
 def pack(call: ScriptCall) -> bytes:
-    """The EVALSHA of `call` in Redis's wire format. A hit a `Compiled` built is its
-    memoised bytes around its keys'."""
+    """The EVALSHA of `call` in Redis's wire format: the bytes a `Compiled` built with it
+    (`ScriptCall.wire`), else packed here."""
     wire = call.wire
     if wire is not None:
         return wire
-    compiled = call.compiled
-    if compiled is None:
-        keys, args = call.keys, call.args
-        return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), bulk("EVALSHA"),
-                         bulk(scripts.sha1()), bulk(len(keys)), *map(bulk, keys),
-                         *map(bulk, args[:5]), *map(_tier_bytes, args[5:])))
-    return compiled.packed(call.keys, call.args)  # type: ignore[no-any-return]
+    keys, args = call.keys, call.args
+    return b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), bulk("EVALSHA"),
+                     bulk(scripts.sha1()), bulk(len(keys)), *map(bulk, keys),
+                     *map(bulk, args[:5]), *map(_tier_bytes, args[5:])))
 
 
 def store_error(exc: BaseException) -> BackendError:

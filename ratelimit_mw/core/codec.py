@@ -258,13 +258,17 @@ def decoded(call: ScriptCall, reply: Sequence[int]) -> Decision:
                                    reset, policy, rate, identity, banned, (state,),
                                    call.booking if allowed else None,
                                    reply[6] if allowed and len(reply) > 6 else 0))
-    return decode_generic(layout, reply, call.booking)
+    compiled = call.compiled
+    return decode_generic(layout, reply, call.booking,
+                          None if compiled is None else compiled.governs)
 
 
 def decode_generic(
-    layout: tuple[tuple[Policy, str], ...], reply: Sequence[int], booking: Booking | None
+    layout: tuple[tuple[Policy, str], ...], reply: Sequence[int], booking: Booking | None,
+    fixed: int | None = None
 ) -> Decision:
-    """Read any reply: every tier's state, and the governing one's numbers on top."""
+    """Read any reply: every tier's state, and the governing one's numbers on top (`fixed`:
+    the admitted tier `governing_tier` found for the layout)."""
     allowed = reply[0] == 1
     tiers: list[TierState] = []
     base = 1
@@ -280,7 +284,8 @@ def decode_generic(
             base += 5
     # An admitted reply ends with the store's clock (lua/main.lua).
     if allowed:
-        return admitted_decision(tiers, reply[base] if len(reply) > base else 0, booking)
+        return admitted_decision(tiers, reply[base] if len(reply) > base else 0, booking,
+                                 fixed)
     governing: TierState | None = None
     best_wait = -2.0
     for state in tiers:

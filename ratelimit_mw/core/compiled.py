@@ -5,11 +5,12 @@ into a `Compiled`, the one builder of every call the limiter sends (hit, peek, r
 reset, book, cancel, a call per cluster slot). It memoises what does not depend on the
 request:
 
-- the keys' shapes (a head per identity, a suffix per tier) and the argument tail, so that
-  a hit's call costs a few concatenations (`call`);
+- the keys' shapes (a head per identity, a suffix per tier) and the argument tail;
 - the hit's wire bytes (RESP) but for its keys: the command header, the script's SHA and
-  the argument tail (`head`, `after_key`, `after_token`), which the Redis backends send
-  around the keys' bytes;
+  the argument tail (`head`, `after_key`, `tail_bytes`);
+- per returning client (its identities), its common hit whole, keys and bytes
+  (`call`, `_keep`): a hit with a clock or a token, a give-back or a renewal by a hit's
+  token go on from its keys' bytes;
 - the deny cache's key (`checks`).
 
 Any other operation, and a hit whose arguments vary per request (a penalty's end, a
@@ -33,6 +34,7 @@ from ratelimit_mw.core.codec import (
     Check,
     ScriptCall,
     build,
+    governing_tier,
     new_token,
     validate_cost,
 )
@@ -55,6 +57,11 @@ def bulk(value: Arg) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(raw), raw)
 
 
+# The ops a kept call is sent with, and an empty argument, packed once.
+_OPS = {op: bulk(op) for op in (HIT, *_BY_TOKEN)}
+_EMPTY = bulk("")
+
+
 class Compiled:
     """The hit of `items` ((policy, cost) pairs, in the call's order) under `prefix`."""
 
@@ -62,8 +69,8 @@ class Compiled:
         "_hit_args",
         "_kept",
         "after_key",
-        "after_token",
         "costs",
+        "governs",
         "head",
         "held_release",
         "here",
@@ -78,6 +85,7 @@ class Compiled:
         "renew_every",
         "static",
         "tail",
+        "tail_bytes",
     )
 
     def __init__(self, items: Sequence[tuple[Policy, int]], prefix: str) -> None:
@@ -99,6 +107,10 @@ class Compiled:
         self.in_flight = tuple(i for i, form in enumerate(forms) if form.code == "cc")
         self.renew_every = min((self.policies[i].rates[0].period_ms / 3000
                                 for i in self.in_flight), default=0.0)
+        # The tier that governs every admitted decision, where the layout alone says
+        # (`codec.governing_tier`): a reply is read without ranking its tiers.
+        self.governs = governing_tier([policy.algorithm for policy in self.policies
+                                       for _ in policy.rates])
         only = self.policies[0]
         self.rate = only.rates[0] if len(items) == 1 and len(only.rates) == 1 else None
         # Arguments fixed by the costs alone, each policy once: the call is assembled here.
@@ -111,14 +123,15 @@ class Compiled:
         self.tail: tuple[Arg, ...] = (len(suffixes), *args)
         # The arguments of the common hit (Redis's clock, no token), shared by its calls.
         self._hit_args: tuple[Arg, ...] = (HIT, "", "", "", *self.tail)
-        # RESP: *<count> EVALSHA <sha> <number of keys> <keys...> H <now> <token> "" <tail>
+        # RESP: *<count> EVALSHA <sha> <number of keys> <keys...> <op> <now> <token> <at> <tail>
         count = 3 + len(suffixes) + 4 + len(self.tail)
         self.head = (b"*%d\r\n" % count + bulk("EVALSHA") + bulk(scripts.sha1())
                       + bulk(len(suffixes)))
-        self.after_token = bulk("") + b"".join(bulk(arg) for arg in self.tail)
+        self.tail_bytes = b"".join(bulk(arg) for arg in self.tail)
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
-        self.after_key = bulk(HIT) + bulk("") + bulk("") + self.after_token
-        self._kept: dict[str, tuple[ScriptCall, bytes]] = {}
+        self.after_key = bulk(HIT) + bulk("") + bulk("") + bulk("") + self.tail_bytes
+        # Per returning client: its common hit, and its bytes up to the op (`_keep`).
+        self._kept: dict[tuple[str, ...], tuple[ScriptCall, bytes]] = {}
         # The limiter's in-process decision of it (`in_process`), and what it was built for
         # (the limiter's `_built`: its store, clock and metrics hook).
         self.here: tuple[Any, Any] = (None, None)
@@ -151,68 +164,54 @@ class Compiled:
         calendar's schedule, `token` names a sliding log's members (default: a fresh one for
         a hit), `at_ms` is a booking's time (for a settle's give-back, its charge: see
         lua/main.lua's ARGV[4])."""
-        # A give-back or a renewal by its hit's token is the hit's call but for its op: the
-        # slots of a response are given back once per request.
-        if ((op != HIT and (op not in _BY_TOKEN or not token or at_ms is not None))
-                or not self.static):
+        # A give-back or a renewal by its hit's token is the hit's call but for its op (and
+        # the time its hit was charged): the slots of a response are given back once per
+        # request.
+        if (op != HIT and (op not in _BY_TOKEN or not token)) or not self.static:
             if self.log and token is None and op == HIT:
                 token = new_token()
             return build(op, self.checks(identities), self.prefix, now_us=now_us,
                          at_ms=at_ms, token=token, clock_ms=clock_ms)
         if self.log and token is None:
             token = new_token()
-        if len(identities) == 1:  # one check: its client's call, kept (the clients come back)
-            kept = self._kept.get(identities[0])
-            if kept is None:
-                kept = self._keep(identities[0])
-            common, sent = kept
-            if now_us is None and not token and op == HIT:  # Redis's clock, no token: all fixed
-                return common
-            now: Arg = "" if now_us is None else now_us
-            return _new(ScriptCall, (common.keys, (op, now, token or "", "", *self.tail),
-                                     common.layout, op, None, self,
-                                     b"".join((sent, bulk(op), bulk(now), bulk(token or ""),
-                                               self.after_token))))
-        keys = []
-        for identity, suffixes in zip(identities, self.key_suffixes, strict=True):
-            head = f"{self.prefix}:{{{encode_identity(identity)}}}:"
-            keys += [head + suffix for suffix in suffixes]
-        args = (self._hit_args if now_us is None and not token and op == HIT
-                else (op, "" if now_us is None else now_us, token or "", "", *self.tail))
-        return _new(ScriptCall, (keys, args, tuple(zip(self.policies, identities, strict=True)),
-                                 op, None, self, None))
+        key = identities if type(identities) is tuple else tuple(identities)
+        kept = self._kept.get(key)
+        if kept is None:
+            kept = self._keep(key)
+        common, sent = kept
+        if now_us is None and not token and op == HIT:  # Redis's clock, no token: all fixed
+            return common
+        now: Arg = "" if now_us is None else now_us
+        at: Arg = "" if at_ms is None else at_ms
+        return _new(ScriptCall, (common.keys, (op, now, token or "", at, *self.tail),
+                                 common.layout, op, None, self,
+                                 b"".join((sent, _OPS[op], _EMPTY if now == "" else bulk(now),
+                                           bulk(token) if token else _EMPTY,
+                                           _EMPTY if at == "" else bulk(at),
+                                           self.tail_bytes))))
 
-    def _keep(self, identity: str) -> tuple[ScriptCall, bytes]:
-        """One client's common hit (Redis's clock, no token), its EVALSHA whole, and the
-        bytes of that EVALSHA up to its op (a call with a clock or a token goes on from
-        them): kept where the identity is short, as its encoding's cache keeps it."""
-        short = len(identity) <= CACHED_LENGTH
-        encoded = encode_short(identity) if short else encode_identity(identity)
-        head = f"{self.prefix}:{{{encoded}}}:"
-        keys = [head + suffix for suffix in self.key_suffixes[0]]
+    def _keep(self, identities: tuple[str, ...]) -> tuple[ScriptCall, bytes]:
+        """The common hit (Redis's clock, no token) of these identities, one per check, its
+        EVALSHA whole, and the bytes of that EVALSHA up to its op: kept where every identity
+        is short, as their encoding's cache keeps them (bounded likewise)."""
+        prefix = self.prefix
+        keys: list[str] = []
+        for identity, suffixes in zip(identities, self.key_suffixes, strict=True):
+            # encode_identity, its cache asked here: the same clients come back.
+            encoded = (encode_short(identity) if len(identity) <= CACHED_LENGTH
+                       else encode_identity(identity))
+            head = f"{prefix}:{{{encoded}}}:"
+            keys += [head + suffix for suffix in suffixes]
         sent = b"".join([self.head, *(b"$%d\r\n%s\r\n" % (len(raw), raw)
                                       for raw in (key.encode() for key in keys))])
-        kept = (_new(ScriptCall, (keys, self._hit_args, ((self.policies[0], identity),), HIT,
-                                  None, self, sent + self.after_key)), sent)
-        if short:
+        layout = tuple(zip(self.policies, identities, strict=True))
+        kept = (_new(ScriptCall, (keys, self._hit_args, layout, HIT, None, self,
+                                  sent + self.after_key)), sent)
+        if all(len(identity) <= CACHED_LENGTH for identity in identities):
             if len(self._kept) >= _CALLS_KEPT:
                 self._kept.clear()
-            self._kept[identity] = kept
+            self._kept[identities] = kept
         return kept
-
-    def packed(self, keys: Sequence[str], args: Sequence[Arg]) -> bytes:
-        """The EVALSHA of a hit of it for several identities (one identity's is kept with
-        its call, `_keep`), in Redis's wire format: its memoised bytes around the keys' (and,
-        where they vary, the op, the clock and the token)."""
-        wire = [self.head]
-        for key in keys:
-            raw = key.encode()
-            wire.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-        if args[1] == "" and args[2] == "":  # Redis's clock, no token: all fixed
-            wire.append(self.after_key)
-        else:
-            wire += (bulk(args[0]), bulk(args[1]), bulk(args[2]), self.after_token)
-        return b"".join(wire)
 
     @staticmethod
     def spans_slots(identities: Sequence[str]) -> bool:
