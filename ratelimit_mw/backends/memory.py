@@ -137,14 +137,29 @@ class MemoryBackend(_Script):
         policies = compiled.policies
         kept, keyed = self._keyed(compiled, tiers)
         fixed = governing_tier([policy.algorithm for _, policy, _ in owners])
-        # Without a ban or a log (a rate and its slots, several rates) each tier's check and
-        # write is its own: `_check_all` and `_commit` unrolled, over the checks found now.
-        plain = all(not tier[4] and tier[0] != "sl" for tier in tiers)
-        steps = [(self._checks[algo], limit, period, cost, cal, algo == "cc")
-                 for algo, limit, period, cost, _, _, cal in tiers]
         # Slots go into the set their check read unless two tiers write to one key.
         suffixes = [suffix for each in compiled.key_suffixes for suffix in each]
         shared = len(set(suffixes)) < len(suffixes)
+        # The tiers reading each sliding log (its suffix), all of one policy where the log's
+        # key is known now: then it is written once, by the first of them, for the longest
+        # period reading it, as `_commit` finds at run time.
+        readers: dict[str, list[int]] = {}
+        for j, tier in enumerate(tiers):
+            if tier[0] == "sl":
+                readers.setdefault(suffixes[j], []).append(j)
+        # Without a ban, and with each log read by one policy, each tier's check and write
+        # is its own: `_check_all` and `_commit` unrolled, over the checks found now.
+        plain = (all(not tier[4] for tier in tiers)
+                 and all(len({owners[j][0] for j in js}) == 1 for js in readers.values()))
+        # Per tier: its check and arguments, what it writes (0: its value, if any; 1: its
+        # slots; 2: its log, for the longest period reading it; 3: nothing, another tier
+        # writes its log) and that period.
+        steps = []
+        for j, (algo, limit, period, cost, _, _, cal) in enumerate(tiers):
+            js = readers.get(suffixes[j], ()) if algo == "sl" else ()
+            write = 1 if algo == "cc" else 0 if not js else 2 if js[0] == j else 3
+            steps.append((self._checks[algo], limit, period, cost, cal, write,
+                          max(tiers[k][2] for k in js) if write == 2 else 0))
         data, expires, scheduled = self._data, self._expires, self._scheduled
 
         def hit(identities: Sequence[str], token: str | None) -> Decision:
@@ -162,22 +177,25 @@ class MemoryBackend(_Script):
                     admitted = True
                     # zip without a keyword: one sends zip through its argument parser, at
                     # a cost of three of these loops. `steps` and `keys` are one per tier.
-                    for (check, limit, period, cost, cal, _), key in zip(steps, keys):  # noqa: B905
+                    for (check, limit, period, cost, cal, _, _), key in zip(steps, keys):  # noqa: B905
                         result = check(key, limit, period, cost, cal, now, now, now_us)
                         if not result[0]:
                             admitted = False
                         results.append(result)
                     if admitted:
-                        for result, (_, _, period, cost, _, slots), key in zip(  # noqa: B905
+                        for result, (_, _, period, cost, _, write, longest), key in zip(  # noqa: B905
                                 results, steps, keys):
                             if px := result[6]:  # as `_commit`: SET value PX px
                                 data[key] = result[5]
                                 expires[key] = until = now + px
                                 if key not in scheduled:
                                     self._schedule(key, until)
-                            elif slots:
+                            elif write == 1:
                                 self._cc_take(key, self._cc_live(key, now) if shared
                                               else result[5], period, cost, token or "", now)
+                            elif write == 2:
+                                self._sl_commit(key, result[5], now, cost, token or "",
+                                                longest, now)
                 else:
                     admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                     if admitted:
