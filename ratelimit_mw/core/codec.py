@@ -70,7 +70,7 @@ class ScriptCall(NamedTuple):
     op: str
     booking: Booking | None = None
     compiled: Any = None  # the `Compiled` that built it: its wire bytes are memoised
-    wire: bytes | None = None  # a kept call's whole EVALSHA (`Compiled.packed`)
+    wire: bytes | None = None  # its whole EVALSHA, where `Compiled.call` packed it
 
 
 class _Tokens:
