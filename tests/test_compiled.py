@@ -122,12 +122,15 @@ def test_a_returning_client_gets_the_same_call_and_bytes() -> None:
 def test_the_kept_calls_are_bounded() -> None:
     from ratelimit_mw.core import compiled as module
 
-    compiled = Compiled([(rl.Policy("5/minute", algorithm="fixed-window"), 1)], "rl")
-    first = compiled.call(("u0",))
-    for i in range(1, module._CALLS_KEPT + 1):
-        compiled.call((f"u{i}",))
-    assert len(compiled._kept) <= module._CALLS_KEPT
-    assert compiled.call(("u0",)) is not first  # emptied whole when full, then built again
+    # One bound for every compiled hit at once: dynamic costs make a Compiled each.
+    first = Compiled([(rl.Policy("5/minute", algorithm="fixed-window"), 1)], "rl")
+    kept = first.call(("u0",))
+    for cost in range(1, 5):
+        compiled = Compiled([(rl.Policy("5/minute", algorithm="fixed-window"), cost)], "rl")
+        for i in range(module._CALLS_KEPT // 4 + 1):
+            compiled.call((f"u{i}",))
+            assert len(module._kept) <= module._CALLS_KEPT
+    assert first.call(("u0",)) is not kept  # emptied whole when full, then built again
 
 
 def test_a_limiter_compiles_each_set_once() -> None:

@@ -9,6 +9,7 @@ held to the Lua by tests/test_differential.py."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -145,3 +146,25 @@ def test_a_cached_hit_follows_the_store() -> None:
     assert len(limiter.backend) == 1
     limiter.backend = first
     assert not limiter.hit(policy, "u").allowed
+
+
+def test_the_selections_typed_on_one_store_keep_a_bounded_number_of_keys() -> None:
+    """Dynamic limits and costs type a selection each: the k-th keeps 16,384 // k clients'
+    keys (at least 256), so that together they keep about 16,384 × ln k."""
+    store = MemoryBackend()
+    bounds = [store._bound() for _ in range(1024)]
+    assert bounds[:3] == [16_384, 8_192, 5_461] and bounds[-1] == 256
+    assert sum(bounds) < 16_384 * 8 + 256 * 1024
+
+
+def test_a_typed_hit_past_its_kept_keys_answers_the_same(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from ratelimit_mw.backends import memory
+
+    monkeypatch.setattr(memory, "_KEYS_KEPT", 2)
+    monkeypatch.setattr(memory, "_KEYS_LEAST", 2)
+    limiter = rl.Limiter(MemoryBackend(), deny_cache=0)
+    one, several = rl.Policy("3/minute"), rl.Policy("3/minute;5/hour")
+    for policy in (one, several):
+        answers = [limiter.hit(policy, f"u{i}").allowed for _ in range(4) for i in range(5)]
+        assert answers == [True] * 15 + [False] * 5  # five clients, each kept and dropped

@@ -50,7 +50,10 @@ ClockUs = Callable[[], int]
 # One tier of a compiled call as `run` reads it from ARGV, before its key is known.
 _Typed = tuple[str, int, int, int, int, str, str]
 _new = tuple.__new__
-_KEYS_KEPT = 16_384  # per selection, as encode_short's cache
+# The clients whose keys a typed selection keeps: the k-th typed on a store keeps
+# 16,384 // k, at least 256 (dynamic limits and costs type many selections: together they
+# keep about 16,384 × ln k, not 16,384 × k). Emptied whole when full, as encode_short's cache.
+_KEYS_KEPT, _KEYS_LEAST = 16_384, 256
 
 
 class MemoryBackend(_Script):
@@ -59,8 +62,17 @@ class MemoryBackend(_Script):
     is_cluster = False
     in_process = True  # no round trip: give-backs go in place, not batched per loop turn
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._typed = 0  # selections typed on this store (`_bound`)
+
     def __repr__(self) -> str:
         return f"MemoryBackend(keys={len(self._data)})"
+
+    def _bound(self) -> int:
+        """How many clients' keys the next selection typed here keeps (`_KEYS_KEPT`)."""
+        self._typed += 1
+        return max(_KEYS_LEAST, _KEYS_KEPT // self._typed)
 
     # -- the I/O surface the limiters use -----------------------------------------------------
     def run(self, call: ScriptCall, deadline: float | None = None) -> list[int]:
@@ -135,7 +147,7 @@ class MemoryBackend(_Script):
         layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
         log = compiled.log
         policies = compiled.policies
-        kept, keyed = self._keyed(compiled, tiers)
+        kept, keyed = self._keyed(compiled, tiers, self._bound())
         fixed = governing_tier([policy.algorithm for _, policy, _ in owners])
         # Slots go into the set their check read unless two slot tiers write to one key.
         suffixes = [suffix for each in compiled.key_suffixes for suffix in each]
@@ -230,7 +242,7 @@ class MemoryBackend(_Script):
         if tiers is None:
             return None
         lock = self._lock
-        kept, keyed = self._keyed(compiled, tiers)
+        kept, keyed = self._keyed(compiled, tiers, self._bound())
         # Slots (most responses' give-back) have no window to keep to: each given back alone.
         held = [(j, tier[3]) for j, tier in enumerate(tiers) if tier[0] == "cc"]
         windowed = len(held) < len(tiers)
@@ -281,11 +293,11 @@ class MemoryBackend(_Script):
                 for i in range(int(tail[0]))]
 
     @staticmethod
-    def _keyed(compiled: Compiled, tiers: list[_Typed]
+    def _keyed(compiled: Compiled, tiers: list[_Typed], bound: int
                ) -> tuple[dict[tuple[str, ...], tuple[list[str], list[_Tier]]],
                           Callable[[Sequence[str]], tuple[list[str], list[_Tier]]]]:
         """The keys and typed tiers of a call of `compiled` for some identities, kept per
-        identities as `_one_tier` keeps its keys (bounded likewise): the kept ones, for a
+        identities as `_one_tier` keeps its keys (`bound` of them): the kept ones, for a
         hit to look up in place, and the function that finds them."""
         prefix, suffixes = compiled.prefix, compiled.key_suffixes
         kept: dict[tuple[str, ...], tuple[list[str], list[_Tier]]] = {}
@@ -309,7 +321,7 @@ class MemoryBackend(_Script):
                         for suffix in each]
             typed = [(*tier, key) for tier, key in zip(tiers, keys, strict=True)]
             if all(len(identity) <= CACHED_LENGTH for identity in identities):
-                if len(kept) >= _KEYS_KEPT:
+                if len(kept) >= bound:
                     kept.clear()
                 kept[identities] = (keys, typed)
             return keys, typed
@@ -331,8 +343,9 @@ class MemoryBackend(_Script):
         rate_limit = rate.limit
 
         # Each identity's key, kept as encode_short keeps its encoding: the same clients
-        # come back (bounded likewise, emptied whole when full).
+        # come back (`_bound`, emptied whole when full).
         keys: dict[str, str] = {}
+        bound = self._bound()
 
         def hit(identities: Sequence[str], token: str | None) -> Decision:
             identity = identities[0]
@@ -341,7 +354,7 @@ class MemoryBackend(_Script):
                 if len(identity) > CACHED_LENGTH:
                     key = f"{prefix}:{{{encode_identity(identity)}}}:{suffix}"
                 else:
-                    if len(keys) >= _KEYS_KEPT:
+                    if len(keys) >= bound:
                         keys.clear()
                     key = keys[identity] = f"{prefix}:{{{encode_short(identity)}}}:{suffix}"
             if log and not token:

@@ -8,9 +8,9 @@ request:
 - the keys' shapes (a head per identity, a suffix per tier) and the argument tail;
 - the hit's wire bytes (RESP) but for its keys: the command header, the script's SHA and
   the argument tail (`head`, `after_key`, `tail_bytes`);
-- per returning client (its identities), its common hit whole, keys and bytes
-  (`call`, `_keep`): a hit with a clock or a token, a give-back or a renewal by a hit's
-  token go on from its keys' bytes;
+- per returning client (its identities; bounded for the whole process), its common hit
+  whole, keys and bytes (`call`, `_keep`): a hit with a clock or a token, a give-back or a
+  renewal by a hit's token go on from its keys' bytes;
 - the deny cache's key (`checks`).
 
 Any other operation, and a hit whose arguments vary per request (a penalty's end, a
@@ -46,9 +46,11 @@ from ratelimit_mw.core.wire import Arg, wire
 _BY_TOKEN = frozenset((REFUND, RENEW))  # ops that name what a hit holds by its token
 
 _new = tuple.__new__
-# Common calls kept per compiled hit, by identity: the clients that come back (a flood of
-# new ones empties it whole, as the identity encoding's cache).
-_CALLS_KEPT = 4_096
+# The common calls of the clients that come back, per compiled hit and identities, for every
+# `Compiled` of the process at once (dynamic limits and costs make many): bounded, emptied
+# whole when full, as the identity encoding's cache.
+_CALLS_KEPT = 16_384
+_kept: dict[tuple[Compiled, tuple[str, ...]], tuple[ScriptCall, bytes]] = {}
 
 
 def bulk(value: Arg) -> bytes:
@@ -67,7 +69,6 @@ class Compiled:
 
     __slots__ = (
         "_hit_args",
-        "_kept",
         "after_key",
         "costs",
         "governs",
@@ -130,8 +131,6 @@ class Compiled:
         self.tail_bytes = b"".join(bulk(arg) for arg in self.tail)
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
         self.after_key = bulk(HIT) + bulk("") + bulk("") + bulk("") + self.tail_bytes
-        # Per returning client: its common hit, and its bytes up to the op (`_keep`).
-        self._kept: dict[tuple[str, ...], tuple[ScriptCall, bytes]] = {}
         # The limiter's in-process decision of it (`in_process`), and what it was built for
         # (the limiter's `_built`: its store, clock and metrics hook).
         self.here: tuple[Any, Any] = (None, None)
@@ -174,8 +173,8 @@ class Compiled:
                          at_ms=at_ms, token=token, clock_ms=clock_ms)
         if self.log and token is None:
             token = new_token()
-        key = identities if type(identities) is tuple else tuple(identities)
-        kept = self._kept.get(key)
+        key = (self, identities if type(identities) is tuple else tuple(identities))
+        kept = _kept.get(key)
         if kept is None:
             kept = self._keep(key)
         common, sent = kept
@@ -190,10 +189,11 @@ class Compiled:
                                            _EMPTY if at == "" else bulk(at),
                                            self.tail_bytes))))
 
-    def _keep(self, identities: tuple[str, ...]) -> tuple[ScriptCall, bytes]:
+    def _keep(self, key: tuple[Compiled, tuple[str, ...]]) -> tuple[ScriptCall, bytes]:
         """The common hit (Redis's clock, no token) of these identities, one per check, its
         EVALSHA whole, and the bytes of that EVALSHA up to its op: kept where every identity
         is short, as their encoding's cache keeps them (bounded likewise)."""
+        identities = key[1]
         prefix = self.prefix
         keys: list[str] = []
         for identity, suffixes in zip(identities, self.key_suffixes, strict=True):
@@ -208,9 +208,9 @@ class Compiled:
         kept = (_new(ScriptCall, (keys, self._hit_args, layout, HIT, None, self,
                                   sent + self.after_key)), sent)
         if all(len(identity) <= CACHED_LENGTH for identity in identities):
-            if len(self._kept) >= _CALLS_KEPT:
-                self._kept.clear()
-            self._kept[identities] = kept
+            if len(_kept) >= _CALLS_KEPT:
+                _kept.clear()
+            _kept[key] = kept
         return kept
 
     @staticmethod
