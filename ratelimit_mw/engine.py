@@ -21,7 +21,7 @@ from ratelimit_mw.core.codec import Check, GiveBack, ScriptCall
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache, Lapsed
-from ratelimit_mw.core.errors import BackendError, ConfigurationError
+from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.policy import Policy, SharedLogs
 from ratelimit_mw.hooks import refuse_async
 from ratelimit_mw.log import ThrottledLog
@@ -497,17 +497,3 @@ class _Shared:
             # store failure, and on_backend_error="allow" would admit everyone.
             self._metrics_failed("ratelimit_mw metrics hook raised", exc)
 
-
-def pinger(backend: Any, method: str) -> Callable[[], Any]:
-    """The backend's start-up check (`ping` or `aping`)."""
-    found = getattr(backend, method, None)
-    if not callable(found):
-        raise ConfigurationError(
-            f"{backend!r} has no {method}(), so the limiter cannot check it; use "
-            "MemoryBackend, RedisBackend or AsyncRedisBackend, or give yours that method"
-        )
-    return found  # type: ignore[no-any-return]
-
-
-def ping_failed(exc: BaseException) -> BackendError:
-    return BackendError(f"the store did not answer a ping: {type(exc).__name__}: {exc}")

@@ -24,6 +24,7 @@ from ratelimit_mw._synchronization import Flights, bounded_sync, side_sync, slee
 from ratelimit_mw.arguments import checked
 from ratelimit_mw.backends.base import SyncBackend
 from ratelimit_mw.backends.memory import MemoryBackend
+from ratelimit_mw.backends.ping import ping_failed, pinger
 from ratelimit_mw.core import codec
 from ratelimit_mw.core.codec import Check, GiveBack
 from ratelimit_mw.core.compiled import Compiled
@@ -31,7 +32,7 @@ from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import Lapsed
 from ratelimit_mw.core.errors import BackendError, ConfigurationError, RateLimitExceeded
 from ratelimit_mw.core.policy import DEFAULT_LEASE, Policy
-from ratelimit_mw.engine import LimiterOptions, _Shared, ping_failed, pinger
+from ratelimit_mw.engine import LimiterOptions, _Shared
 from ratelimit_mw.metrics import ADMITTED, REFUSED
 
 _ONE = 1

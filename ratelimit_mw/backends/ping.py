@@ -1,17 +1,19 @@
 """The start-up check's report: which store, which server and version, one round trip.
 
 ``ping()`` / ``aping()`` connect, load the script on every primary, and report what this
-module assembles, or raise the BackendError made by `unreachable`.
+module assembles, or raise the BackendError made by `unreachable`. The limiter finds a
+store's check with `pinger` and reports its failure with `ping_failed`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ratelimit_mw.backends.clients import describe
 from ratelimit_mw.core import scripts
-from ratelimit_mw.core.errors import BackendError
+from ratelimit_mw.core.errors import BackendError, ConfigurationError
 
 
 def ping_report(backend: str, *, version: str | None, nodes: int, rtt_s: float,
@@ -60,3 +62,17 @@ def unreachable(client: Any, exc: BaseException) -> BackendError:
     return BackendError(f"start-up check failed for {describe(client)}: {type(exc).__name__}: "
                         f"{exc}")
 
+
+def pinger(backend: Any, method: str) -> Callable[[], Any]:
+    """The backend's start-up check (`ping` or `aping`)."""
+    found = getattr(backend, method, None)
+    if not callable(found):
+        raise ConfigurationError(
+            f"{backend!r} has no {method}(), so the limiter cannot check it; use "
+            "MemoryBackend, RedisBackend or AsyncRedisBackend, or give yours that method"
+        )
+    return found  # type: ignore[no-any-return]
+
+
+def ping_failed(exc: BaseException) -> BackendError:
+    return BackendError(f"the store did not answer a ping: {type(exc).__name__}: {exc}")
