@@ -168,3 +168,24 @@ def test_a_typed_hit_past_its_kept_keys_answers_the_same(
     for policy in (one, several):
         answers = [limiter.hit(policy, f"u{i}").allowed for _ in range(4) for i in range(5)]
         assert answers == [True] * 15 + [False] * 5  # five clients, each kept and dropped
+
+
+@pytest.mark.parametrize("slots_only", [True, False])
+def test_two_slot_tiers_of_one_set_are_given_back_as_the_script_does(slots_only: bool) -> None:
+    """Two in-flight limits of one name, costs 1 and 2, write to one set; the script's
+    refund gives the set back once per token, with its first tier's cost: the typed
+    give-back leaves the same set."""
+    one, two = rl.Policy.in_flight(3, lease=60, name="a"), rl.Policy.in_flight(2, lease=60,
+                                                                            name="a")
+    compiled = Compiled([(one, 1), (two, 2)], "t")
+    now_us = START_MS * 1000
+    typed, adapter = MemoryBackend(), MemoryBackend()
+    hit = typed.hitter(compiled, lambda: now_us)
+    release = typed.releaser(compiled, slots_only=slots_only)
+    assert hit is not None and release is not None
+    hit(("u", "u"), "T1")
+    adapter.run(compiled.call(("u", "u"), now_us, "T1"))
+    release(("u", "u"), "T1", now_us, 0)
+    adapter.run(compiled.call(("u", "u"), now_us, "T1", 0, codec.REFUND))
+    key = compiled.call(("u", "u"), now_us, "T1").keys[0]
+    assert typed._data.get(key) == adapter._data.get(key)

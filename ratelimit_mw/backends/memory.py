@@ -259,8 +259,14 @@ class MemoryBackend(_Script):
                     if due_times[0] <= now:  # `_tick`, written out
                         self._sweep(now, now - self._called_at)
                     self._called_at = now
+                    if len(held) == 1:  # one in-flight limit: nearly every holder
+                        self._cc_release(keys[held[0][0]], held[0][1], token, now)
+                        return
+                    done = set()  # one give-back per set, its first tier's cost (main.lua's R)
                     for j, cost in held:
-                        self._cc_release(keys[j], cost, token, now)
+                        if keys[j] not in done:
+                            done.add(keys[j])
+                            self._cc_release(keys[j], cost, token, now)
                 finally:
                     lock.release()
 

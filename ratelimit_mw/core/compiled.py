@@ -205,8 +205,9 @@ class Compiled:
         sent = b"".join([self.head, *(b"$%d\r\n%s\r\n" % (len(raw), raw)
                                       for raw in (key.encode() for key in keys))])
         layout = tuple(zip(self.policies, identities, strict=True))
+        # A hit that names its entries or slots carries a token each time: never sent whole.
         kept = (_new(ScriptCall, (keys, self._hit_args, layout, HIT, None, self,
-                                  sent + self.after_key)), sent)
+                                  None if self.log else sent + self.after_key)), sent)
         if all(len(identity) <= CACHED_LENGTH for identity in identities):
             if len(_kept) >= _CALLS_KEPT:
                 _kept.clear()

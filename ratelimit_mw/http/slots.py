@@ -71,8 +71,11 @@ def given_back_here(guard: Guard, limiter: Any, hits: Hits | Held) -> bool:
         if not isinstance(hits, Held):
             return bool(limiter.give_back_here(hits))
         plan, decision = hits.plan, hits.admit.decision
+        # A selection the store does not type whole (a penalty's, a calendar's beside the
+        # slots): its slots alone, as checks.
         return bool(limiter.give_back_held(plan.compiled, plan.identities, plan.token,
-                                           0 if decision is None else decision.at_us))
+                                           0 if decision is None else decision.at_us)
+                    or limiter.give_back_here((hits.back,)))
     except Exception as exc:
         slots.keep(limiter, (hits.back,) if isinstance(hits, Held) else hits)
         guard.refund_failed(exc)
