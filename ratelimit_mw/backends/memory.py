@@ -248,6 +248,8 @@ class MemoryBackend(_Script):
         windowed = len(held) < len(tiers)
         if slots_only or not windowed:
             due_times = self._due_times
+            one = len(held) == 1  # one in-flight limit: nearly every holder
+            j0, cost0 = held[0] if held else (0, 0)
 
             def release_slots(identities: Sequence[str], token: str, now_us: int | None,
                               charged_us: int) -> None:
@@ -259,8 +261,8 @@ class MemoryBackend(_Script):
                     if due_times[0] <= now:  # `_tick`, written out
                         self._sweep(now, now - self._called_at)
                     self._called_at = now
-                    if len(held) == 1:  # one in-flight limit: nearly every holder
-                        self._cc_release(keys[held[0][0]], held[0][1], token, now)
+                    if one:
+                        self._cc_release(keys[j0], cost0, token, now)
                         return
                     done = set()  # one give-back per set, its first tier's cost (main.lua's R)
                     for j, cost in held:
