@@ -188,8 +188,8 @@ class MemoryBackend(_Script):
                 if plain:
                     results = []
                     admitted = True
-                    # zip without a keyword: a keyword sends zip through its argument
-                    # parser (~150 ns a call). `steps` and `keys` are one per tier.
+                    # zip without a keyword: a keyword sends zip through its slower
+                    # argument parser. `steps` and `keys` are one per tier.
                     for (check, limit, period, cost, cal, _, _), key in zip(steps, keys):  # noqa: B905
                         result = check(key, limit, period, cost, cal, now, now, now_us)
                         if not result[0]:
