@@ -143,8 +143,6 @@ class MemoryBackend(_Script):
         if len(tiers) == 1:
             return self._one_tier(compiled, tiers[0], owners[0][1], owners[0][2], clock_us)
         lock = self._lock
-        # Per tier (as `results`), what its TierState takes besides the check's answer.
-        layout = [(tier[3], *owner) for tier, owner in zip(tiers, owners, strict=True)]
         log = compiled.log
         policies = compiled.policies
         kept, keyed = self._keyed(compiled, tiers, self._bound())
@@ -167,13 +165,15 @@ class MemoryBackend(_Script):
         # Per tier: its check and arguments, what it writes (0: its value, if any; 1: its
         # slots; 2: its log, for the longest period reading it; 3: nothing, another tier
         # writes its log) and that period.
+        # Then its TierState's: its identity, policy and rate.
         steps = []
         for j, (algo, limit, period, cost, _, _, cal) in enumerate(tiers):
             js = readers.get(suffixes[j], ()) if algo == "sl" else ()
             write = 1 if algo == "cc" else 0 if not js else 2 if js[0] == j else 3
             steps.append((self._checks[algo], limit, period, cost, cal, write,
-                          max(tiers[k][2] for k in js) if write == 2 else 0))
+                          max(tiers[k][2] for k in js) if write == 2 else 0, *owners[j]))
         data, expires, scheduled = self._data, self._expires, self._scheduled
+        due_times = self._due_times
 
         def hit(identities: Sequence[str], token: str | None) -> Decision:
             if log and not token:
@@ -181,34 +181,45 @@ class MemoryBackend(_Script):
             found = kept.get(identities) if type(identities) is tuple else None
             keys, typed = found if found is not None else keyed(identities)
             stamp = None if clock_us is None else clock_us()  # the app's clock, not locked
+            states = []
             lock.acquire()
             try:
-                now_us = self._tick(stamp)
+                # `_tick`, written out: every request
+                now_us = time_ns() // 1000 if stamp is None else stamp
                 now = now_us // 1000
+                if due_times[0] <= now:
+                    self._sweep(now, now - self._called_at)
+                self._called_at = now
                 if plain:
                     results = []
                     admitted = True
                     # zip without a keyword: a keyword sends zip through its slower
                     # argument parser. `steps` and `keys` are one per tier.
-                    for (check, limit, period, cost, cal, _, _), key in zip(steps, keys):  # noqa: B905
-                        result = check(key, limit, period, cost, cal, now, now, now_us)
+                    for step, key in zip(steps, keys):  # noqa: B905
+                        result = step[0](key, step[1], step[2], step[3], step[4], now, now,
+                                         now_us)
                         if not result[0]:
                             admitted = False
                         results.append(result)
                     if admitted:
-                        for result, (_, _, period, cost, _, write, longest), key in zip(  # noqa: B905
-                                results, steps, keys):
-                            if px := result[6]:  # as `_commit`: SET value PX px
+                        mine = token or ""
+                        # Each tier's write, as `_commit`'s, and its state.
+                        for result, (_, _, period, cost, _, write, longest, i, policy, rate
+                                     ), key in zip(results, steps, keys):  # noqa: B905
+                            if px := result[6]:  # SET value PX px
                                 data[key] = result[5]
                                 expires[key] = until = now + px
                                 if key not in scheduled:
                                     self._schedule(key, until)
                             elif write == 1:
                                 self._cc_take(key, self._cc_live(key, now) if shared
-                                              else result[5], period, cost, token or "", now)
+                                              else result[5], period, cost, mine, now)
                             elif write == 2:
-                                self._sl_commit(key, result[5], now, cost, token or "",
-                                                longest, now)
+                                self._sl_commit(key, result[5], now, cost, mine, longest, now)
+                            left = result[1] - cost
+                            states.append(_new(TierState, (
+                                policy, rate, identities[i], True, left if left > 0 else 0,
+                                0.0, result[4] / 1000, False)))
                 else:
                     admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                     if admitted:
@@ -220,12 +231,13 @@ class MemoryBackend(_Script):
             if not admitted:  # read as `codec.decoded` reads main.lua's
                 return decode_generic(tuple(zip(policies, identities, strict=True)), reply,
                                       None)
-            states = []
-            for result, (cost, i, policy, rate) in zip(results, layout):  # noqa: B905
-                left = result[1] - cost
-                states.append(_new(TierState, (policy, rate, identities[i], True,
-                                               left if left > 0 else 0, 0.0, result[4] / 1000,
-                                               False)))
+            if not states:  # `_commit` wrote them: their states, as the loop's
+                for result, (_, _, _, cost, _, _, _, i, policy, rate) in zip(  # noqa: B905
+                        results, steps):
+                    left = result[1] - cost
+                    states.append(_new(TierState, (policy, rate, identities[i], True,
+                                                   left if left > 0 else 0, 0.0,
+                                                   result[4] / 1000, False)))
             return admitted_decision(states, now_us, None, fixed)
 
         return hit

@@ -41,13 +41,21 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
     its status gives back given back once it has been sent. The send is wrapped only where
     there are headers to add or a status to read."""
     plan, raw = verdict.plan, verdict.raw
-    if plan is None:
+    if plan is None:  # nothing follows the response: its headers, if any, are added
         if raw is None:
             await app(scope, receive, send)
             return
-    elif plan.token is not None:  # it holds in-flight slots
-        await serve_holding(guard, limiter, Held(verdict, limiter.monotonic), app, scope,
-                            receive, send)
+
+        def headed(message: Any) -> Awaitable[None]:
+            if message["type"] == "http.response.start":
+                # A new message and list: a Response's own header list must not grow.
+                message = {**message, "headers": [*message.get("headers", ()), *raw]}
+            return send(message)
+
+        await app(scope, receive, headed)
+        return
+    if plan.token is not None:  # it holds in-flight slots
+        await serve_holding(guard, limiter, verdict, app, scope, receive, send)
         return
     status = 500  # an exception before the response starts will be a server error
 
@@ -56,8 +64,7 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         if message["type"] == "http.response.start":
             nonlocal status
             status = message["status"]
-            if raw is not None:
-                # A new message and list: a Response's own header list must not grow.
+            if raw is not None:  # as `headed` adds them
                 message = {**message, "headers": [*message.get("headers", ()), *raw]}
         return send(message)
 
@@ -65,8 +72,7 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         await app(scope, receive, watched)
     finally:
         # Asked only where a status may give hits back: a 405, or a count_when somewhere.
-        if plan is not None and (status == 405 or plan.whens is not None
-                                 or guard.count_when is not None):
+        if status == 405 or plan.whens is not None or guard.count_when is not None:
             back = guard.given_back(verdict, status)
             if back:
                 await slots_async.refund_async(guard, limiter, verdict, back)
@@ -76,25 +82,26 @@ async def serve_connection(guard: Guard, limiter: AsyncLimiter, verdict: Admit |
                            app: App, scope: Scope, receive: Receive, send: Send) -> None:
     """Run the app for an admitted (or unlimited) WebSocket: the slots it holds, if any,
     held for its whole connection."""
-    held = None if verdict is None else guard.holding(verdict)
-    if held is None:
+    if verdict is None or verdict.plan is None or verdict.plan.token is None:
         await app(scope, receive, send)
     else:
-        await serve_holding(guard, limiter, held, app, scope, receive, send)
+        await serve_holding(guard, limiter, verdict, app, scope, receive, send)
 
 
-async def serve_holding(guard: Guard, limiter: AsyncLimiter, held: Held, app: App,
+async def serve_holding(guard: Guard, limiter: AsyncLimiter, admit: Admit, app: App,
                         scope: Scope, receive: Receive, send: Send) -> None:
     """Run the app for a request that holds in-flight slots (an HTTP response, or a
     WebSocket's whole connection): they are given back once the last body chunk has been
     sent, else when the app returns or raises (a client that went away, an error), with
     whatever an HTTP response's status gives back, in one call; renewed while it runs."""
-    watch = Holding(guard, limiter, held, send, scope["type"] == "http")
+    holding = Holding(guard, limiter, admit, send, scope["type"] == "http")
     try:
-        await app(scope, receive, watch.send)
+        await app(scope, receive, holding.send)
     finally:
-        if not held.done:  # most responses gave them back with their last chunk
-            await watch.end()
+        if not holding.done:  # most responses gave them back with their last chunk
+            later = holding.end()
+            if later is not None:
+                await later
 
 
 class DefaultResponses:
@@ -171,28 +178,36 @@ class Watch:
         return {**message, "headers": [*headers, *extra]}
 
 
-class Holding(Watch):
-    """The ``send`` of a response that holds in-flight slots: right after its last body
-    chunk has gone out (else when the app returns or raises) it gives them back, with what
-    its status gives back, together with every other response of the guard that ends in the
-    same turn of the event loop (`Holders`); it renews their lease on a chunk sent a third of
-    a lease after the last renewal (a response, or a WebSocket, that sends nothing for that
-    long is renewed by the holders' timer). Outside asyncio (trio) there are no holders:
-    renewed on chunks only, given back in place."""
+class Holding(Held):
+    """The ``send`` of a response that holds in-flight slots, and its `Held`: right after
+    its last body chunk has gone out (else when the app returns or raises) it gives them
+    back, with what its status gives back, together with every other response of the guard
+    that ends in the same turn of the event loop (`Holders`); it renews their lease on a
+    chunk sent a third of a lease after the last renewal (a response, or a WebSocket, that
+    sends nothing for that long is renewed by the holders' timer). Outside asyncio (trio)
+    there are no holders: renewed on chunks only, given back in place."""
 
-    __slots__ = ("guard", "held", "holders", "http", "limiter", "renewal")
+    __slots__ = ("extra", "guard", "holders", "http", "limiter", "renewal", "send_on",
+                 "status")
 
-    def __init__(self, guard: Guard, limiter: AsyncLimiter, held: Held, send: Send,
+    def __init__(self, guard: Guard, limiter: AsyncLimiter, admit: Admit, send: Send,
                  http: bool = True) -> None:
-        # Watch's fields, set here: one call fewer per request.
+        plan = admit.plan
+        if plan is None or plan.token is None:
+            raise ValueError("Holding is for an admitted request that holds in-flight slots")
+        # Held's fields, set here: one object and one call fewer per request.
+        self.admit = admit
+        self.plan = plan
+        self.every = every = plan.compiled.renew_every
+        self.clock = clock = limiter.monotonic
+        self.next = clock() + every
+        self.done = self.lost = False
         self.send_on = send
-        self.extra = held.admit.raw if http else None
-        self.fill = False
-        self.status = 500
+        self.extra = admit.raw if http else None
+        self.status = 500  # an exception before the response starts will be a server error
         self.http = http  # a WebSocket gives back its slots only (as it never gives back hits)
         self.guard = guard
         self.limiter = limiter
-        self.held = held
         self.renewal: asyncio.Task[None] | None = None
         self.holders = Holders.on_this_loop(guard)
         if self.holders is not None:
@@ -202,72 +217,82 @@ class Holding(Watch):
         # A coroutine of its own only where something is awaited beside the send: the app
         # awaits what this returns.
         kind = message["type"]
-        if self.held.lost and kind in _LATER and self.guard.config.on_lease_lost == "end":
+        if self.lost and kind in _LATER and self.guard.config.on_lease_lost == "end":
             # found by the timer's renewal
             raise LeaseLost("the response's in-flight slot went to another request while its "
                             "lease had ended (on_lease_lost=\"end\")")
         if kind == "http.response.start":
-            return self.send_on(self.started(message))
+            self.status = message["status"]
+            extra = self.extra
+            if extra is not None:  # as `serve_admitted` adds them
+                message = {**message, "headers": [*message.get("headers", ()), *extra]}
+            return self.send_on(message)
         if kind != "http.response.body":
             return self.send_on(message)
         if not message.get("more_body", False):
             return self._last(message)
-        if self.held.due():  # renewed first: a chunk goes out only with its slot
+        if self.due():  # renewed first: a chunk goes out only with its slot
             return self._renewed(message)
         return self.send_on(message)
 
     async def _last(self, message: Any) -> None:
         await self.send_on(message)
-        await self.end()
+        later = self.end()
+        if later is not None:
+            await later
 
     async def _renewed(self, message: Any) -> None:
-        await slots_async.renew_async(self.guard, self.limiter, self.held)
+        await slots_async.renew_async(self.guard, self.limiter, self)
         await self.send_on(message)
 
     def renew(self) -> None:
         """From the holders' timer: renew the lease if it is due (and no renewal runs)."""
-        if self.held.due() and (self.renewal is None or self.renewal.done()):
+        if self.due() and (self.renewal is None or self.renewal.done()):
             # Kept here: the loop holds only a weak reference to a task.
             self.renewal = asyncio.get_running_loop().create_task(self._renew())
 
     async def _renew(self) -> None:
         # A lost slot with on_lease_lost="end" ends the response at its next message (`send`).
         with contextlib.suppress(LeaseLost):
-            await slots_async.renew_async(self.guard, self.limiter, self.held)
+            await slots_async.renew_async(self.guard, self.limiter, self)
 
-    async def end(self) -> None:
-        """Give the slots back (once), with what the response's status gives back: the
-        first response of this turn sends every give-back of the turn in one call, after
-        letting the turn's others join it; the others wait for nothing."""
-        held = self.held
-        if held.done:
-            return
-        held.done = True
+    def end(self) -> Awaitable[None] | None:
+        """Give the slots back (once), with what the response's status gives back: in place
+        where the store is in this process; else what to await, where the first response of
+        this turn sends every give-back of the turn in one call, after letting the turn's
+        others join it (the others wait for nothing). None: nothing to await."""
+        if self.done:
+            return None
+        self.done = True
         guard, status = self.guard, self.status
         # Most responses give back no hit: their slots alone (a WebSocket's, always). The
         # status is asked only where it may give some back (as `serve_admitted`).
         if (self.http and (status == 405 or guard.count_when is not None
-                           or held.plan.whens is not None)
-                and guard.given_back(held.admit, status)):
-            back: GiveBack | None = guard.give_back_of(held.admit,
-                                                       guard.released(held.admit, status))
+                           or self.plan.whens is not None)
+                and guard.given_back(self.admit, status)):
+            back: GiveBack | None = guard.give_back_of(self.admit,
+                                                       guard.released(self.admit, status))
         else:
             back = None  # its slots alone
         holders = self.holders
         if holders is not None and not self.limiter.local_store:
-            if holders.give_back(self, held.back if back is None else back):
-                try:
-                    await asyncio.sleep(0)  # a turn of the loop: the others of this one join
-                finally:  # cancelled or not, the turn's slots go back
-                    await holders.send()
-            return
+            if holders.give_back(self, self.back if back is None else back):
+                return self._sent_with_the_turn(holders)
+            return None
         # A store in this process has no round trip for the turn to share: in place.
         if holders is not None:
             holders.live.discard(self)
-        # As `give_back_async`, no coroutine.
-        if not given_back_here(guard, self.limiter, held if back is None else (back,)):
-            await slots_async.give_back_by_call_async(guard, self.limiter,
-                                                      (held.back if back is None else back,))
+        if given_back_here(guard, self.limiter, self if back is None else (back,)):
+            return None
+        return slots_async.give_back_by_call_async(guard, self.limiter,
+                                                   (self.back if back is None else back,))
+
+    @staticmethod
+    async def _sent_with_the_turn(holders: Holders) -> None:
+        try:
+            await asyncio.sleep(0)  # a turn of the loop: the others of this one join
+        finally:  # cancelled or not, the turn's slots go back
+            await holders.send()
 
 
 class Holders:
@@ -306,7 +331,7 @@ class Holders:
 
     def hold(self, holding: Holding) -> None:
         self.live.add(holding)
-        every = holding.held.every
+        every = holding.every
         if self.timer is None or every < self.every:
             if self.timer is not None:
                 self.timer.cancel()
@@ -321,7 +346,7 @@ class Holders:
             return
         for holding in list(self.live):
             holding.renew()
-        self.every = min(holding.held.every for holding in self.live)
+        self.every = min(holding.every for holding in self.live)
         self.timer = self.loop.call_later(self.every, self._tick)
 
     def give_back(self, holding: Holding, hit: GiveBack) -> bool:

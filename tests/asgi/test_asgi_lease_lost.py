@@ -174,14 +174,14 @@ def test_the_timer_renewal_of_a_silent_response_finds_its_slot_gone(
         holding = next(iter(next(iter(middleware.guard.holders.values())).live))
         # Another request took the slot while this one's lease had ended: in the store,
         # another token holds it.
-        check = holding.held.checks[0]
+        check = holding.checks[0]
         await limiter.renew((check,), "x" * 16)  # nothing to renew: no-op
-        await limiter._give_back((check,), None, holding.held.token)
+        await limiter._give_back((check,), None, holding.token)
         other = await limiter.hit_compiled(*limiter.compiled_checks((check,)), token="y" * 16)
         assert other.allowed
         # The timer renews (due at 0.1 s, seen by the next tick), before the other's 0.3 s
         # lease ends (it would be free again then, and taken back).
-        await until(lambda: holding.held.lost)
+        await until(lambda: holding.lost)
         step.set()
         with pytest.raises(LeaseLost):
             await holder.task
