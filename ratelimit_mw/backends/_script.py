@@ -9,7 +9,6 @@ renew and cancel are `_upkeep`.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -252,8 +251,13 @@ class _Script(_Algorithms):
         held = 1
         charged_us = estimate = None
         spans = _sl_spans(tiers)
-        tokens = (token.split() if op != "C" and " " in token
-                  else itertools.repeat(token, len(tiers)))
+        tokens = token.split() if op != "C" and " " in token else [token] * len(tiers)
+        # A set two in-flight limits of one name share holds the larger cost's members:
+        # given back (or renewed) whole, with that cost.
+        most: dict[tuple[str, str], int] = {}
+        for tier, token in zip(tiers, tokens, strict=True):
+            if tier[0] == "cc" and most.get((tier[7], token), 0) < tier[3]:
+                most[tier[7], token] = tier[3]
         done: set[tuple[str, str]] = set()
         for i, ((algo, limit, period, cost, _, _, cal, key), token) in enumerate(
                 zip(tiers, tokens, strict=True)):
@@ -268,7 +272,7 @@ class _Script(_Algorithms):
                 if algo == "sl":
                     self._sl_refund(key, token, cost, spans[key], now)
             elif algo == "cc":
-                if not self._cc_upkeep(op, key, limit, period, cost, token, now):
+                if not self._cc_upkeep(op, key, limit, period, most[key, token], token, now):
                     held = 0
             elif op == "N":  # leases are in-flight tiers' only
                 continue

@@ -276,11 +276,13 @@ class MemoryBackend(_Script):
                     if one:
                         self._cc_release(keys[j0], cost0, token, now)
                         return
-                    done = set()  # one give-back per set, its first tier's cost (main.lua's R)
+                    # One give-back per set, the largest cost's (as main.lua's R).
+                    most: dict[str, int] = {}
                     for j, cost in held:
-                        if keys[j] not in done:
-                            done.add(keys[j])
-                            self._cc_release(keys[j], cost, token, now)
+                        if most.get(keys[j], 0) < cost:
+                            most[keys[j]] = cost
+                    for key, cost in most.items():
+                        self._cc_release(key, cost, token, now)
                 finally:
                     lock.release()
 

@@ -156,3 +156,21 @@ async def test_an_async_holder_renews_its_lease(alimiter: rl.AsyncLimiter, clock
                 pass
     async with alimiter.concurrent("vendor", 1, lease=0.3, timeout=0) as decision:
         assert decision.allowed
+
+
+def test_a_set_two_in_flight_limits_of_one_name_share_is_renewed_and_given_back_whole(
+        limiter: rl.Limiter, clock: Any) -> None:
+    """Two in-flight limits of one name, costs 1 and 3, take one set: the larger cost's
+    members. Its renewal keeps them all and its give-back frees them all, on either store."""
+    one = rl.Policy.in_flight(4, lease=60, name="jobs")
+    three = rl.Policy.in_flight(4, lease=60, name="jobs")
+    compiled = limiter.compile([(one, 1), (three, 3)])
+    assert limiter.hit_compiled(compiled, ("u", "u"), token="T1").allowed
+    checks = compiled.checks(("u", "u"))
+    assert limiter.peek(one, "u").remaining == 1
+    clock.advance(50)
+    assert limiter.renew(checks, "T1")
+    clock.advance(50)  # past the first lease, within the renewed one
+    assert limiter.peek(one, "u").remaining == 1
+    limiter.give_back_all([(checks, "T1", 0)])
+    assert limiter.peek(one, "u").remaining == 4
