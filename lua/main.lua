@@ -219,13 +219,16 @@ if op == 'R' or op == 'C' or op == 'N' then
     for each in string.gmatch(argv[4], '%S+') do charges[#charges + 1] = each end
   end
   -- A set two in-flight limits of one name share holds the larger cost's members: given
-  -- back (or renewed) whole, with that cost.
-  local most = {}
+  -- back (or renewed) whole, with that cost; a renewal takes them again where every one of
+  -- those limits has room for its own cost beside the others' members.
+  local most, room = {}, {}
   for i = 1, n do
     local b = 7 * i - 2
     if argv[b + 1] == 'cc' then
-      local mark, cost = keys[i] .. ' ' .. (tokens and tokens[i] or token), tonumber(argv[b + 4])
+      local mark = keys[i] .. ' ' .. (tokens and tokens[i] or token)
+      local limit, cost = tonumber(argv[b + 2]), tonumber(argv[b + 4])
       if (most[mark] or 0) < cost then most[mark] = cost end
+      if room[mark] == nil or limit - cost < room[mark] then room[mark] = limit - cost end
     end
   end
   local charged_us, estimate
@@ -254,7 +257,9 @@ if op == 'R' or op == 'C' or op == 'N' then
       elseif algo == 'cc' then
         if cc_release == nil then _, _, cc_release, cc_renew = concurrency() end
         if op == 'N' then
-          if not cc_renew(key, limit, period, most[mark], token, now) then held = 0 end
+          if not cc_renew(key, most[mark] + room[mark], period, most[mark], token, now) then
+            held = 0
+          end
         else
           cc_release(key, most[mark], token)
         end

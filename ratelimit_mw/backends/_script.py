@@ -253,11 +253,15 @@ class _Script(_Algorithms):
         spans = _sl_spans(tiers)
         tokens = token.split() if op != "C" and " " in token else [token] * len(tiers)
         # A set two in-flight limits of one name share holds the larger cost's members:
-        # given back (or renewed) whole, with that cost.
+        # given back (or renewed) whole, with that cost; a renewal takes them again where
+        # every one of those limits has room for its own cost beside the others' members.
         most: dict[tuple[str, str], int] = {}
-        for tier, token in zip(tiers, tokens, strict=True):
-            if tier[0] == "cc" and most.get((tier[7], token), 0) < tier[3]:
-                most[tier[7], token] = tier[3]
+        room: dict[tuple[str, str], int] = {}
+        for tier, each in zip(tiers, tokens, strict=True):
+            if tier[0] == "cc":
+                mark = (tier[7], each)
+                most[mark] = max(most.get(mark, 0), tier[3])
+                room[mark] = min(room.get(mark, tier[1]), tier[1] - tier[3])
         done: set[tuple[str, str]] = set()
         for i, ((algo, limit, period, cost, _, _, cal, key), token) in enumerate(
                 zip(tiers, tokens, strict=True)):
@@ -272,7 +276,9 @@ class _Script(_Algorithms):
                 if algo == "sl":
                     self._sl_refund(key, token, cost, spans[key], now)
             elif algo == "cc":
-                if not self._cc_upkeep(op, key, limit, period, most[key, token], token, now):
+                cost = most[key, token]
+                if not self._cc_upkeep(op, key, cost + room[key, token], period, cost, token,
+                                       now):
                     held = 0
             elif op == "N":  # leases are in-flight tiers' only
                 continue

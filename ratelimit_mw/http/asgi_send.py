@@ -154,7 +154,6 @@ class Watch:
     __slots__ = ("extra", "fill", "send_on", "status")
 
     def __init__(self, send: Send, extra: RawHeaders | None, fill: bool = False) -> None:
-        # `Holding.__init__` sets these same fields itself: a new one goes in both.
         self.send_on = send
         self.extra = extra
         self.fill = fill

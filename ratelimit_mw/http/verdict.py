@@ -69,6 +69,7 @@ class Held:
         plan = admit.plan
         if plan is None or plan.token is None:
             raise ValueError("Held is for an admitted request that holds in-flight slots")
+        # `asgi_send.Holding.__init__` sets these same fields itself: a new one goes in both.
         self.admit = admit
         self.plan = plan
         self.every = plan.compiled.renew_every

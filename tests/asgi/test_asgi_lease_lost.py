@@ -24,6 +24,7 @@ import ratelimit_mw as rl
 from ratelimit_mw.asgi import RateLimitMiddleware
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.http.slots import LeaseLost
+from ratelimit_mw.http.verdict import Held
 
 
 class Events:
@@ -172,6 +173,8 @@ def test_the_timer_renewal_of_a_silent_response_finds_its_slot_gone(
         while not isinstance(middleware, RateLimitMiddleware):
             middleware = middleware.app
         holding = next(iter(next(iter(middleware.guard.holders.values())).live))
+        # The holder is its own Held: every field of one is set (it sets them itself).
+        assert [name for name in Held.__slots__ if not hasattr(holding, name)] == []
         # Another request took the slot while this one's lease had ended: in the store,
         # another token holds it.
         check = holding.checks[0]

@@ -174,3 +174,22 @@ def test_a_set_two_in_flight_limits_of_one_name_share_is_renewed_and_given_back_
     assert limiter.peek(one, "u").remaining == 1
     limiter.give_back_all([(checks, "T1", 0)])
     assert limiter.peek(one, "u").remaining == 4
+
+
+@pytest.mark.parametrize(("other_cost", "kept"), [(0, True), (1, True), (2, False)])
+def test_a_shared_set_past_its_lease_is_taken_again_where_each_limit_has_room(
+        limiter: rl.Limiter, clock: Any, other_cost: int, kept: bool) -> None:
+    """Limits of one name, 2 slots at cost 1 and 4 at cost 3: a holder paused past its
+    lease takes its three members again only where each limit has room for its own cost
+    beside the others' members: another holder's one slot leaves each room enough, its
+    two leave the first none."""
+    two = rl.Policy.in_flight(2, lease=60, name="jobs")
+    four = rl.Policy.in_flight(4, lease=60, name="jobs")
+    compiled = limiter.compile([(two, 1), (four, 3)])
+    assert limiter.hit_compiled(compiled, ("u", "u"), token="T1").allowed
+    checks = compiled.checks(("u", "u"))
+    clock.advance(61)  # every member's lease has ended
+    if other_cost:
+        assert limiter.hit(two, "u", cost=other_cost).allowed
+    assert limiter.renew(checks, "T1") is kept
+    assert limiter.peek(four, "u").remaining == 4 - other_cost - (3 if kept else 0)
