@@ -126,6 +126,22 @@ def test_two_slot_tiers_of_one_key_take_both_slots() -> None:
     assert store._data.get(key) == adapter._data.get(key)
 
 
+def test_of_tiers_tied_on_what_remains_and_its_reset_the_first_governs() -> None:
+    """Two policies of one rate, hit alike: every number ties, and the first tier governs,
+    as the script's reply is read."""
+    first, second = rl.Policy("5/minute", name="first"), rl.Policy("5/minute", name="second")
+    compiled = Compiled([(first, 1), (second, 1)], "t")
+    now_us = START_MS * 1000
+    typed, adapter = MemoryBackend(), MemoryBackend()
+    hit = typed.hitter(compiled, lambda: now_us)
+    assert hit is not None
+    for _ in range(2):
+        call = compiled.call(["u", "u"], now_us)
+        decision = hit(("u", "u"), None)
+        assert decision == codec.decoded(call, adapter.run(call))
+        assert decision.policy is first
+
+
 def test_the_typed_hit_is_taken_for_every_static_selection() -> None:
     """Not vacuous: a plain policy's hits go through the typed path (and refuse there)."""
     policy = rl.Policy("2/second;3/minute", algorithm="sliding-log")

@@ -165,13 +165,17 @@ class MemoryBackend(_Script):
         # Per tier: its check and arguments, what it writes (0: its value, if any; 1: its
         # slots; 2: its log, for the longest period reading it; 3: nothing, another tier
         # writes its log) and that period.
-        # Then its TierState's: its identity, policy and rate.
+        # Then its TierState's: its identity, policy and rate; and whether it may govern
+        # (where the layout does not fix the tier that does: a rate's, or any among slots
+        # alone), ranked as `admitted_decision` ranks them.
+        rated = any(tier[0] != "cc" for tier in tiers)
         steps = []
         for j, (algo, limit, period, cost, _, _, cal) in enumerate(tiers):
             js = readers.get(suffixes[j], ()) if algo == "sl" else ()
             write = 1 if algo == "cc" else 0 if not js else 2 if js[0] == j else 3
             steps.append((self._checks[algo], limit, period, cost, cal, write,
-                          max(tiers[k][2] for k in js) if write == 2 else 0, *owners[j]))
+                          max(tiers[k][2] for k in js) if write == 2 else 0, *owners[j], j,
+                          fixed is None and (algo != "cc" or not rated)))
         data, expires, scheduled = self._data, self._expires, self._scheduled
         due_times = self._due_times
 
@@ -182,6 +186,7 @@ class MemoryBackend(_Script):
             keys, typed = found if found is not None else keyed(identities)
             stamp = None if clock_us is None else clock_us()  # the app's clock, not locked
             states = []
+            governs, least, latest = -1, 0, 0.0  # the governing tier, found as it is built
             lock.acquire()
             try:
                 # `_tick`, written out: every request
@@ -204,8 +209,8 @@ class MemoryBackend(_Script):
                     if admitted:
                         mine = token or ""
                         # Each tier's write, as `_commit`'s, and its state.
-                        for result, (_, _, period, cost, _, write, longest, i, policy, rate
-                                     ), key in zip(results, steps, keys):  # noqa: B905
+                        for result, (_, _, period, cost, _, write, longest, i, policy, rate, j,
+                                     ranked), key in zip(results, steps, keys):  # noqa: B905
                             if px := result[6]:  # SET value PX px
                                 data[key] = result[5]
                                 expires[key] = until = now + px
@@ -217,9 +222,14 @@ class MemoryBackend(_Script):
                             elif write == 2:
                                 self._sl_commit(key, result[5], now, cost, mine, longest, now)
                             left = result[1] - cost
+                            if left < 0:
+                                left = 0
+                            reset = result[4] / 1000
                             states.append(_new(TierState, (
-                                policy, rate, identities[i], True, left if left > 0 else 0,
-                                0.0, result[4] / 1000, False)))
+                                policy, rate, identities[i], True, left, 0.0, reset, False)))
+                            if ranked and (governs < 0 or left < least
+                                           or (left == least and reset > latest)):
+                                governs, least, latest = j, left, reset
                 else:
                     admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
                     if admitted:
@@ -232,13 +242,13 @@ class MemoryBackend(_Script):
                 return decode_generic(tuple(zip(policies, identities, strict=True)), reply,
                                       None)
             if not states:  # `_commit` wrote them: their states, as the loop's
-                for result, (_, _, _, cost, _, _, _, i, policy, rate) in zip(  # noqa: B905
+                for result, (_, _, _, cost, _, _, _, i, policy, rate, _, _) in zip(  # noqa: B905
                         results, steps):
                     left = result[1] - cost
                     states.append(_new(TierState, (policy, rate, identities[i], True,
                                                    left if left > 0 else 0, 0.0,
                                                    result[4] / 1000, False)))
-            return admitted_decision(states, now_us, None, fixed)
+            return admitted_decision(states, now_us, None, fixed if governs < 0 else governs)
 
         return hit
 
