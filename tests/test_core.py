@@ -10,9 +10,12 @@ import sys
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.core import codec
+from ratelimit_mw.core.decision import TierState
 
 NOW_US = 1_800_000_000_000_000
 
@@ -189,6 +192,22 @@ def test_a_fixed_governing_tier_decides_as_the_ranking_does() -> None:
     fixed = codec.admitted_decision(ranked.tiers, ranked.at_us, None,
                                     codec.governing_tier(["fixed-window", "concurrency"]))
     assert ranked.policy is rate and fixed == ranked
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.sampled_from([1.0, 2.0])),
+                min_size=1, max_size=5))
+def test_an_admitted_decision_is_governed_by_its_first_least_ranked_tier(
+        drawn: list[tuple[bool, int, float]]) -> None:
+    """A rate before slots, then the least remaining, then the later reset; of tiers that
+    tie on all three, the first."""
+    rate, slots = rl.Policy("5/minute"), rl.Policy.in_flight(5)
+    tiers = [TierState(slots if held else rate, (slots if held else rate).rates[0], f"t{i}",
+                       True, left, 0.0, reset, False)
+             for i, (held, left, reset) in enumerate(drawn)]
+    ranks = [(held, left, -reset) for held, left, reset in drawn]
+    decision = codec.admitted_decision(tiers, 0)
+    assert decision.identity == f"t{ranks.index(min(ranks))}"
+    assert decision.tiers == tuple(tiers)
 
 
 def test_decide_picks_the_refusing_tier_with_the_longest_wait() -> None:

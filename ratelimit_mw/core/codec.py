@@ -316,11 +316,18 @@ def admitted_decision(tiers: Sequence[TierState], at_us: int,
     the tier `governing_tier` found)."""
     governing = tiers[0 if fixed is None else fixed]
     if fixed is None and len(tiers) > 1:
-        best: tuple[bool, int, float] | None = None
+        # Ranked by (slots?, remaining, -reset), first on a tie, compared without a tuple.
+        slots = governing.policy.algorithm == CONCURRENCY
+        least, latest = governing.remaining, governing.reset_after
         for state in tiers:
-            rank = (state.policy.algorithm == CONCURRENCY, state.remaining, -state.reset_after)
-            if best is None or rank < best:
-                best, governing = rank, state
+            held = state.policy.algorithm == CONCURRENCY
+            if held == slots:
+                left = state.remaining
+                if left > least or (left == least and state.reset_after <= latest):
+                    continue
+            elif held:
+                continue
+            governing, slots, least, latest = state, held, state.remaining, state.reset_after
     return _new(Decision, (True, governing.rate.limit, governing.remaining, 0.0,
                            governing.reset_after, governing.policy, governing.rate,
                            governing.identity, governing.banned, tuple(tiers), booking, at_us))
