@@ -186,7 +186,8 @@ class MemoryBackend(_Script):
             keys, typed = found if found is not None else keyed(identities)
             stamp = None if clock_us is None else clock_us()  # the app's clock, not locked
             states = []
-            governs, least, latest = -1, 0, 0.0  # the governing tier, found as it is built
+            # The governing tier: fixed, else found as the states are built (`ranked`).
+            governs, least, latest = fixed, inf, 0.0
             lock.acquire()
             try:
                 # `_tick`, written out: every request
@@ -227,8 +228,7 @@ class MemoryBackend(_Script):
                             reset = result[4] / 1000
                             states.append(_new(TierState, (
                                 policy, rate, identities[i], True, left, 0.0, reset, False)))
-                            if ranked and (governs < 0 or left < least
-                                           or (left == least and reset > latest)):
+                            if ranked and (left < least or (left == least and reset > latest)):
                                 governs, least, latest = j, left, reset
                 else:
                     admitted, results, logs, _ = self._check_all(keys, typed, now, now, now_us)
@@ -248,7 +248,7 @@ class MemoryBackend(_Script):
                     states.append(_new(TierState, (policy, rate, identities[i], True,
                                                    left if left > 0 else 0, 0.0,
                                                    result[4] / 1000, False)))
-            return admitted_decision(states, now_us, None, fixed if governs < 0 else governs)
+            return admitted_decision(states, now_us, None, governs)
 
         return hit
 
