@@ -164,10 +164,9 @@ class MemoryBackend(_Script):
                  and all(len({owners[j][0] for j in js}) == 1 for js in readers.values()))
         # Per tier: its check and arguments, what it writes (0: its value, if any; 1: its
         # slots; 2: its log, for the longest period reading it; 3: nothing, another tier
-        # writes its log) and that period.
-        # Then its TierState's: its identity, policy and rate; and whether it may govern
-        # (where the layout does not fix the tier that does: a rate's, or any among slots
-        # alone), ranked as `admitted_decision` ranks them.
+        # writes its log) and that period; its TierState's identity, policy and rate; its
+        # index, and whether it may govern (where the layout does not fix the tier that
+        # does: a rate's, or any among slots alone), ranked as `admitted_decision` ranks.
         rated = any(tier[0] != "cc" for tier in tiers)
         steps = []
         for j, (algo, limit, period, cost, _, _, cal) in enumerate(tiers):

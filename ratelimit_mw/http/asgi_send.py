@@ -41,20 +41,11 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
     its status gives back given back once it has been sent. The send is wrapped only where
     there are headers to add or a status to read."""
     plan, raw = verdict.plan, verdict.raw
-    if plan is None:  # nothing follows the response: its headers, if any, are added
+    if plan is None:
         if raw is None:
             await app(scope, receive, send)
             return
-
-        def headed(message: Any) -> Awaitable[None]:
-            if message["type"] == "http.response.start":
-                # A new message and list: a Response's own header list must not grow.
-                message = {**message, "headers": [*message.get("headers", ()), *raw]}
-            return send(message)
-
-        await app(scope, receive, headed)
-        return
-    if plan.token is not None:  # it holds in-flight slots
+    elif plan.token is not None:  # it holds in-flight slots
         await serve_holding(guard, limiter, verdict, app, scope, receive, send)
         return
     status = 500  # an exception before the response starts will be a server error
@@ -64,7 +55,8 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         if message["type"] == "http.response.start":
             nonlocal status
             status = message["status"]
-            if raw is not None:  # as `headed` adds them
+            if raw is not None:
+                # A new message and list: a Response's own header list must not grow.
                 message = {**message, "headers": [*message.get("headers", ()), *raw]}
         return send(message)
 
@@ -72,7 +64,8 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         await app(scope, receive, watched)
     finally:
         # Asked only where a status may give hits back: a 405, or a count_when somewhere.
-        if status == 405 or plan.whens is not None or guard.count_when is not None:
+        if plan is not None and (status == 405 or plan.whens is not None
+                                 or guard.count_when is not None):
             back = guard.given_back(verdict, status)
             if back:
                 await slots_async.refund_async(guard, limiter, verdict, back)
@@ -223,7 +216,7 @@ class Holding(Held):
         if kind == "http.response.start":
             self.status = message["status"]
             extra = self.extra
-            if extra is not None:  # as `serve_admitted` adds them
+            if extra is not None:  # as `serve_admitted`'s `watched` adds them
                 message = {**message, "headers": [*message.get("headers", ()), *extra]}
             return self.send_on(message)
         if kind != "http.response.body":
