@@ -340,7 +340,7 @@ class RateLimitMiddleware:
         # built-in keys read it (decided when the selection was made), the scope.
         request: Any
         if scope_only:
-            request = _new_view(_ScopeView)
+            request = _ScopeView()
             request.scope = scope
         else:
             request = Request(scope)
@@ -443,7 +443,7 @@ class RateLimitMiddleware:
 
 class _ScopeView:
     """A request as the built-in keys read it (`keys.reads_scope`): the scope, and its
-    headers when asked; built without a Python call (`_new_view`, then ``scope`` set)."""
+    headers when asked; built without a Python call (no ``__init__``: ``scope`` is set)."""
 
     __slots__ = ("scope",)
     scope: Scope
@@ -452,8 +452,6 @@ class _ScopeView:
     def headers(self) -> Headers:
         return Headers(scope=self.scope)
 
-
-_new_view = object.__new__
 
 
 class _Handshake(WebSocket):

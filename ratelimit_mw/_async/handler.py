@@ -31,12 +31,11 @@ from ratelimit_mw.engine import SWITCH
 from ratelimit_mw.hooks import Raised
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Selection
-from ratelimit_mw.http.verdict import Admit, Plan, Verdict, keep
+from ratelimit_mw.http.verdict import Admit, Plan, Verdict, keep, planned
 from ratelimit_mw.limiter import AsyncLimiter
 
 Decided = Verdict | None  # None: no limit applies to the request
 Handler = Callable[..., Awaitable[Decided]]
-_new = tuple.__new__
 
 
 def handler_async(guard: Guard, limiter: AsyncLimiter, selection: Selection) -> Handler:
@@ -92,7 +91,7 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
 
     def whole(hit: Compiled, identities: tuple[str, ...], token: str | None) -> Plan:
         """The plan of a request the selection's own checks apply to, under its identity."""
-        return _new(Plan, (hit, identities, selection, whens, token))
+        return planned(hit, identities, selection, whens, token)
 
     async def handle(request: Any, method: str, preflight: bool, peek: bool = False
                      ) -> Verdict | None:
@@ -134,7 +133,12 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
                 identities = (identity,) if count == 1 else (identity,) * count
                 token = hit.token() if holds else None
                 if watched:  # `whole`, written out: most requests carry their plan
-                    plan = _new(Plan, (hit, identities, selection, whens, token))
+                    plan = Plan()
+                    plan.compiled = hit
+                    plan.identities = identities
+                    plan.selection = selection
+                    plan.whens = whens
+                    plan.token = token
         else:
             hit, identities, token, chosen = (plan.compiled, plan.identities, plan.token,
                                               plan.selection)
@@ -164,10 +168,12 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
             return guard.failed(request, plan or whole(hit, identities, token), exc,
                                 peek=peek)
         # An admission is the store's answer (the deny cache holds only refusals): it ends a
-        # row of timeouts; an open breaker's probe is always the store's.
-        if node.open_until or (node.timeouts and decision.allowed):
+        # row of timeouts; an open breaker's probe is always the store's. The decision's
+        # fields are read by index here (0 allowed, 2 remaining, 4 reset_after): a
+        # NamedTuple's field name is a descriptor call, its index is not.
+        if node.open_until or (node.timeouts and decision[0]):
             node.succeeded()
-        if decision.allowed:
+        if decision[0]:
             if chosen is selection and rendered:  # the RateLimit fields (`admitter`)
                 if one and hit is compiled:
                     name = one
@@ -175,10 +181,13 @@ def _built_async(guard: Guard, limiter: AsyncLimiter, selection: Selection,
                     rate = decision.rate
                     name = names.get((id(decision.policy), rate.period_ms if rate else 0),
                                      unnamed)
-                pair = [fields, (field, form % (name, decision.remaining,
-                                                ceil(decision.reset_after)))]
-                return _new(Admit, (decision, None, plan if watching else None, pair) if raw
-                            else (decision, pair, plan if watching else None, None))
+                pair = [fields, (field, form % (name, decision[2], ceil(decision[4])))]
+                verdict = Admit()  # `admitted`, written out
+                verdict.decision = decision
+                verdict.headers = None if raw else pair
+                verdict.plan = plan if watching else None
+                verdict.raw = pair if raw else None
+                return verdict
             return (admit if chosen is selection else guard.admitter(chosen))(
                 decision, plan if watching else None)
         return guard.refused(request, plan or whole(hit, identities, token), decision, start,

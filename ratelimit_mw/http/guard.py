@@ -45,7 +45,7 @@ from ratelimit_mw.http.selection import (
     kept_defaults,
     other_verb,
 )
-from ratelimit_mw.http.verdict import Plan
+from ratelimit_mw.http.verdict import Plan, planned
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.limiter import SWITCH
 from ratelimit_mw.log import ThrottledLog, logger
@@ -64,7 +64,6 @@ _NO_STORE = ("Cache-Control", "no-store")
 _JSON = ("Content-Type", "application/json")
 _FALLBACK_KEY = _keys.client_ip()
 # NamedTuples built per request skip their generated __new__ (fields given in order).
-_new = tuple.__new__
 
 
 def _kept(applied: tuple[Applied, ...]) -> list[Applied]:
@@ -328,17 +327,17 @@ class Guard(Outcomes, AfterResponse):
                 return None
             if items is not None:
                 compiled = self.limiter.compile(items)
+            elif compiled is None:  # the items are listed wherever the selection compiled none
+                raise ValueError("a plan has no compiled hit")
             token = None
-            if selection.holds:  # slots are named by a token, to give them back by it
-                if compiled is None:  # every selection that holds slots compiles its hit
-                    raise ValueError("a plan that holds in-flight slots has no compiled hit")
-                if items is None or any(policy.algorithm == CONCURRENCY
-                                        for policy in compiled.policies):
-                    token = compiled.token()
+            # Slots are named by a token, to give them back by it.
+            if selection.holds and (items is None or any(policy.algorithm == CONCURRENCY
+                                                         for policy in compiled.policies)):
+                token = compiled.token()
             if chosen is not None:
                 selection = self._chosen_selection(chosen)
-            return _new(Plan, (compiled, tuple(identities), selection,
-                               None if whens is None else tuple(whens), token))
+            return planned(compiled, tuple(identities), selection,
+                           None if whens is None else tuple(whens), token)
 
     def _shaped(self, item: Applied, identity: object, request: Any, method: str) -> str:
         """A key's answer that is not yet an identity: not a string (the client IP stands

@@ -25,7 +25,7 @@ Headers = list[tuple[str, str]]
 IN_FLIGHT = "in flight"  # an in-flight limit's item in the RateLimit fields
 #: Headers as ASGI sends them: lower-case names (HTTP/2 requires it), latin-1 bytes.
 RawHeaders = list[tuple[bytes, bytes]]
-T = TypeVar("T", bound=tuple[Any, ...])
+T = TypeVar("T")
 
 
 def retry_after_seconds(decision: Decision) -> int:
@@ -85,12 +85,13 @@ class PolicyHeader:
         t = math.ceil(decision.reset_after) if decision.allowed else retry_after_seconds(decision)
         return f"{name};r={decision.remaining};t={t}"
 
-    def admitter(self, build: type[T], raw: bool) -> Callable[[Decision, Any], T]:
-        """How an admitted decision becomes ``build`` (a 4-field NamedTuple: decision,
-        headers, refund, raw) with `rate_limit_headers` (no legacy fields), as `RawHeaders`
-        (`raw`) or as `Headers`: the policy field and each tier's name rendered once, one
-        format for the numbers; one call per admitted response."""
-        ceil, new = math.ceil, tuple.__new__
+    def admitter(self, build: Callable[[Decision, Headers | None, Any, RawHeaders | None], T],
+                 raw: bool) -> Callable[[Decision, Any], T]:
+        """How an admitted decision becomes what ``build(decision, headers, refund, raw)``
+        makes, with `rate_limit_headers` (no legacy fields), as `RawHeaders` (`raw`) or as
+        `Headers`: the policy field and each tier's name rendered once, one format for the
+        numbers; one call per admitted response."""
+        ceil = math.ceil
         if raw:
             names, item = self.raw_names, self.raw_item
 
@@ -98,9 +99,9 @@ class PolicyHeader:
                 rate = decision.rate
                 name = names.get((id(decision.policy), rate.period_ms if rate else 0),
                                  b'"limit"')
-                return new(build, (decision, None, refund, [item, (
+                return build(decision, None, refund, [item, (
                     b"ratelimit", b"%s;r=%d;t=%d" % (name, decision.remaining,
-                                                     ceil(decision.reset_after)))]))
+                                                     ceil(decision.reset_after)))])
             return admit_raw
         text_names, text_item = self.names, self.item
 
@@ -108,9 +109,9 @@ class PolicyHeader:
             rate = decision.rate
             name = text_names.get((id(decision.policy), rate.period_ms if rate else 0),
                                   '"limit"')
-            return new(build, (decision, [text_item, (
+            return build(decision, [text_item, (
                 "RateLimit", f"{name};r={decision.remaining};t={ceil(decision.reset_after)}")],
-                refund, None))
+                refund, None)
         return admit
 
 

@@ -26,7 +26,7 @@ from ratelimit_mw.http.headers import (
     unavailable_body,
 )
 from ratelimit_mw.http.selection import Selection
-from ratelimit_mw.http.verdict import PASS, Admit, Plan, Refuse, Unavailable
+from ratelimit_mw.http.verdict import PASS, Admit, Plan, Refuse, Unavailable, admitted
 from ratelimit_mw.limiter import Limiter
 from ratelimit_mw.log import ThrottledLog, describe
 from ratelimit_mw.metrics import BACKEND_ERROR, BREAKER_OPEN, FALLBACK, SHADOW_REFUSED
@@ -89,7 +89,7 @@ class Outcomes:
                                            if check.policy is decision.policy],
                           perf_counter() - started if started else 0.0)
             if not self.headers:
-                return _new(Admit, (decision, None, None, None))
+                return admitted(decision, None, None)
             return self._headed(decision, self.served_headers(decision, selection), None)
         shape = refusal_shape(decision)
         last = self._last_refusal
@@ -111,7 +111,7 @@ class Outcomes:
         header, legacy = selection.policy_header, self.legacy
 
         def bare(decision: Decision, refund: Plan | None) -> Admit:
-            return _new(Admit, (decision, None, refund, None))
+            return admitted(decision, None, refund)
 
         def headed(decision: Decision, refund: Plan | None) -> Admit:
             # served_headers, less the Retry-After filter an admitted response never needs.
@@ -119,15 +119,15 @@ class Outcomes:
 
         admit: Callable[[Decision, Plan | None], Admit] = (
             bare if not self.headers
-            else headed if legacy else header.admitter(Admit, self.raw))
+            else headed if legacy else header.admitter(admitted, self.raw))
         selection.admit = (self, admit)
         return admit
 
     def _headed(self, decision: Decision, headers: Headers, refund: Plan | None) -> Admit:
         """An Admit with these headers, in the form the adapter sends (`raw` or not)."""
         if self.raw:
-            return _new(Admit, (decision, None, refund, encode_raw(headers)))
-        return _new(Admit, (decision, headers, refund, None))
+            return admitted(decision, None, refund, encode_raw(headers))
+        return admitted(decision, headers, refund)
 
     def failed(self, request: Any, plan: Plan, exc: BaseException | None, *,
                peek: bool = False) -> Admit | Refuse | Unavailable:

@@ -17,16 +17,19 @@ from ratelimit_mw.http.headers import Headers, RawHeaders
 from ratelimit_mw.http.selection import Selection
 
 
-class Plan(NamedTuple):
+class Plan:
     """What one request sends: the compiled hit, an identity per check, the selection they
     came from (for headers), when some limit has one, each check's own count_when, and
-    when it takes in-flight slots, the token they are held (and given back) by."""
+    when it takes in-flight slots, the token they are held (and given back) by.
 
+    A class with slots, as `Admit`, built with `planned` (or its fields set in place)."""
+
+    __slots__ = ("compiled", "identities", "selection", "token", "whens")
     compiled: Compiled
     identities: tuple[str, ...]
     selection: Selection
-    whens: tuple[Callable[[int], bool] | None, ...] | None = None
-    token: str | None = None
+    whens: tuple[Callable[[int], bool] | None, ...] | None
+    token: str | None
 
     @property
     def checks(self) -> tuple[Check, ...]:
@@ -41,6 +44,19 @@ class Plan(NamedTuple):
             return (_new(Check, (compiled.policies[i], identities[i], compiled.costs[i])),)
         return tuple(_new(Check, (compiled.policies[i], identities[i], compiled.costs[i]))
                      for i in compiled.in_flight)
+
+
+def planned(compiled: Compiled, identities: tuple[str, ...], selection: Selection,
+            whens: tuple[Callable[[int], bool] | None, ...] | None = None,
+            token: str | None = None) -> Plan:
+    """A `Plan` of these fields."""
+    plan = Plan()
+    plan.compiled = compiled
+    plan.identities = identities
+    plan.selection = selection
+    plan.whens = whens
+    plan.token = token
+    return plan
 
 
 _PLANS_KEPT = 16_384  # per selection, as the memory store keeps its keys
@@ -109,15 +125,31 @@ def give_back_of(admit: Admit, checks: Sequence[Check]) -> GiveBack:
             0 if decision is None else decision.at_us)
 
 
-class Admit(NamedTuple):
+class Admit:
     """Serve the request; add `headers` (`raw`, for a guard built with ``raw=True``); when
     its `plan` is there, the response's status may give hits back (`Guard.given_back`), or
-    it holds in-flight slots to give back when it ends."""
+    it holds in-flight slots to give back when it ends.
 
+    One is built per admitted request and its fields read several times: a class with
+    slots, built with no ``__init__`` call (`admitted`, or its fields set in place), builds
+    and reads faster than a NamedTuple."""
+
+    __slots__ = ("decision", "headers", "plan", "raw")
     decision: Decision | None
     headers: Headers | None
     plan: Plan | None
-    raw: RawHeaders | None = None
+    raw: RawHeaders | None
+
+
+def admitted(decision: Decision | None, headers: Headers | None, plan: Plan | None,
+             raw: RawHeaders | None = None) -> Admit:
+    """An `Admit` of these fields."""
+    admit = Admit()
+    admit.decision = decision
+    admit.headers = headers
+    admit.plan = plan
+    admit.raw = raw
+    return admit
 
 
 class Refuse(NamedTuple):
@@ -134,6 +166,6 @@ class Unavailable(NamedTuple):
 
 
 Verdict = Admit | Refuse | Unavailable
-PASS = Admit(None, None, None, None)
-# NamedTuples built per request skip their generated __new__ (fields given in order).
+PASS = admitted(None, None, None)
+# A NamedTuple built per request skips its generated __new__ (fields given in order).
 _new = tuple.__new__
