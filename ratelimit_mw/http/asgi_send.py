@@ -50,8 +50,10 @@ async def serve_admitted(guard: Guard, limiter: AsyncLimiter, verdict: Admit, ap
         return
     status = 500  # an exception before the response starts will be a server error
 
-    # No coroutine of its own: the app awaits what `send` returns.
-    def watched(message: Any) -> Awaitable[None]:
+    # No coroutine of its own: the app awaits what `send` returns. What it reads and does
+    # not change is bound as defaults: a closure's cell each would cost more.
+    def watched(message: Any, raw: RawHeaders | None = raw, send: Send = send
+                ) -> Awaitable[None]:
         if message["type"] == "http.response.start":
             nonlocal status
             status = message["status"]
