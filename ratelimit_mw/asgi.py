@@ -453,7 +453,6 @@ class _ScopeView:
         return Headers(scope=self.scope)
 
 
-
 class _Handshake(WebSocket):
     """The handshake as key functions and hooks see it: a Starlette ``WebSocket`` that is a
     GET to its path, as it is on the wire (``request.method`` reads "GET")."""

@@ -63,7 +63,6 @@ _PATH_CACHE_SIZE = 4096
 _NO_STORE = ("Cache-Control", "no-store")
 _JSON = ("Content-Type", "application/json")
 _FALLBACK_KEY = _keys.client_ip()
-# NamedTuples built per request skip their generated __new__ (fields given in order).
 
 
 def _kept(applied: tuple[Applied, ...]) -> list[Applied]:
