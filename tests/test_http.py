@@ -203,3 +203,30 @@ def test_the_typed_keyword_options_are_configs_options() -> None:
 
     assert set(ConfigOptions.__annotations__) == set(OPTION_NAMES)
     assert set(DependencyOptions.__annotations__) <= set(OPTION_NAMES)
+
+
+@pytest.mark.parametrize("raw", [False, True])
+@pytest.mark.parametrize("concurrency", [None, 10])
+def test_an_admitted_verdict_and_its_plan_have_every_field_set(
+        raw: bool, concurrency: int | None) -> None:
+    """The handler builds an admission (and, for one that holds slots, its plan) field by
+    field rather than through an ``__init__``: none is left unset, in either form of the
+    headers, for a rate alone (its plan kept per identity) or a rate with in-flight slots
+    (a plan per request, by its token)."""
+    from ratelimit_mw._sync.handler import handler_sync
+    from ratelimit_mw.http.verdict import Admit, Plan
+
+    limiter = rl.Limiter(rl.MemoryBackend())
+    guard = Guard(Config(default="10/minute", key=lambda request: "ip:1",
+                         concurrency=concurrency), limiter, timeout=None, raw=raw)
+    selection = guard.select("GET", "/", None)
+    assert selection is not None
+    verdict = handler_sync(guard, limiter, selection)(request_from(), "GET", False)
+    assert type(verdict) is Admit
+    assert [name for name in Admit.__slots__ if not hasattr(verdict, name)] == []
+    assert (verdict.raw is not None) is raw and (verdict.headers is not None) is not raw
+    plan = verdict.plan
+    assert type(plan) is Plan  # the default watches a 405's status
+    assert [name for name in Plan.__slots__ if not hasattr(plan, name)] == []
+    assert (plan.token is not None) is (concurrency is not None)
+    assert plan.identities == ("ip:1",) * len(plan.compiled.policies)
