@@ -209,10 +209,9 @@ def test_the_typed_keyword_options_are_configs_options() -> None:
 @pytest.mark.parametrize("concurrency", [None, 10])
 def test_an_admitted_verdict_and_its_plan_have_every_field_set(
         raw: bool, concurrency: int | None) -> None:
-    """The handler builds an admission (and, for one that holds slots, its plan) field by
-    field rather than through an ``__init__``: none is left unset, in either form of the
-    headers, for a rate alone (its plan kept per identity) or a rate with in-flight slots
-    (a plan per request, by its token)."""
+    """The handler builds an admission field by field rather than through an
+    ``__init__``: none is left unset, in either form of the headers, with its plan (kept
+    per identity for a rate alone; one per request, by its token, with in-flight slots)."""
     from ratelimit_mw._sync.handler import handler_sync
     from ratelimit_mw.http.verdict import Admit, Plan
 

@@ -32,7 +32,7 @@ from ratelimit_mw.engine import SWITCH
 from ratelimit_mw.hooks import Raised
 from ratelimit_mw.http.guard import Guard
 from ratelimit_mw.http.selection import Selection
-from ratelimit_mw.http.verdict import Admit, Plan, Verdict, keep, planned
+from ratelimit_mw.http.verdict import Admit, Plan, Verdict, keep
 from ratelimit_mw.limiter import Limiter
 
 Decided = Verdict | None  # None: no limit applies to the request
@@ -92,7 +92,7 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection,
 
     def whole(hit: Compiled, identities: tuple[str, ...], token: str | None) -> Plan:
         """The plan of a request the selection's own checks apply to, under its identity."""
-        return planned(hit, identities, selection, whens, token)
+        return Plan(hit, identities, selection, whens, token)
 
     def handle(request: Any, method: str, preflight: bool, peek: bool = False
                ) -> Verdict | None:
@@ -134,12 +134,7 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection,
                 identities = (identity,) if count == 1 else (identity,) * count
                 token = hit.token() if holds else None
                 if watched:  # `whole`, written out: most requests carry their plan
-                    plan = Plan()
-                    plan.compiled = hit
-                    plan.identities = identities
-                    plan.selection = selection
-                    plan.whens = whens
-                    plan.token = token
+                    plan = Plan(hit, identities, selection, whens, token)
         else:
             hit, identities, token, chosen = (plan.compiled, plan.identities, plan.token,
                                               plan.selection)

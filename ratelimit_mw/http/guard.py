@@ -45,7 +45,7 @@ from ratelimit_mw.http.selection import (
     kept_defaults,
     other_verb,
 )
-from ratelimit_mw.http.verdict import Plan, planned
+from ratelimit_mw.http.verdict import Plan
 from ratelimit_mw.keys import KeyFunc
 from ratelimit_mw.limiter import SWITCH
 from ratelimit_mw.log import ThrottledLog, logger
@@ -335,8 +335,8 @@ class Guard(Outcomes, AfterResponse):
                 token = compiled.token()
             if chosen is not None:
                 selection = self._chosen_selection(chosen)
-            return planned(compiled, tuple(identities), selection,
-                           None if whens is None else tuple(whens), token)
+            return Plan(compiled, tuple(identities), selection,
+                        None if whens is None else tuple(whens), token)
 
     def _shaped(self, item: Applied, identity: object, request: Any, method: str) -> str:
         """A key's answer that is not yet an identity: not a string (the client IP stands

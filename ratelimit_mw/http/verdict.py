@@ -20,16 +20,18 @@ from ratelimit_mw.http.selection import Selection
 class Plan:
     """What one request sends: the compiled hit, an identity per check, the selection they
     came from (for headers), when some limit has one, each check's own count_when, and
-    when it takes in-flight slots, the token they are held (and given back) by.
-
-    A class with slots, as `Admit`, built with `planned` (or its fields set in place)."""
+    when it takes in-flight slots, the token they are held (and given back) by."""
 
     __slots__ = ("compiled", "identities", "selection", "token", "whens")
-    compiled: Compiled
-    identities: tuple[str, ...]
-    selection: Selection
-    whens: tuple[Callable[[int], bool] | None, ...] | None
-    token: str | None
+
+    def __init__(self, compiled: Compiled, identities: tuple[str, ...], selection: Selection,
+                 whens: tuple[Callable[[int], bool] | None, ...] | None = None,
+                 token: str | None = None) -> None:
+        self.compiled = compiled
+        self.identities = identities
+        self.selection = selection
+        self.whens = whens
+        self.token = token
 
     @property
     def checks(self) -> tuple[Check, ...]:
@@ -44,19 +46,6 @@ class Plan:
             return (_new(Check, (compiled.policies[i], identities[i], compiled.costs[i])),)
         return tuple(_new(Check, (compiled.policies[i], identities[i], compiled.costs[i]))
                      for i in compiled.in_flight)
-
-
-def planned(compiled: Compiled, identities: tuple[str, ...], selection: Selection,
-            whens: tuple[Callable[[int], bool] | None, ...] | None = None,
-            token: str | None = None) -> Plan:
-    """A `Plan` of these fields."""
-    plan = Plan()
-    plan.compiled = compiled
-    plan.identities = identities
-    plan.selection = selection
-    plan.whens = whens
-    plan.token = token
-    return plan
 
 
 _PLANS_KEPT = 16_384  # per selection, as the memory store keeps its keys
@@ -131,8 +120,9 @@ class Admit:
     it holds in-flight slots to give back when it ends.
 
     One is built per admitted request and its fields read several times: a class with
-    slots, built with no ``__init__`` call (`admitted`, or its fields set in place), builds
-    and reads faster than a NamedTuple."""
+    slots, built with no ``__init__`` call (`admitted`, or its fields set in place by the
+    handler), builds and reads faster than a NamedTuple (as `Plan`, built once per identity
+    where it holds no slots, reads faster)."""
 
     __slots__ = ("decision", "headers", "plan", "raw")
     decision: Decision | None
