@@ -210,8 +210,8 @@ def test_the_typed_keyword_options_are_configs_options() -> None:
 def test_an_admitted_verdict_and_its_plan_have_every_field_set(
         raw: bool, concurrency: int | None) -> None:
     """The handler builds an admission field by field rather than through an
-    ``__init__``: none is left unset, in either form of the headers, with its plan (kept
-    per identity for a rate alone; one per request, by its token, with in-flight slots)."""
+    ``__init__``: none is left unset, in either form of the headers. Its plan is kept per
+    identity for a rate alone, and is one per request, by its token, with in-flight slots."""
     from ratelimit_mw._sync.handler import handler_sync
     from ratelimit_mw.http.verdict import Admit, Plan
 
@@ -220,12 +220,13 @@ def test_an_admitted_verdict_and_its_plan_have_every_field_set(
                          concurrency=concurrency), limiter, timeout=None, raw=raw)
     selection = guard.select("GET", "/", None)
     assert selection is not None
-    verdict = handler_sync(guard, limiter, selection)(request_from(), "GET", False)
-    assert type(verdict) is Admit
+    handle = handler_sync(guard, limiter, selection)
+    verdict, again = (handle(request_from(), "GET", False) for _ in range(2))
+    assert type(verdict) is Admit and type(again) is Admit
     assert [name for name in Admit.__slots__ if not hasattr(verdict, name)] == []
     assert (verdict.raw is not None) is raw and (verdict.headers is not None) is not raw
     plan = verdict.plan
     assert type(plan) is Plan  # the default watches a 405's status
-    assert [name for name in Plan.__slots__ if not hasattr(plan, name)] == []
     assert (plan.token is not None) is (concurrency is not None)
     assert plan.identities == ("ip:1",) * len(plan.compiled.policies)
+    assert (again.plan is plan) is (concurrency is None)

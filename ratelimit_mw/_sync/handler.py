@@ -164,8 +164,8 @@ def _built_sync(guard: Guard, limiter: Limiter, selection: Selection,
             return guard.failed(request, plan or whole(hit, identities, token), exc,
                                 peek=peek)
         # An admission is the store's answer (the deny cache holds only refusals): it ends a
-        # row of timeouts; an open breaker's probe is always the store's. The decision's
-        # fields are read by index here (0 allowed, 2 remaining, 4 reset_after): a
+        # row of timeouts; an open breaker's probe is always the store's.
+        # The decision's fields by index (0 allowed, 2 remaining, 4 reset_after): a
         # NamedTuple's field name is a descriptor call, its index is not.
         if node.open_until or (node.timeouts and decision[0]):
             node.succeeded()

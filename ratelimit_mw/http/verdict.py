@@ -119,10 +119,8 @@ class Admit:
     its `plan` is there, the response's status may give hits back (`Guard.given_back`), or
     it holds in-flight slots to give back when it ends.
 
-    One is built per admitted request and its fields read several times: a class with
-    slots, built with no ``__init__`` call (`admitted`, or its fields set in place by the
-    handler), builds and reads faster than a NamedTuple (as `Plan`, built once per identity
-    where it holds no slots, reads faster)."""
+    A class with slots, built with no ``__init__`` call (`admitted`, or in place by the
+    handler): it builds and reads faster than a NamedTuple."""
 
     __slots__ = ("decision", "headers", "plan", "raw")
     decision: Decision | None
