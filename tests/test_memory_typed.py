@@ -92,6 +92,22 @@ def test_the_typed_hit_and_run_agree(pool: list[rl.Policy], sequence: list[Op]) 
     _play(pool, sequence)
 
 
+def _one_rate(policy: rl.Policy) -> bool:
+    return (policy.algorithm != "concurrency" and len(policy.rates) == 1
+            and policy.penalty is None)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rate=policies().filter(_one_rate),
+       slots=policies().filter(lambda policy: policy.algorithm == "concurrency"),
+       sequence=st.lists(ops, min_size=8, max_size=50))
+def test_a_rate_and_then_slots_typed_whole_agree_with_run(rate: rl.Policy, slots: rl.Policy,
+                                                          sequence: list[Op]) -> None:
+    """A rate and an in-flight limit, in that order (a route's limit with ``concurrency``),
+    are typed as one shape: held to `run` as every other selection is."""
+    _play([rate, slots], sequence)
+
+
 def test_a_holder_gives_back_its_slots_alone_and_keeps_its_hit() -> None:
     """`releaser(..., slots_only=True)`: the slots of a rate-and-slots hit go back, by the
     whole hit's identities; the rate's count stays (a holder's response ended, charged)."""

@@ -168,6 +168,8 @@ class MemoryBackend(_Script):
         # index, and whether it may govern (where the layout does not fix the tier that
         # does: a rate's, or any among slots alone), ranked as `admitted_decision` ranks.
         rated = any(tier[0] != "cc" for tier in tiers)
+        if plain and [tier[0] == "cc" for tier in tiers] == [False, True]:
+            return self._rate_and_slots(compiled, tiers, owners, kept, keyed, clock_us)
         steps = []
         for j, (algo, limit, period, cost, _, _, cal) in enumerate(tiers):
             js = readers.get(suffixes[j], ()) if algo == "sl" else ()
@@ -430,6 +432,73 @@ class MemoryBackend(_Script):
             return _new(Decision, (True, rate_limit, left, 0.0, reset, policy, rate, identity,
                                    False, (_new(TierState, (policy, rate, identity, True, left,
                                                             0.0, reset, False)),),
+                                   None, now_us))
+
+        return hit
+
+    def _rate_and_slots(self, compiled: Compiled, tiers: list[_Typed],
+                        owners: list[tuple[int, Policy, Rate]],
+                        kept: dict[tuple[str, ...], tuple[list[str], list[_Tier]]],
+                        keyed: Callable[[Sequence[str]], tuple[list[str], list[_Tier]]],
+                        clock_us: ClockUs | None) -> Hitter:
+        """`hitter` for a rate and then an in-flight limit (slots held while each response
+        runs), the rate governing: the same checks and writes, the loops unrolled."""
+        (algo, limit, period, cost, _, _, cal), (_, most, lease, held, _, _, _) = tiers
+        (i, policy, rate), (k, slot_policy, slot_rate) = owners
+        check, cc_check = self._checks[algo], self._cc_check
+        lock = self._lock
+        data, expires, scheduled = self._data, self._expires, self._scheduled
+        due_times = self._due_times
+        policies = compiled.policies
+        rate_limit = rate.limit
+
+        def hit(identities: Sequence[str], token: str | None) -> Decision:
+            if not token:
+                token = new_token()
+            found = kept.get(identities) if type(identities) is tuple else None
+            keys, typed = found if found is not None else keyed(identities)
+            key, slots_key = keys
+            stamp = None if clock_us is None else clock_us()  # the app's clock, not locked
+            lock.acquire()
+            try:
+                now_us = time_ns() // 1000 if stamp is None else stamp
+                now = now_us // 1000
+                if due_times[0] <= now:  # `_tick`, written out: every request
+                    self._sweep(now, now - self._called_at)
+                self._called_at = now
+                result = check(key, limit, period, cost, cal, now, now, now_us)
+                slots = cc_check(slots_key, most, lease, held, "", now, now, now_us)
+                admitted = result[0] and slots[0]
+                if admitted:  # each tier's write, as `_commit`'s
+                    if px := result[6]:
+                        data[key] = result[5]
+                        expires[key] = until = now + px
+                        if key not in scheduled:
+                            self._schedule(key, until)
+                    elif algo == "sl":
+                        self._sl_commit(key, result[5], now, cost, token, period, now)
+                    self._cc_take(slots_key, slots[5], lease, held, token, now)
+                else:
+                    reply = self._refused("P", keys, typed, [result, slots], None, now, now,
+                                          now_us)
+            finally:
+                lock.release()
+            if not admitted:
+                return decode_generic(tuple(zip(policies, identities, strict=True)), reply,
+                                      None)
+            left = result[1] - cost
+            if left < 0:
+                left = 0
+            free = slots[1] - held
+            if free < 0:
+                free = 0
+            reset, identity = result[4] / 1000, identities[i]
+            return _new(Decision, (True, rate_limit, left, 0.0, reset, policy, rate, identity,
+                                   False, (_new(TierState, (policy, rate, identity, True, left,
+                                                            0.0, reset, False)),
+                                           _new(TierState, (slot_policy, slot_rate,
+                                                            identities[k], True, free, 0.0,
+                                                            slots[4] / 1000, False))),
                                    None, now_us))
 
         return hit
