@@ -20,6 +20,10 @@ and ``Limiter.hit`` for each algorithm, 1000 returning identities, of one rate (
 three (``hit3-``: the store's multi-tier path); an in-flight slot taken and
 given back (``slot-alone``), and the same while 1000 other slots of the tier are held
 (``slot-among-1000``: a store's work per slot should not grow with the slots held).
+
+Asked by name only (``--only``), as they talk to the Redis at 127.0.0.1:6379 and count this
+process's side alone: ``starlette-redis`` and ``starlette-redis-inflight`` (its give-back a
+second call, one request at a time: none shares a loop turn's).
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def _child(case: str, n: int) -> None:
         for k in range(n):
             limiter.hit(policy, identities[k % 1000])
         return
-    stack, config = case.split("-")
+    stack, config = case.split("-", 1)
     if stack == "starlette":
         import asyncio
 

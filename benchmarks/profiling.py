@@ -74,13 +74,16 @@ def _asgi_apps(redis_url: str) -> dict[str, Any]:
                                      concurrency=concurrency)]
         return Starlette(routes=[Route("/", hello)], middleware=middleware)
 
-    # "inflight": the rate and an in-flight limit (a slot held while each response runs).
+    # "inflight": the rate and an in-flight limit (a slot held while each response runs), on
+    # memory; "redis-inflight", the same on Redis (its give-back a second call).
     # "floor": the least any limiter does, for scale (see `_floor_middleware`).
     floor = Starlette(routes=[Route("/", hello)])
     floor.add_middleware(_floor_middleware(1_000_000_000, 3600))
     return {"bare": app(), "floor": floor, "memory": app(MemoryBackend()),
             "inflight": app(MemoryBackend(), concurrency=1_000_000),
-            "redis": app(AsyncRedisBackend.from_url(redis_url))}
+            "redis": app(AsyncRedisBackend.from_url(redis_url)),
+            "redis-inflight": app(AsyncRedisBackend.from_url(redis_url),
+                                  concurrency=1_000_000)}
 
 
 def _floor_middleware(limit: int, period: int) -> Any:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import ratelimit_mw as rl
 from ratelimit_mw.core import codec
+from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import TierState
 
 NOW_US = 1_800_000_000_000_000
@@ -192,6 +193,40 @@ def test_a_fixed_governing_tier_decides_as_the_ranking_does() -> None:
     fixed = codec.admitted_decision(ranked.tiers, ranked.at_us, None,
                                     codec.governing_tier(["fixed-window", "concurrency"]))
     assert ranked.policy is rate and fixed == ranked
+
+
+@pytest.mark.parametrize(("policies", "slotted"), [
+    (["5/minute", "in-flight"], True),  # a route's limit with ``concurrency``
+    (["5/minute"], False),
+    (["in-flight", "5/minute"], False),  # the slots first: read by the loop
+    (["5/minute;100/hour", "in-flight"], False),  # two rates: likewise
+    (["5/minute", "in-flight", "in-flight"], False),
+    (["5/minute", "10/minute"], False),
+])
+def test_a_rate_and_then_slots_is_known_as_such_when_compiled(policies: list[str],
+                                                              slotted: bool) -> None:
+    items = [(rl.Policy.in_flight(2, name=f"s{i}") if text == "in-flight"
+              else rl.Policy(text, name=f"r{i}"), 1) for i, text in enumerate(policies)]
+    assert Compiled(items, "rl").slotted is slotted
+
+
+@given(remaining=st.integers(-2, 10**9), free=st.integers(-2, 10**9),
+       resets=st.tuples(st.integers(0, 10**12), st.integers(0, 10**12)),
+       bans=st.tuples(st.booleans(), st.booleans()), at_us=st.none() | st.integers(0, 2**62))
+def test_a_rate_and_then_slots_admitted_reply_reads_as_every_reply_does(
+        remaining: int, free: int, resets: tuple[int, int], bans: tuple[bool, bool],
+        at_us: int | None) -> None:
+    """`codec.decoded` reads this shape's admitted reply without the loop: the Decision that
+    `decode_generic` reads, the rate governing, with the store's clock or without it."""
+    compiled = Compiled([(rl.Policy("5/minute"), 1), (rl.Policy.in_flight(2), 1)], "rl")
+    call = compiled.call(("u", "v"))
+    reply = _reply(1, (1, remaining, 0, resets[0], int(bans[0])),
+                   (1, free, 0, resets[1], int(bans[1])))
+    if at_us is not None:
+        reply.append(at_us)
+    decision = codec.decoded(call, reply)
+    assert decision == codec.decode_generic(call.layout, reply, call.booking, compiled.governs)
+    assert decision.identity == "u" and decision.tiers[1].identity == "v"
 
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 3), st.sampled_from([1.0, 2.0])),

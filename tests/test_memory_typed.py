@@ -18,7 +18,7 @@ from ratelimit_mw.backends.memory import MemoryBackend
 from ratelimit_mw.core import codec
 from ratelimit_mw.core.compiled import Compiled
 from ratelimit_mw.core.decision import Decision
-from tests.test_differential import IDENTITIES, START_MS, Op, _cost, ops, policies
+from tests.test_differential import IDENTITIES, PERIODS, START_MS, Op, _cost, ops, policies
 
 
 def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
@@ -92,20 +92,24 @@ def test_the_typed_hit_and_run_agree(pool: list[rl.Policy], sequence: list[Op]) 
     _play(pool, sequence)
 
 
-def _one_rate(policy: rl.Policy) -> bool:
-    return (policy.algorithm != "concurrency" and len(policy.rates) == 1
-            and policy.penalty is None)
+@st.composite
+def rate_then_slots(draw: st.DrawFn) -> list[rl.Policy]:
+    """A rate of one number (any algorithm, no penalty) and then an in-flight limit."""
+    rate = rl.Policy([rl.Rate(draw(st.sampled_from([1, 2, 3, 4, 5, 40])),
+                              draw(st.sampled_from(PERIODS)))],
+                     algorithm=draw(st.sampled_from(sorted(rl.ALGORITHMS))), name="rate")
+    return [rate, rl.Policy.in_flight(draw(st.sampled_from([1, 2, 3, 40])),
+                                      lease=draw(st.sampled_from(PERIODS)) / 1000,
+                                      name="slots")]
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(rate=policies().filter(_one_rate),
-       slots=policies().filter(lambda policy: policy.algorithm == "concurrency"),
-       sequence=st.lists(ops, min_size=8, max_size=50))
-def test_a_rate_and_then_slots_typed_whole_agree_with_run(rate: rl.Policy, slots: rl.Policy,
+@given(pool=rate_then_slots(), sequence=st.lists(ops, min_size=8, max_size=50))
+def test_a_rate_and_then_slots_typed_whole_agree_with_run(pool: list[rl.Policy],
                                                           sequence: list[Op]) -> None:
     """A rate and an in-flight limit, in that order (a route's limit with ``concurrency``),
     are typed as one shape: held to `run` as every other selection is."""
-    _play([rate, slots], sequence)
+    _play(pool, sequence)
 
 
 def test_a_holder_gives_back_its_slots_alone_and_keeps_its_hit() -> None:

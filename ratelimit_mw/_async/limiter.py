@@ -236,7 +236,7 @@ class AsyncLimiter(_Shared):
         the event loop) in one call, or on a cluster one per identity's slot, each only
         within the window it was charged in: every call is sent, a node that fails one does
         not keep the others; then the first error."""
-        if charge is None and self.give_back_here(hits):  # one response's, in process
+        if charge is None and self.local_store and self.give_back_here(hits):  # in process
             return
         failed: Exception | None = None
         for call in self._release_calls(hits, charge):

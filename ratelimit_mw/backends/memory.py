@@ -168,7 +168,7 @@ class MemoryBackend(_Script):
         # index, and whether it may govern (where the layout does not fix the tier that
         # does: a rate's, or any among slots alone), ranked as `admitted_decision` ranks.
         rated = any(tier[0] != "cc" for tier in tiers)
-        if plain and [tier[0] == "cc" for tier in tiers] == [False, True]:
+        if plain and compiled.slotted:
             return self._rate_and_slots(compiled, tiers, owners, kept, keyed, clock_us)
         steps = []
         for j, (algo, limit, period, cost, _, _, cal) in enumerate(tiers):

@@ -259,6 +259,22 @@ def decoded(call: ScriptCall, reply: Sequence[int]) -> Decision:
                                    call.booking if allowed else None,
                                    reply[6] if allowed and len(reply) > 6 else 0))
     compiled = call.compiled
+    if compiled is not None and compiled.slotted and reply[0] == 1:
+        # A rate and then an in-flight limit, admitted (every tier admits): the rate governs.
+        (policy, identity), (held, holder) = layout
+        rate, slots = policy.rates[0], held.rates[0]
+        remaining, free = reply[2], reply[7]
+        if remaining < 0:
+            remaining = 0
+        if free < 0:
+            free = 0
+        reset, banned = reply[4] / 1000, reply[5] == 1
+        return _new(Decision, (True, rate.limit, remaining, 0.0, reset, policy, rate, identity,
+                               banned, (_new(TierState, (policy, rate, identity, True, remaining,
+                                                         0.0, reset, banned)),
+                                        _new(TierState, (held, slots, holder, True, free, 0.0,
+                                                         reply[9] / 1000, reply[10] == 1))),
+                               call.booking, reply[11] if len(reply) > 11 else 0))
     return decode_generic(layout, reply, call.booking,
                           None if compiled is None else compiled.governs)
 

@@ -40,7 +40,7 @@ from ratelimit_mw.core.codec import (
 )
 from ratelimit_mw.core.errors import ConfigurationError
 from ratelimit_mw.core.identity import CACHED_LENGTH, encode_identity, encode_short
-from ratelimit_mw.core.policy import Policy
+from ratelimit_mw.core.policy import CONCURRENCY, Policy
 from ratelimit_mw.core.wire import Arg, wire
 
 _BY_TOKEN = frozenset((REFUND, RENEW))  # ops that name what a hit holds by its token
@@ -84,6 +84,7 @@ class Compiled:
         "rate",
         "release_of",
         "renew_every",
+        "slotted",
         "static",
         "tail",
         "tail_bytes",
@@ -112,7 +113,11 @@ class Compiled:
         # (`codec.governing_tier`): a reply is read without ranking its tiers.
         self.governs = governing_tier([policy.algorithm for policy in self.policies
                                        for _ in policy.rates])
-        only = self.policies[0]
+        # A rate and then an in-flight limit, one number each (a route's limit with
+        # ``concurrency``): its admitted reply is read by `codec.decoded` without a loop.
+        only, *rest = self.policies
+        self.slotted = (len(rest) == 1 and len(only.rates) == 1
+                        and only.algorithm != CONCURRENCY and rest[0].algorithm == CONCURRENCY)
         self.rate = only.rates[0] if len(items) == 1 and len(only.rates) == 1 else None
         # Arguments fixed by the costs alone, each policy once: the call is assembled here.
         self.static = (all(form.static for form in forms)

@@ -58,15 +58,15 @@ class Owed(NamedTuple):
 
 
 def given_back_here(guard: Guard, limiter: Any, hits: Hits | Held) -> bool:
-    """One response's give-back done now, in this process (the limiter's `give_back_here`;
-    for a `Held`, its slots alone: `give_back_held`), where nothing asks for more than the
-    store's own release: no slot of the guard's is in its fallback's memory, nothing is owed
-    to the store, and the breaker lets the store be asked. False: left to
+    """One response's give-back done now, where the store is in this process (the limiter's
+    `give_back_here`; for a `Held`, its slots alone: `give_back_held`) and nothing asks for
+    more than its own release: no slot of the guard's is in its fallback's memory, nothing
+    is owed to the store, and the breaker lets the store be asked. False: left to
     `give_back_by_call_async` or its sync twin. Never raises: a failure is kept owed and
     reported, as there."""
     slots = guard.slots
-    if slots.local or slots.owed or guard.breaker.open_until:
-        return False
+    if not limiter.local_store or slots.local or slots.owed or guard.breaker.open_until:
+        return False  # a store out of this process: its call
     try:
         if not isinstance(hits, Held):
             return bool(limiter.give_back_here(hits))
