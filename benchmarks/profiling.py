@@ -75,7 +75,8 @@ def _asgi_apps(redis_url: str) -> dict[str, Any]:
         return Starlette(routes=[Route("/", hello)], middleware=middleware)
 
     # "inflight": the rate and an in-flight limit (a slot held while each response runs), on
-    # memory; "redis-inflight", the same on Redis (its give-back a second call).
+    # memory; "redis-inflight", the same on Redis (its give-back a second call; its own
+    # client, and the "redis" app's rate key: at LIMIT neither refuses the other's requests).
     # "floor": the least any limiter does, for scale (see `_floor_middleware`).
     floor = Starlette(routes=[Route("/", hello)])
     floor.add_middleware(_floor_middleware(1_000_000_000, 3600))

@@ -3,9 +3,10 @@ what `Limiter.hit`, the middleware and its give-backs take) and its ARGV adapter
 what peeks, resets, bookings, the CLI and the Lua differential test take) are one
 implementation: hypothesis plays the same operations on two backends, every hit and
 give-back through the typed path on one and through `run` on the other; each answer (the
-typed hit's Decision, admitted or refused, against `codec.decoded` of `run`'s reply) and the
-state they leave (a peek of every check after every step) must be equal. `run` itself is
-held to the Lua by tests/test_differential.py."""
+typed hit's Decision, admitted or refused, against `codec.decode_generic` of `run`'s reply,
+the general reading rather than `decoded`'s shortcuts) and the state they leave (a peek of
+every check after every step) must be equal. `run` itself is held to the Lua by
+tests/test_differential.py."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _play(pool: list[rl.Policy], sequence: list[Op]) -> int:
             answer = hit(identities, token)
             # Admitted or refused, the Decision the limiter reads from main.lua's reply.
             assert type(answer) is Decision
-            assert answer == codec.decoded(call, expected)
+            assert answer == codec.decode_generic(call.layout, expected, call.booking,
+                                                  compiled.governs)
             if expected[0] == 1 and token:
                 tokens.append((checks, token, now_us))
         elif op.kind in ("refund", "uncheck", "release", "renew") and tokens:
@@ -109,6 +111,8 @@ def test_a_rate_and_then_slots_typed_whole_agree_with_run(pool: list[rl.Policy],
                                                           sequence: list[Op]) -> None:
     """A rate and an in-flight limit, in that order (a route's limit with ``concurrency``),
     are typed as one shape: held to `run` as every other selection is."""
+    shape = MemoryBackend().hitter(Compiled([(policy, 1) for policy in pool], "t"))
+    assert shape is not None and shape.__qualname__.startswith("MemoryBackend._rate_and_slots")
     _play(pool, sequence)
 
 

@@ -162,14 +162,14 @@ class MemoryBackend(_Script):
         # is its own: `_check_all` and `_commit` unrolled, over the checks found now.
         plain = (all(not tier[4] for tier in tiers)
                  and all(len({owners[j][0] for j in js}) == 1 for js in readers.values()))
+        if plain and compiled.slotted:
+            return self._rate_and_slots(compiled, tiers, owners, kept, keyed, clock_us)
         # Per tier: its check and arguments, what it writes (0: its value, if any; 1: its
         # slots; 2: its log, for the longest period reading it; 3: nothing, another tier
         # writes its log) and that period; its TierState's identity, policy and rate; its
         # index, and whether it may govern (where the layout does not fix the tier that
         # does: a rate's, or any among slots alone), ranked as `admitted_decision` ranks.
         rated = any(tier[0] != "cc" for tier in tiers)
-        if plain and compiled.slotted:
-            return self._rate_and_slots(compiled, tiers, owners, kept, keyed, clock_us)
         steps = []
         for j, (algo, limit, period, cost, _, _, cal) in enumerate(tiers):
             js = readers.get(suffixes[j], ()) if algo == "sl" else ()
