@@ -18,7 +18,7 @@ from typing import Any, TypedDict, TypeVar
 from ratelimit_mw.arguments import at_ms, checked, metrics_hook, validate_prefix
 from ratelimit_mw.core import codec
 from ratelimit_mw.core.codec import Check, GiveBack, ScriptCall
-from ratelimit_mw.core.compiled import Compiled
+from ratelimit_mw.core.compiled import Compiled, refunds
 from ratelimit_mw.core.decision import Booking, Decision
 from ratelimit_mw.core.deny_cache import DEFAULT_MAX_AGE, DenyCache, Lapsed
 from ratelimit_mw.core.errors import ConfigurationError
@@ -301,9 +301,19 @@ class _Shared:
             self._forget(checks)
             return self._slot_calls(codec.REFUND, checks, token,
                                     charge or (str(at_us) if at_us else None))
+        cluster = self._backend.is_cluster
+        if not cluster:  # one call of the hits' kept keys, where each compiles whole
+            parts = []
+            for checks, token, at_us in hits:
+                compiled, identities = self.compiled_checks(checks)
+                parts.append((compiled, identities, token or "", str(at_us) if at_us else "-"))
+            together = refunds(parts, self._now_us())
+            if together is not None:
+                for checks, _, _ in hits:
+                    self._forget(checks)
+                return [together]
         calls: list[ScriptCall] = []
         batches: dict[str, tuple[list[Check], list[str], list[str]]] = {}
-        cluster = self._backend.is_cluster
         for checks, token, at_us in hits:
             self._forget(checks)
             if not token:

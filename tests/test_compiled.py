@@ -33,6 +33,7 @@ from ratelimit_mw.backends.redis import pack
 from ratelimit_mw.core import codec, scripts
 from ratelimit_mw.core.codec import Check, ScriptCall
 from ratelimit_mw.core.compiled import Compiled
+from ratelimit_mw.core.compiled import refunds as compiled_refunds
 from tests.conftest import REDIS_URL, StepClock
 from tests.test_differential import policies
 
@@ -89,6 +90,46 @@ def test_a_compiled_call_builds_and_packs_as_the_plain_builder(
         built = codec.build(op, checks, prefix, now_us=now_us, clock_ms=clock_ms, token="tok")
         assert _fields(made) == _fields(built)
         assert pack(made) == pack(built) == _pack(built)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pool=st.lists(policies(), min_size=1, max_size=3),
+    hits=st.lists(st.tuples(
+        st.lists(st.tuples(st.integers(0, 2), st.integers(1, 5), st.integers(0, 2)),
+                 min_size=1, max_size=2),
+        st.sampled_from(["t1", "t2", "t3", "t4"]),
+        st.sampled_from(["-", "-", "1700000000000000", "1700000000000001"]),
+    ), min_size=2, max_size=4),
+    names=st.lists(st.text(min_size=1, max_size=90), min_size=3, max_size=3),
+    now_us=st.one_of(st.none(), st.integers(0, 2**52)),
+)
+def test_a_batch_of_give_backs_is_the_plain_builders_call(
+    pool: list[rl.Policy], hits: list[tuple[list[tuple[int, int, int]], str, str]],
+    names: list[str], now_us: int | None
+) -> None:
+    """Several hits given back in one call (the responses that ended in one turn), each by
+    its token and charge, from their compiled selections: the call `codec.build` makes of
+    them, bytes and all; or None (then `codec.build`'s) where one selection is not static
+    or two hits share a token."""
+    parts, checks, tokens, charges = [], [], [], []
+    for picks, token, charge in hits:
+        items = [(pool[p % len(pool)], cost) for p, cost, _ in picks]
+        identities = tuple(names[i] for _, _, i in picks)
+        parts.append((Compiled(items, "rl"), identities, token, charge))
+        for (policy, cost), identity in zip(items, identities, strict=True):
+            checks.append(Check(policy, identity, cost))
+            tokens.append(token)
+            charges.append(charge)
+    made = compiled_refunds(parts, now_us)
+    if made is None:
+        assert (not all(compiled.static for compiled, _, _, _ in parts)
+                or len({token for _, token, _ in hits}) < len(hits))
+        return
+    built = codec.build(codec.REFUND, checks, "rl", now_us=now_us, tokens=tokens,
+                        charges=charges)
+    assert _fields(made) == _fields(built)
+    assert pack(made) == _pack(built)
 
 
 def test_a_compiled_hit_takes_policies_and_whole_costs_only() -> None:

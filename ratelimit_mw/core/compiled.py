@@ -62,6 +62,7 @@ def bulk(value: Arg) -> bytes:
 # The ops a kept call is sent with, and an empty argument, packed once.
 _OPS = {op: bulk(op) for op in (HIT, *_BY_TOKEN)}
 _EMPTY = bulk("")
+_EVALSHA = bulk("EVALSHA")
 
 
 class Compiled:
@@ -88,6 +89,7 @@ class Compiled:
         "static",
         "tail",
         "tail_bytes",
+        "tier_bytes",
     )
 
     def __init__(self, items: Sequence[tuple[Policy, int]], prefix: str) -> None:
@@ -131,9 +133,11 @@ class Compiled:
         self._hit_args: tuple[Arg, ...] = (HIT, "", "", "", *self.tail)
         # RESP: *<count> EVALSHA <sha> <number of keys> <keys...> <op> <now> <token> <at> <tail>
         count = 3 + len(suffixes) + 4 + len(self.tail)
-        self.head = (b"*%d\r\n" % count + bulk("EVALSHA") + bulk(scripts.sha1())
+        self.head = (b"*%d\r\n" % count + _EVALSHA + bulk(scripts.sha1())
                       + bulk(len(suffixes)))
-        self.tail_bytes = b"".join(bulk(arg) for arg in self.tail)
+        # The tiers' arguments alone (a batch of give-backs puts several together).
+        self.tier_bytes = b"".join(bulk(arg) for arg in self.tail[1:])
+        self.tail_bytes = bulk(self.tail[0]) + self.tier_bytes
         # The common request: no token, Redis's clock, so everything after the keys is fixed.
         self.after_key = bulk(HIT) + bulk("") + bulk("") + bulk("") + self.tail_bytes
         # The limiter's in-process decision of it (`in_process`), and what it was built for
@@ -219,8 +223,51 @@ class Compiled:
             _kept[key] = kept
         return kept
 
+    def kept(self, identities: tuple[str, ...]) -> tuple[ScriptCall, bytes]:
+        """The common hit of these identities and its bytes up to its op (`_keep`)."""
+        key = (self, identities)
+        found = _kept.get(key)
+        return found if found is not None else self._keep(key)
+
     @staticmethod
     def spans_slots(identities: Sequence[str]) -> bool:
         """Whether the checks belong to several identities: on a cluster, several slots and
         a call each (the limiter's `_across_slots`); else one call decides them all."""
         return len(identities) > 1 and len(set(identities)) > 1
+
+
+def refunds(parts: Sequence[tuple[Compiled, tuple[str, ...], str, str]],
+            now_us: int | None = None) -> ScriptCall | None:
+    """The give-backs (R) of several hits in one call, each `(compiled, identities, token,
+    charge)`, its charge "<µs>" or "-" (not known): their kept keys and argument bytes put
+    together, the call `codec.build` makes of them (tests/test_compiled.py holds the two to
+    one another). None where one is not static, or has no token, or two share one: then
+    `codec.build`'s."""
+    keys: list[str] = []
+    tier_args: list[Arg] = []
+    layout: list[tuple[Policy, str]] = []
+    tokens: list[str] = []
+    charges: list[str] = []
+    keys_sent: list[bytes] = []
+    tiers_sent: list[bytes] = []
+    for compiled, identities, token, charge in parts:
+        if not compiled.static or not token or " " in token:
+            return None
+        common, head_and_keys = compiled.kept(identities)
+        keys += common.keys
+        keys_sent.append(head_and_keys[len(compiled.head):])
+        tier_args += compiled.tail[1:]
+        tiers_sent.append(compiled.tier_bytes)
+        layout += common.layout
+        tokens += [token] * len(common.keys)
+        charges += [charge] * len(common.keys)
+    if len({token for _, _, token, _ in parts}) != len(parts):
+        return None
+    token = tokens[0] if len(set(tokens)) == 1 else " ".join(tokens)
+    at = ((charges[0] if len(set(charges)) == 1 else " ".join(charges))
+          if any(each != "-" for each in charges) else "")
+    args: list[Arg] = [REFUND, "" if now_us is None else now_us, token, at, len(keys),
+                       *tier_args]
+    wire = b"".join((b"*%d\r\n" % (3 + len(keys) + len(args)), _EVALSHA, bulk(scripts.sha1()),
+                     bulk(len(keys)), *keys_sent, *map(bulk, args[:5]), *tiers_sent))
+    return _new(ScriptCall, (keys, args, tuple(layout), REFUND, None, None, wire))
