@@ -23,7 +23,8 @@ given back (``slot-alone``), and the same while 1000 other slots of the tier are
 
 Asked by name only (``--only``), as they talk to the Redis at 127.0.0.1:6379 and count this
 process's side alone: ``starlette-redis`` and ``starlette-redis-inflight`` (its give-back a
-second call, one request at a time: none shares a loop turn's).
+second call; one request at a time, none shares a loop turn's, unless ``--together N``
+runs N at a time, as a loaded server does).
 """
 
 from __future__ import annotations
@@ -45,8 +46,9 @@ CASES = ["starlette-bare", "starlette-floor", "starlette-memory", "starlette-inf
 SHORT, LONG = 500, 2500
 
 
-def _child(case: str, n: int) -> None:
-    """Run `case` for a warm-up and then `n` requests (in the valgrind child)."""
+def _child(case: str, n: int, together: int = 1) -> None:
+    """Run `case` for a warm-up and then `n` requests (in the valgrind child); an ASGI case
+    `together` requests at a time (one `asyncio.gather`)."""
     sys.path.insert(0, str(BENCH_DIR))
     import profiling
 
@@ -83,7 +85,13 @@ def _child(case: str, n: int) -> None:
         import asyncio
 
         apps = profiling._asgi_apps("redis://127.0.0.1:6379/0")
-        run = profiling._asgi_runner(apps[config])
+        one = profiling._asgi_runner(apps[config])
+
+        async def run(count: int) -> None:
+            full, rest = divmod(count, together)
+            for size in [together] * full + [rest] * bool(rest):
+                await asyncio.gather(*(one(1) for _ in range(size)))
+
         loop = asyncio.new_event_loop()
         loop.run_until_complete(run(200))
         loop.run_until_complete(run(n))
@@ -94,14 +102,14 @@ def _child(case: str, n: int) -> None:
     wsgi_run(n)
 
 
-def _instructions(tree: Path, case: str, n: int) -> int:
+def _instructions(tree: Path, case: str, n: int, together: int = 1) -> int:
     # A fixed hash seed: str hashes, and so dict and set layouts, are the same in every run,
     # and the counts repeat to about 0.3 % (a random seed moves them by about 1 %).
     env = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
                PYTHONHASHSEED="0")
     done = subprocess.run(
         ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null",
-         sys.executable, __file__, "--child", case, str(n)],
+         sys.executable, __file__, "--child", case, str(n), "--together", str(together)],
         env=env, capture_output=True, text=True, check=True, timeout=600)
     found = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
     if found is None:
@@ -114,10 +122,13 @@ def main() -> int:
     parser.add_argument("--tree", type=Path, default=BENCH_DIR.parent,
                         help="the checkout whose ratelimit_mw is measured")
     parser.add_argument("--only", default="", help="comma-separated cases")
+    parser.add_argument("--together", type=int, default=1,
+                        help="ASGI cases: requests run at a time (one gather; a loop turn's "
+                             "give-backs then share a call)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child[0], int(args.child[1]))
+        _child(args.child[0], int(args.child[1]), args.together)
         return 0
     if shutil.which("valgrind") is None:
         print("valgrind is not installed: apt-get install -y valgrind", file=sys.stderr)
@@ -125,8 +136,8 @@ def main() -> int:
     cases = [c for c in args.only.split(",") if c] or CASES
     print(f"instructions per request, {args.tree}")
     for case in cases:
-        short = _instructions(args.tree, case, SHORT)
-        long = _instructions(args.tree, case, LONG)
+        short = _instructions(args.tree, case, SHORT, args.together)
+        long = _instructions(args.tree, case, LONG, args.together)
         print(f"{case:22s} {(long - short) / (LONG - SHORT):10,.0f}", flush=True)
     return 0
 

@@ -10,12 +10,13 @@ request:
   the argument tail (`head`, `after_key`, `tail_bytes`);
 - per returning client (its identities; bounded for the whole process), its common hit
   whole, keys and bytes (`call`, `_keep`): a hit with a clock or a token, a give-back or a
-  renewal by a hit's token go on from its keys' bytes;
+  renewal by a hit's token go on from its keys' bytes, and so does a loop turn's batch of
+  give-backs, several hits' kept keys and tiers' bytes put together (`refunds`);
 - the deny cache's key (`checks`).
 
 Any other operation, and a hit whose arguments vary per request (a penalty's end, a
 calendar's schedule) or that names a policy twice (a default that is also a rule: one
-count per identity), is `codec.build`'s call. A hit's memoised call is exactly the one
+count per identity), is `codec.build`'s call. A memoised call is exactly the one
 `codec.build` makes (tests/test_compiled.py holds them to it on random selections). Pure:
 no I/O, no clock.
 """
