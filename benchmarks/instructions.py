@@ -88,6 +88,9 @@ def _child(case: str, n: int, together: int = 1) -> None:
         one = profiling._asgi_runner(apps[config])
 
         async def run(count: int) -> None:
+            if together == 1:  # no gather's task and future around each request
+                await one(count)
+                return
             full, rest = divmod(count, together)
             for size in [together] * full + [rest] * bool(rest):
                 await asyncio.gather(*(one(1) for _ in range(size)))
@@ -127,6 +130,8 @@ def main() -> int:
                              "give-backs then share a call)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.together < 1:
+        parser.error("--together takes 1 or more")
     if args.child:
         _child(args.child[0], int(args.child[1]), args.together)
         return 0

@@ -92,31 +92,48 @@ def test_a_compiled_call_builds_and_packs_as_the_plain_builder(
         assert pack(made) == pack(built) == _pack(built)
 
 
+@st.composite
+def static_policies(draw: st.DrawFn) -> rl.Policy:
+    """A policy whose calls are fixed by their costs (no penalty, no calendar): what a batch
+    of give-backs puts together from kept bytes."""
+    name = f"s{draw(st.integers(0, 10**6))}"
+    if draw(st.booleans()):
+        return rl.Policy.in_flight(draw(st.sampled_from([1, 3, 40])), name=name)
+    periods = draw(st.lists(st.sampled_from([1_000, 60_000, 3_600_000]), min_size=1,
+                            max_size=2, unique=True))
+    return rl.Policy([rl.Rate(draw(st.sampled_from([1, 5, 40])), period) for period in periods],
+                     algorithm=draw(st.sampled_from(sorted(rl.ALGORITHMS))), name=name)
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    pool=st.lists(policies(), min_size=1, max_size=3),
+    pool=st.lists(static_policies(), min_size=1, max_size=3)
+    | st.lists(policies(), min_size=1, max_size=3),
     hits=st.lists(st.tuples(
         st.lists(st.tuples(st.integers(0, 2), st.integers(1, 5), st.integers(0, 2)),
                  min_size=1, max_size=2),
-        st.sampled_from(["t1", "t2", "t3", "t4"]),
+        st.sampled_from(["t1", "t2", "t3", "t4", "t5", "t6"]),
         st.sampled_from(["-", "-", "1700000000000000", "1700000000000001"]),
     ), min_size=2, max_size=4),
     names=st.lists(st.text(min_size=1, max_size=90), min_size=3, max_size=3),
+    prefix=st.sampled_from(["rl", "a.b:c"]),
     now_us=st.one_of(st.none(), st.integers(0, 2**52)),
 )
 def test_a_batch_of_give_backs_is_the_plain_builders_call(
     pool: list[rl.Policy], hits: list[tuple[list[tuple[int, int, int]], str, str]],
-    names: list[str], now_us: int | None
+    names: list[str], prefix: str, now_us: int | None
 ) -> None:
     """Several hits given back in one call (the responses that ended in one turn), each by
-    its token and charge, from their compiled selections: the call `codec.build` makes of
-    them, bytes and all; or None (then `codec.build`'s) where one selection is not static
-    or two hits share a token."""
+    its token and charge, from their compiled selections (one per selection, as a limiter
+    keeps them): the call `codec.build` makes of them, bytes and all; or None (then
+    `codec.build`'s) where one selection is not static or two hits share a token."""
     parts, checks, tokens, charges = [], [], [], []
+    selections: dict[tuple[tuple[rl.Policy, int], ...], Compiled] = {}
     for picks, token, charge in hits:
-        items = [(pool[p % len(pool)], cost) for p, cost, _ in picks]
+        items = tuple((pool[p % len(pool)], cost) for p, cost, _ in picks)
         identities = tuple(names[i] for _, _, i in picks)
-        parts.append((Compiled(items, "rl"), identities, token, charge))
+        compiled = selections.setdefault(items, Compiled(items, prefix))
+        parts.append((compiled, identities, token, charge))
         for (policy, cost), identity in zip(items, identities, strict=True):
             checks.append(Check(policy, identity, cost))
             tokens.append(token)
@@ -126,10 +143,60 @@ def test_a_batch_of_give_backs_is_the_plain_builders_call(
         assert (not all(compiled.static for compiled, _, _, _ in parts)
                 or len({token for _, token, _ in hits}) < len(hits))
         return
-    built = codec.build(codec.REFUND, checks, "rl", now_us=now_us, tokens=tokens,
+    built = codec.build(codec.REFUND, checks, prefix, now_us=now_us, tokens=tokens,
                         charges=charges)
     assert _fields(made) == _fields(built)
     assert pack(made) == _pack(built)
+
+
+def test_a_batch_of_give_backs_falls_back_where_a_token_is_missing_or_shared() -> None:
+    slots = Compiled([(rl.Policy.in_flight(3), 1)], "rl")
+    assert compiled_refunds([(slots, ("u",), "t1", "-"), (slots, ("v",), "t2", "-")])
+    for tokens in (("t1", "t1"), ("t1", ""), ("t 1", "t2")):
+        assert compiled_refunds([(slots, ("u",), tokens[0], "-"),
+                                 (slots, ("v",), tokens[1], "-")]) is None
+
+
+async def test_a_limiter_gives_back_a_turns_slots_in_one_call(prefix: str) -> None:
+    """Three responses' slots given back together (a loop turn's): one call to the real
+    Redis frees all three; a give-back without a token among them (a count_when's hit)
+    takes the call `codec.build` makes, and frees the others all the same."""
+    rate, slots = rl.Policy("100/minute", name="r"), rl.Policy.in_flight(3, name="s")
+    backend = rl.AsyncRedisBackend.from_url(REDIS)
+    limiter = rl.AsyncLimiter(backend, prefix=prefix, deny_cache=0)
+    sent: list[codec.ScriptCall] = []
+    arun = backend.arun
+
+    async def counted(call: codec.ScriptCall, deadline: float | None = None) -> list[int]:
+        sent.append(call)
+        return await arun(call, deadline)
+
+    backend.arun = counted  # type: ignore[method-assign]
+    compiled = limiter.compile([(rate, 1), (slots, 1)])
+    held = (Check(slots, "u", 1),)
+    try:
+        for round_ in range(2):
+            for i in range(3):
+                assert (await limiter.hit_compiled(compiled, ("u", "u"),
+                                                   token=f"r{round_}t{i}")).allowed
+            assert not (await limiter.hit_compiled(compiled, ("u", "u"),
+                                                   token=f"r{round_}full")).allowed
+            sent.clear()
+            given = [(held, f"r{round_}t{i}", 0) for i in range(3)]
+            if round_:  # a hit given back without a token: each its own call
+                given.append(((Check(rate, "u", 1),), None, 0))
+            await limiter.give_back_all(given)
+            if round_:  # the tokenless hit's call, then the batch, both built by codec
+                assert len(sent) == 2 and all(call.wire is None for call in sent)
+            else:  # one call, its bytes put together from the kept ones
+                assert len(sent) == 1 and sent[0].wire is not None
+            assert (await limiter.peek(slots, "u")).remaining == 3
+        # Six hits charged (the refused ones never were), one given back.
+        assert (await limiter.peek(rate, "u")).remaining == 95
+    finally:
+        await limiter.reset(rate, "u")
+        await limiter.reset(slots, "u")
+        await backend.aclose()
 
 
 def test_a_compiled_hit_takes_policies_and_whole_costs_only() -> None:
