@@ -302,9 +302,9 @@ class _Shared:
             return self._slot_calls(codec.REFUND, checks, token,
                                     charge or (str(at_us) if at_us else None))
         cluster = self._backend.is_cluster
-        # Off a cluster, hits each named by a token of its own are one call of their kept
-        # keys, where each selection compiles whole (`refunds`); else built here.
-        if not cluster and len({token for _, token, _ in hits if token}) == len(hits):
+        # Off a cluster, one call of the hits' kept keys where `refunds` can put it
+        # together (each selection whole, each hit by a token of its own); else built here.
+        if not cluster:
             parts = [(*self.compiled_checks(checks), token or "", str(at_us) if at_us else "-")
                      for checks, token, at_us in hits if checks]
             together = refunds(parts, self._now_us()) if parts else None
