@@ -246,6 +246,8 @@ class Holding(Held):
             self.renewal = asyncio.get_running_loop().create_task(self._renew())
 
     async def _renew(self) -> None:
+        if self.done:  # ended since the timer asked: renewing would take its slots again
+            return
         # A lost slot with on_lease_lost="end" ends the response at its next message (`send`).
         with contextlib.suppress(LeaseLost):
             await slots_async.renew_async(self.guard, self.limiter, self)

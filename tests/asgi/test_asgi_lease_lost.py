@@ -196,6 +196,45 @@ def test_the_timer_renewal_of_a_silent_response_finds_its_slot_gone(
     asyncio.run(main())
 
 
+def test_a_renewal_the_timer_asked_for_does_not_take_back_slots_given_back_meanwhile(
+) -> None:
+    """The holders' timer schedules a renewal; the response ends before it runs (a busy
+    loop): its slots, given back in place, stay free (a renewal past its lease takes ended
+    slots again where there is room)."""
+    async def main() -> None:
+        limiter = rl.AsyncLimiter(rl.MemoryBackend())
+        step = asyncio.Event()
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"a"
+            await step.wait()
+            yield b"b"
+
+        @limiter.limit(concurrency=rl.Policy.in_flight(1, lease=0.3))
+        async def quiet(request: Request) -> Response:
+            return StreamingResponse(chunks())
+
+        app = app_of(limiter, [Route("/quiet", quiet)])
+        holder = Exchange(app, "/quiet")
+        await until(lambda: holder.started.is_set())
+        middleware = app.middleware_stack
+        while not isinstance(middleware, RateLimitMiddleware):
+            middleware = middleware.app
+        holding = next(iter(next(iter(middleware.guard.holders.values())).live))
+        check = holding.checks[0]  # the route's own in-flight policy
+        await until(lambda: limiter.monotonic() >= holding.next)  # a renewal is due
+        holding.renew()  # the timer's: a task, not run yet
+        assert holding.end() is None  # in place: the store is in this process
+        await asyncio.sleep(0)  # the renewal's task runs now
+        assert (await limiter.peek(check.policy, check.identity)).remaining == 1
+        step.set()
+        await holder.task
+        assert holder.body == b"ab"
+        await closed(limiter)
+
+    asyncio.run(main())
+
+
 def test_on_lease_lost_is_checked_when_the_middleware_is_built() -> None:
     with pytest.raises(ConfigurationError, match='on_lease_lost must be "continue"'):
         RateLimitMiddleware(app_of, limiter=rl.AsyncLimiter(), concurrency=2,
